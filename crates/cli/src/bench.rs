@@ -1,0 +1,232 @@
+//! `hearth bench`: control-plane overhead and cold-start benchmarks against a running API.
+
+use crate::client::Client;
+use crate::stats::percentile;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// Registers a benchmark function that sleeps `exec_ms` (a no-op for 0). With the sim backend the
+/// same time is its `sim_warm_ms`.
+pub fn register_bench_function(url: &str, exec_ms: u64) -> Result<String, String> {
+    let mut c = Client::new(url).map_err(|e| e.to_string())?;
+    let status = c.get("/v1/status").map_err(|e| e.to_string())?.json();
+    let sim = status["backend"] == "sim";
+    let (name, src) = if exec_ms == 0 {
+        (
+            "hearth-bench-noop".to_string(),
+            "def main(args):\n    return {}\n".to_string(),
+        )
+    } else {
+        (
+            format!("hearth-bench-sleep-{exec_ms}ms"),
+            format!(
+                "import time\n\ndef main(args):\n    time.sleep({})\n    return {{}}\n",
+                exec_ms as f64 / 1000.0
+            ),
+        )
+    };
+    let mut spec = json!({
+        "code": {"files": {"main.py": src}},
+        "memory_mb": 64,
+        "timeout_ms": 10_000 + exec_ms,
+    });
+    if sim {
+        spec["sim_warm_ms"] = json!(exec_ms);
+        spec["sim_cold_ms"] = json!(0);
+    }
+    let r = c
+        .put(
+            &format!("/v1/functions/{name}"),
+            spec.to_string().as_bytes(),
+        )
+        .map_err(|e| e.to_string())?;
+    if r.status >= 300 {
+        return Err(format!("registering {name}: {} {}", r.status, r.text()));
+    }
+    Ok(name)
+}
+
+/// Result of a closed-loop run.
+#[derive(Debug, Clone)]
+pub struct OverheadReport {
+    pub clients: usize,
+    pub duration: Duration,
+    pub invocations: usize,
+    pub errors: usize,
+    pub cold: usize,
+    pub overhead_us: Vec<u64>,
+    pub e2e_us: Vec<u64>,
+}
+
+impl OverheadReport {
+    pub fn throughput(&self) -> f64 {
+        self.invocations as f64 / self.duration.as_secs_f64()
+    }
+
+    pub fn to_json(&self) -> Value {
+        let pct = |v: &[u64]| {
+            json!({
+                "p50": percentile(v, 50.0),
+                "p90": percentile(v, 90.0),
+                "p99": percentile(v, 99.0),
+            })
+        };
+        json!({
+            "clients": self.clients,
+            "duration_s": self.duration.as_secs_f64(),
+            "invocations": self.invocations,
+            "errors": self.errors,
+            "cold": self.cold,
+            "throughput": (self.throughput() * 10.0).round() / 10.0,
+            "overhead_us": pct(&self.overhead_us),
+            "e2e_us": pct(&self.e2e_us),
+        })
+    }
+}
+
+/// Runs `clients` closed-loop clients invoking `function` for `duration` after a warm-up.
+/// Overhead per invocation = e2e seen by the client − the handler's `exec`.
+pub fn closed_loop(
+    url: &str,
+    function: &str,
+    clients: usize,
+    duration: Duration,
+    warmup: Duration,
+) -> Result<OverheadReport, String> {
+    let path = format!("/v1/functions/{function}/invoke");
+    // One warm sandbox per client, so the measured loop is warm.
+    let mut c = Client::new(url).map_err(|e| e.to_string())?;
+    let r = c
+        .post(
+            &format!("/v1/functions/{function}/prewarm"),
+            json!({"count": clients}).to_string().as_bytes(),
+        )
+        .map_err(|e| e.to_string())?;
+    if r.status >= 300 {
+        return Err(format!("prewarm failed: {} {}", r.status, r.text()));
+    }
+    let start_at = Instant::now() + Duration::from_millis(50);
+    let handles: Vec<_> = (0..clients)
+        .map(|_| {
+            let url = url.to_string();
+            let path = path.clone();
+            std::thread::spawn(
+                move || -> Result<(Vec<u64>, Vec<u64>, usize, usize), String> {
+                    let mut c = Client::new(&url).map_err(|e| e.to_string())?;
+                    let body = b"{}";
+                    let warm_end = start_at + warmup;
+                    while Instant::now() < warm_end {
+                        c.post(&path, body).map_err(|e| e.to_string())?;
+                    }
+                    let end = warm_end + duration;
+                    let mut overhead = Vec::with_capacity(1 << 16);
+                    let mut e2e = Vec::with_capacity(1 << 16);
+                    let (mut errors, mut cold) = (0, 0);
+                    loop {
+                        let t = Instant::now();
+                        if t >= end {
+                            break;
+                        }
+                        let r = c.post(&path, body).map_err(|e| e.to_string())?;
+                        let us = t.elapsed().as_micros() as u64;
+                        if r.status != 200 {
+                            errors += 1;
+                            continue;
+                        }
+                        let exec = exec_us(&r.body);
+                        if r.body.windows(11).any(|w| w == b"\"cold\":true") {
+                            cold += 1;
+                        }
+                        e2e.push(us);
+                        overhead.push(us.saturating_sub(exec));
+                    }
+                    Ok((overhead, e2e, errors, cold))
+                },
+            )
+        })
+        .collect();
+    let mut report = OverheadReport {
+        clients,
+        duration,
+        invocations: 0,
+        errors: 0,
+        cold: 0,
+        overhead_us: Vec::new(),
+        e2e_us: Vec::new(),
+    };
+    for h in handles {
+        let (o, e, errs, cold) = h.join().map_err(|_| "client thread panicked")??;
+        report.invocations += o.len();
+        report.overhead_us.extend(o);
+        report.e2e_us.extend(e);
+        report.errors += errs;
+        report.cold += cold;
+    }
+    report.overhead_us.sort_unstable();
+    report.e2e_us.sort_unstable();
+    Ok(report)
+}
+
+/// Pulls `"exec":N` out of a success body without a full JSON parse.
+pub fn exec_us(body: &[u8]) -> u64 {
+    let key = b"\"exec\":";
+    body.windows(key.len())
+        .position(|w| w == key)
+        .map(|i| {
+            body[i + key.len()..]
+                .iter()
+                .take_while(|c| c.is_ascii_digit())
+                .fold(0u64, |acc, c| acc * 10 + u64::from(c - b'0'))
+        })
+        .unwrap_or(0)
+}
+
+/// Cold starts of a hello function: each round re-registers it (a new version is never served by
+/// an old sandbox) and invokes it once. Returns (init µs, client e2e µs), sorted.
+pub fn cold_starts(url: &str, rounds: usize) -> Result<(Vec<u64>, Vec<u64>), String> {
+    let mut c = Client::new(url).map_err(|e| e.to_string())?;
+    let spec = json!({
+        "code": {"files": {"main.py": "def main(args):\n    return {\"greeting\": \"Hello, \" + args.get(\"name\", \"world\") + \"!\"}\n"}},
+        "memory_mb": 64,
+        "sim_cold_ms": 0,
+    })
+    .to_string();
+    let (mut init, mut e2e) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let r = c
+            .put("/v1/functions/hearth-bench-hello", spec.as_bytes())
+            .map_err(|e| e.to_string())?;
+        if r.status >= 300 {
+            return Err(format!("registering: {} {}", r.status, r.text()));
+        }
+        let t = Instant::now();
+        let r = c
+            .post("/v1/functions/hearth-bench-hello/invoke", b"{}")
+            .map_err(|e| e.to_string())?;
+        let us = t.elapsed().as_micros() as u64;
+        let v = r.json();
+        if r.status != 200 || v["cold"] != true {
+            return Err(format!(
+                "expected a cold start, got {} {}",
+                r.status,
+                r.text()
+            ));
+        }
+        init.push(v["timing"]["init"].as_u64().unwrap_or(0));
+        e2e.push(us);
+    }
+    let _ = c.delete("/v1/functions/hearth-bench-hello");
+    init.sort_unstable();
+    e2e.sort_unstable();
+    Ok((init, e2e))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn exec_is_read_from_the_timing_object() {
+        let b = br#"{"result":{},"cold":false,"worker":"w","timing":{"queue":0,"init":0,"exec":1234,"overhead":5,"e2e":1239}}"#;
+        assert_eq!(super::exec_us(b), 1234);
+        assert_eq!(super::exec_us(b"{}"), 0);
+    }
+}

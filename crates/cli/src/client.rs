@@ -1,0 +1,269 @@
+//! A small blocking HTTP/1.1 client with one persistent connection.
+//!
+//! The CLI, the benchmarks and the integration tests all use it. Blocking I/O on a dedicated
+//! thread per connection is the lowest-overhead way to drive a closed loop, so benchmark numbers
+//! measure the server, not the client's runtime.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+/// A client error.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("bad URL {0:?}: expected http://HOST:PORT")]
+    BadUrl(String),
+    #[error("cannot reach {addr}: {source} (is hearth running? start it with `hearth up`)")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("malformed response: {0}")]
+    Malformed(String),
+}
+
+/// A response.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One persistent connection to a Hearth API.
+pub struct Client {
+    addr: SocketAddr,
+    host: String,
+    stream: Option<TcpStream>,
+    buf: Vec<u8>,
+    req: Vec<u8>,
+    timeout: Option<Duration>,
+}
+
+impl Client {
+    /// `url` is `http://HOST:PORT` (a trailing slash is fine).
+    pub fn new(url: &str) -> Result<Self, ClientError> {
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| ClientError::BadUrl(url.into()))?;
+        let host = rest.trim_end_matches('/').to_string();
+        if host.contains('/') || host.is_empty() {
+            return Err(ClientError::BadUrl(url.into()));
+        }
+        let addr = host
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| ClientError::BadUrl(url.into()))?;
+        Ok(Client {
+            addr,
+            host,
+            stream: None,
+            buf: Vec::with_capacity(16 * 1024),
+            req: Vec::with_capacity(1024),
+            timeout: None,
+        })
+    }
+
+    /// Sets a read timeout for responses (None waits forever).
+    pub fn with_timeout(mut self, t: Option<Duration>) -> Self {
+        self.timeout = t;
+        self
+    }
+
+    fn stream(&mut self) -> Result<&mut TcpStream, ClientError> {
+        if self.stream.is_none() {
+            let s = TcpStream::connect(self.addr).map_err(|e| ClientError::Connect {
+                addr: self.addr.to_string(),
+                source: e,
+            })?;
+            s.set_nodelay(true)?;
+            s.set_read_timeout(self.timeout)?;
+            self.stream = Some(s);
+            self.buf.clear();
+        }
+        match self.stream.as_mut() {
+            Some(s) => Ok(s),
+            None => Err(ClientError::Malformed("no connection".into())),
+        }
+    }
+
+    pub fn get(&mut self, path: &str) -> Result<Response, ClientError> {
+        self.request("GET", path, None)
+    }
+
+    pub fn delete(&mut self, path: &str) -> Result<Response, ClientError> {
+        self.request("DELETE", path, None)
+    }
+
+    pub fn post(&mut self, path: &str, body: &[u8]) -> Result<Response, ClientError> {
+        self.request("POST", path, Some(body))
+    }
+
+    pub fn put(&mut self, path: &str, body: &[u8]) -> Result<Response, ClientError> {
+        self.request("PUT", path, Some(body))
+    }
+
+    /// Sends a request; a stale keep-alive connection is replaced once.
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+    ) -> Result<Response, ClientError> {
+        let reused = self.stream.is_some();
+        match self.try_request(method, path, body) {
+            Err(ClientError::Io(e)) if reused && is_stale(&e) => {
+                self.stream = None;
+                self.try_request(method, path, body)
+            }
+            other => other,
+        }
+    }
+
+    fn try_request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+    ) -> Result<Response, ClientError> {
+        self.req.clear();
+        let _ = write!(
+            self.req,
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\n",
+            self.host
+        );
+        if let Some(b) = body {
+            let _ = write!(
+                self.req,
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                b.len()
+            );
+        }
+        self.req.extend_from_slice(b"\r\n");
+        if let Some(b) = body {
+            self.req.extend_from_slice(b);
+        }
+        let req = std::mem::take(&mut self.req);
+        let res = self.stream().and_then(|s| Ok(s.write_all(&req)?));
+        self.req = req;
+        if let Err(e) = res {
+            self.stream = None;
+            return Err(e);
+        }
+        let res = self.read_response();
+        if res.is_err() {
+            self.stream = None;
+        }
+        res
+    }
+
+    fn read_response(&mut self) -> Result<Response, ClientError> {
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut resp = httparse::Response::new(&mut headers);
+            match resp.parse(&self.buf) {
+                Ok(httparse::Status::Complete(head)) => {
+                    let status = resp.code.unwrap_or(0);
+                    let headers: Vec<(String, String)> = resp
+                        .headers
+                        .iter()
+                        .map(|h| {
+                            (
+                                h.name.to_string(),
+                                String::from_utf8_lossy(h.value).into_owned(),
+                            )
+                        })
+                        .collect();
+                    let len = headers
+                        .iter()
+                        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                        .and_then(|(_, v)| v.trim().parse::<usize>().ok());
+                    let close = headers.iter().any(|(k, v)| {
+                        k.eq_ignore_ascii_case("connection") && v.eq_ignore_ascii_case("close")
+                    });
+                    let no_body = status == 204 || status == 304 || (100..200).contains(&status);
+                    let body = match len {
+                        _ if no_body => {
+                            self.buf.drain(..head);
+                            Vec::new()
+                        }
+                        Some(len) => {
+                            while self.buf.len() < head + len {
+                                let n = self.read_more(&mut chunk)?;
+                                if n == 0 {
+                                    return Err(ClientError::Malformed("truncated body".into()));
+                                }
+                            }
+                            let body = self.buf[head..head + len].to_vec();
+                            self.buf.drain(..head + len);
+                            body
+                        }
+                        None => {
+                            // No length: the body runs to the end of the connection.
+                            while self.read_more(&mut chunk)? > 0 {}
+                            let body = self.buf[head..].to_vec();
+                            self.buf.clear();
+                            self.stream = None;
+                            body
+                        }
+                    };
+                    if close {
+                        self.stream = None;
+                    }
+                    return Ok(Response {
+                        status,
+                        headers,
+                        body,
+                    });
+                }
+                Ok(httparse::Status::Partial) => {
+                    if self.read_more(&mut chunk)? == 0 {
+                        return Err(ClientError::Io(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "connection closed before a response",
+                        )));
+                    }
+                }
+                Err(e) => return Err(ClientError::Malformed(e.to_string())),
+            }
+        }
+    }
+
+    fn read_more(&mut self, chunk: &mut [u8]) -> Result<usize, ClientError> {
+        let n = self.stream()?.read(chunk)?;
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(n)
+    }
+}
+
+fn is_stale(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        UnexpectedEof | ConnectionReset | BrokenPipe | ConnectionAborted
+    )
+}
+
+/// The default API address: `$HEARTH_URL`, else the local single node.
+pub fn default_url() -> String {
+    std::env::var("HEARTH_URL").unwrap_or_else(|_| "http://127.0.0.1:7878".into())
+}

@@ -1,0 +1,6 @@
+//! The `hearth` command line: client commands, benchmarks and the server entry points.
+
+pub mod bench;
+pub mod client;
+pub mod code;
+pub mod stats;

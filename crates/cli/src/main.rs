@@ -1,0 +1,441 @@
+//! `hearth`: run a worker or a single node, manage functions, invoke, benchmark.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use hearth_cli::client::{default_url, Client, Response};
+use hearth_cli::{bench, code, stats::percentile};
+use hearth_worker::{BackendKind, WorkerConfig};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "hearth",
+    version,
+    about = "Hearth: a fast, trustworthy FaaS control plane"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start Hearth on this machine (single node: one worker serving the public API).
+    Up(ServerArgs),
+    /// Run a worker.
+    Worker(ServerArgs),
+    /// Manage functions.
+    #[command(name = "fn", subcommand)]
+    Function(FnCommand),
+    /// Invoke a function.
+    Invoke {
+        name: String,
+        /// Arguments as JSON.
+        #[arg(long, short, default_value = "{}")]
+        data: String,
+        /// Return an invocation id at once instead of waiting.
+        #[arg(long = "async")]
+        is_async: bool,
+        #[command(flatten)]
+        url: UrlArg,
+    },
+    /// Show an async invocation's status and result.
+    Result {
+        id: String,
+        /// Poll until it finishes.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        url: UrlArg,
+    },
+    /// Start warm sandboxes for a function ahead of demand.
+    Prewarm {
+        name: String,
+        #[arg(short = 'n', long, default_value_t = 1)]
+        count: u32,
+        #[command(flatten)]
+        url: UrlArg,
+    },
+    /// Show memory, sandboxes and per-function pool state.
+    Status {
+        #[command(flatten)]
+        url: UrlArg,
+    },
+    /// Benchmarks that print numbers.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Args, Clone)]
+struct UrlArg {
+    /// API address.
+    #[arg(long, env = "HEARTH_URL", default_value_t = default_url())]
+    url: String,
+}
+
+#[derive(Args)]
+struct ServerArgs {
+    /// TOML config file (every key can also be set as HEARTH_<KEY>).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to listen on, e.g. 127.0.0.1:7878.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Where the registry, code and sandbox bundles live.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Sandbox backend: runc (real containers) or sim (sleeps; for experiments).
+    #[arg(long)]
+    backend: Option<BackendKind>,
+    /// Memory budget for sandboxes, MiB.
+    #[arg(long)]
+    memory_mb: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum FnCommand {
+    /// Register or update a function.
+    Register {
+        name: String,
+        /// A directory or a single .py file.
+        #[arg(long)]
+        code: Option<PathBuf>,
+        /// `function` or `module.function` (a single file's module is its name).
+        #[arg(long, default_value = "main")]
+        handler: String,
+        #[arg(long, default_value_t = 128)]
+        memory: u64,
+        #[arg(long, default_value_t = 1.0)]
+        cpus: f64,
+        /// e.g. 30s, 500ms.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        /// Environment variables, KEY=VALUE (repeatable).
+        #[arg(long = "env", value_parser = parse_env)]
+        env: Vec<(String, String)>,
+        /// Warm time for the sim backend, ms.
+        #[arg(long)]
+        sim_warm_ms: Option<f64>,
+        /// Cold-start cost for the sim backend, ms.
+        #[arg(long)]
+        sim_cold_ms: Option<f64>,
+        #[command(flatten)]
+        url: UrlArg,
+    },
+    /// List functions.
+    List {
+        #[command(flatten)]
+        url: UrlArg,
+    },
+    /// Show a function.
+    Show {
+        name: String,
+        #[command(flatten)]
+        url: UrlArg,
+    },
+    /// Delete a function (running invocations finish first).
+    Rm {
+        name: String,
+        #[command(flatten)]
+        url: UrlArg,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Closed-loop warm invocations: throughput and control-plane overhead (e2e − exec).
+    Overhead {
+        #[command(flatten)]
+        url: UrlArg,
+        #[arg(long, default_value_t = 1)]
+        clients: usize,
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        warmup: Duration,
+        /// The function sleeps this long per invocation (0: a no-op).
+        #[arg(long, default_value_t = 0)]
+        exec_ms: u64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cold starts of a hello function: sandbox + agent + import.
+    Cold {
+        #[command(flatten)]
+        url: UrlArg,
+        #[arg(short = 'n', long, default_value_t = 20)]
+        rounds: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+}
+
+fn main() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HEARTH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Up(args) | Command::Worker(args) => serve(args),
+        Command::Function(cmd) => function(cmd),
+        Command::Invoke {
+            name,
+            data,
+            is_async,
+            url,
+        } => {
+            serde_json::from_str::<Value>(&data).context("--data is not valid JSON")?;
+            let q = if is_async { "?async=true" } else { "" };
+            let r =
+                client(&url)?.post(&format!("/v1/functions/{name}/invoke{q}"), data.as_bytes())?;
+            print_response(r)
+        }
+        Command::Result { id, wait, url } => {
+            let mut c = client(&url)?;
+            loop {
+                let r = c.get(&format!("/v1/invocations/{id}"))?;
+                if !wait || r.status != 200 || r.json()["status"] != "running" {
+                    return print_response(r);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Command::Prewarm { name, count, url } => {
+            let body = json!({ "count": count }).to_string();
+            print_response(
+                client(&url)?.post(&format!("/v1/functions/{name}/prewarm"), body.as_bytes())?,
+            )
+        }
+        Command::Status { url } => print_response(client(&url)?.get("/v1/status")?),
+        Command::Bench(b) => bench_cmd(b),
+    }
+}
+
+fn client(url: &UrlArg) -> Result<Client> {
+    Ok(Client::new(&url.url)?)
+}
+
+/// Prints a JSON answer; an error status becomes a non-zero exit with the server's message.
+fn print_response(r: Response) -> Result<()> {
+    let v = r.json();
+    if r.status >= 400 {
+        let msg = v["error"]["message"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| r.text());
+        let code = v["error"]["code"].as_str().unwrap_or("error");
+        if let Some(tb) = v["error"]["traceback"].as_str().filter(|t| !t.is_empty()) {
+            eprintln!("{tb}");
+        }
+        bail!("{} {code}: {msg}", r.status);
+    }
+    if v.is_null() {
+        if !r.body.is_empty() {
+            println!("{}", r.text());
+        }
+    } else {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
+    Ok(())
+}
+
+fn serve(args: ServerArgs) -> Result<()> {
+    let mut config = WorkerConfig::load(args.config.as_deref())?;
+    if let Some(l) = args.listen {
+        config.listen = l;
+    }
+    if let Some(d) = args.data_dir {
+        config.data_dir = d;
+    }
+    if let Some(b) = args.backend {
+        config.backend = b;
+    }
+    if let Some(m) = args.memory_mb {
+        config.memory_mb = m;
+    }
+    config.check()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(hearth_worker::server::serve(
+        config,
+        hearth_worker::server::shutdown_signal(),
+    ))?;
+    Ok(())
+}
+
+fn function(cmd: FnCommand) -> Result<()> {
+    match cmd {
+        FnCommand::Register {
+            name,
+            code,
+            handler,
+            memory,
+            cpus,
+            timeout,
+            env,
+            sim_warm_ms,
+            sim_cold_ms,
+            url,
+        } => {
+            let mut body = json!({
+                "handler": handler,
+                "memory_mb": memory,
+                "cpus": cpus,
+                "timeout_ms": timeout.as_millis() as u64,
+                "env": env.into_iter().map(|(k, v)| (k, Value::String(v))).collect::<serde_json::Map<String, Value>>(),
+            });
+            if let Some(path) = code {
+                let (code, module) = code::pack(&path).map_err(anyhow::Error::msg)?;
+                body["code"] = code;
+                if let Some(m) = module.filter(|_| !handler.contains('.')) {
+                    body["handler"] = json!(format!("{m}.{handler}"));
+                }
+            }
+            if let Some(v) = sim_warm_ms {
+                body["sim_warm_ms"] = json!(v);
+            }
+            if let Some(v) = sim_cold_ms {
+                body["sim_cold_ms"] = json!(v);
+            }
+            let r = client(&url)?.put(
+                &format!("/v1/functions/{name}"),
+                body.to_string().as_bytes(),
+            )?;
+            print_response(r)
+        }
+        FnCommand::List { url } => {
+            let r = client(&url)?.get("/v1/functions")?;
+            if r.status != 200 {
+                return print_response(r);
+            }
+            let v = r.json();
+            println!(
+                "{:<32} {:>8} {:>6} {:>10} {:>5} {:>8}",
+                "NAME", "MEMORY", "CPUS", "TIMEOUT", "WARM", "RUNNING"
+            );
+            for f in v["functions"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<32} {:>6}Mi {:>6} {:>8}ms {:>5} {:>8}",
+                    f["name"].as_str().unwrap_or(""),
+                    f["memory_mb"],
+                    f["cpus"],
+                    f["timeout_ms"],
+                    f["pool"]["warm"].as_u64().unwrap_or(0),
+                    f["pool"]["running"].as_u64().unwrap_or(0),
+                );
+            }
+            Ok(())
+        }
+        FnCommand::Show { name, url } => {
+            print_response(client(&url)?.get(&format!("/v1/functions/{name}"))?)
+        }
+        FnCommand::Rm { name, url } => {
+            let r = client(&url)?.delete(&format!("/v1/functions/{name}"))?;
+            if r.status == 204 {
+                println!("deleted {name}");
+                return Ok(());
+            }
+            print_response(r)
+        }
+    }
+}
+
+fn bench_cmd(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Overhead {
+            url,
+            clients,
+            duration,
+            warmup,
+            exec_ms,
+            json: as_json,
+        } => {
+            if clients == 0 {
+                bail!("--clients must be at least 1");
+            }
+            let f =
+                bench::register_bench_function(&url.url, exec_ms).map_err(anyhow::Error::msg)?;
+            let r = bench::closed_loop(&url.url, &f, clients, duration, warmup)
+                .map_err(anyhow::Error::msg)?;
+            if as_json {
+                println!("{}", r.to_json());
+            } else {
+                let p = |v: &[u64], q| percentile(v, q);
+                println!(
+                    "bench overhead: {} client(s), {:.1} s, function {f} (exec {exec_ms} ms)",
+                    clients,
+                    duration.as_secs_f64()
+                );
+                println!(
+                    "throughput   {:>10.0} invocations/s ({} invocations, {} errors, {} cold)",
+                    r.throughput(),
+                    r.invocations,
+                    r.errors,
+                    r.cold
+                );
+                println!(
+                    "overhead µs  p50 {:>6}  p90 {:>6}  p99 {:>6}   (client e2e − exec)",
+                    p(&r.overhead_us, 50.0),
+                    p(&r.overhead_us, 90.0),
+                    p(&r.overhead_us, 99.0)
+                );
+                println!(
+                    "e2e µs       p50 {:>6}  p90 {:>6}  p99 {:>6}",
+                    p(&r.e2e_us, 50.0),
+                    p(&r.e2e_us, 90.0),
+                    p(&r.e2e_us, 99.0)
+                );
+            }
+            Ok(())
+        }
+        BenchCommand::Cold {
+            url,
+            rounds,
+            json: as_json,
+        } => {
+            let (init, e2e) =
+                bench::cold_starts(&url.url, rounds.max(1)).map_err(anyhow::Error::msg)?;
+            let j = json!({
+                "rounds": rounds,
+                "init_ms": {"p50": percentile(&init, 50.0) as f64 / 1000.0, "p99": percentile(&init, 99.0) as f64 / 1000.0},
+                "e2e_ms": {"p50": percentile(&e2e, 50.0) as f64 / 1000.0, "p99": percentile(&e2e, 99.0) as f64 / 1000.0},
+            });
+            if as_json {
+                println!("{j}");
+            } else {
+                println!("bench cold: {rounds} cold starts of a hello function");
+                println!(
+                    "init (sandbox + agent + import) ms  p50 {:>7.1}  p99 {:>7.1}",
+                    j["init_ms"]["p50"].as_f64().unwrap_or(0.0),
+                    j["init_ms"]["p99"].as_f64().unwrap_or(0.0)
+                );
+                println!(
+                    "client e2e ms                       p50 {:>7.1}  p99 {:>7.1}",
+                    j["e2e_ms"]["p50"].as_f64().unwrap_or(0.0),
+                    j["e2e_ms"]["p99"].as_f64().unwrap_or(0.0)
+                );
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! Test harness: runs the real `hearth` binary as a worker on a free loopback port.
+#![allow(dead_code)]
+
+use hearth_cli::client::{Client, Response};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Server {
+    pub url: String,
+    pub data_dir: PathBuf,
+    child: Option<Child>,
+    _tmp: Option<tempfile::TempDir>,
+    pub log: PathBuf,
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+impl Server {
+    /// Starts a worker with `backend` and extra `HEARTH_*` environment settings.
+    pub fn start(backend: &str, env: &[(&str, &str)]) -> Server {
+        let tmp = tempfile::Builder::new()
+            .prefix("hearth-test-")
+            .tempdir()
+            .unwrap();
+        let data_dir = tmp.path().join("data");
+        let mut s = Server::start_in(backend, &data_dir, env);
+        s._tmp = Some(tmp);
+        s
+    }
+
+    /// Starts a worker on an existing data directory (restart tests).
+    pub fn start_in(backend: &str, data_dir: &Path, env: &[(&str, &str)]) -> Server {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        std::fs::create_dir_all(data_dir).unwrap();
+        let log = data_dir.with_extension(format!("{port}.log"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hearth"));
+        cmd.args(["worker", "--listen", &listen, "--backend", backend])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("HEARTH_WORKER_ID", format!("test-{port}"))
+            .env("HEARTH_SHUTDOWN_GRACE_S", "10")
+            .env("HEARTH_LOG", "info")
+            .env_remove("HEARTH_REQUIRE_RUNC")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn hearth");
+        let url = format!("http://{listen}");
+        let mut s = Server {
+            url,
+            data_dir: data_dir.to_path_buf(),
+            child: Some(child),
+            _tmp: None,
+            log,
+        };
+        s.wait_ready();
+        s
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(mut c) = Client::new(&self.url) {
+                if let Ok(r) = c.get("/healthz") {
+                    if r.status == 200 {
+                        return;
+                    }
+                }
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("hearth exited at start ({status}): {}", self.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "hearth did not start: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(&self.url).unwrap()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("hearth did not exit after SIGTERM: {}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn put_fn(&self, name: &str, spec: Value) -> Response {
+        self.client()
+            .put(
+                &format!("/v1/functions/{name}"),
+                spec.to_string().as_bytes(),
+            )
+            .unwrap()
+    }
+
+    pub fn invoke(&self, name: &str, args: &str) -> Response {
+        self.client()
+            .post(&format!("/v1/functions/{name}/invoke"), args.as_bytes())
+            .unwrap()
+    }
+
+    pub fn status(&self) -> Value {
+        self.client().get("/v1/status").unwrap().json()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let status = self.terminate();
+            if !std::thread::panicking() {
+                assert!(
+                    status.success(),
+                    "hearth exited with {status}: {}",
+                    self.log_text()
+                );
+            }
+        }
+    }
+}
+
+/// Polls an async invocation until it is no longer running.
+pub fn wait_invocation(s: &Server, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = s
+            .client()
+            .get(&format!("/v1/invocations/{id}"))
+            .unwrap()
+            .json();
+        if v["status"] != "running" {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "async invocation {id} never finished"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

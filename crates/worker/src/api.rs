@@ -1,0 +1,306 @@
+//! The public HTTP API (DESIGN.md §4), served by axum.
+
+use crate::error::ApiError;
+use crate::registry::CodeSource;
+use crate::worker::{Invoked, Worker};
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use hearth_core::{ColdReason, FunctionSpec};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The router of one worker.
+pub fn router(worker: Arc<Worker>) -> Router {
+    let max_body = worker.config().max_body_bytes;
+    let max_code = worker.config().max_code_bytes;
+    Router::new()
+        .route(
+            "/v1/functions/{name}",
+            put(register)
+                .layer(DefaultBodyLimit::max(max_code))
+                .get(show)
+                .delete(remove),
+        )
+        .route("/v1/functions", get(list))
+        .route(
+            "/v1/functions/{name}/invoke",
+            post(invoke).layer(DefaultBodyLimit::max(max_body)),
+        )
+        .route("/v1/functions/{name}/prewarm", post(prewarm))
+        .route("/v1/invocations/{id}", get(invocation))
+        .route("/v1/status", get(status))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed on this endpoint",
+            )
+        })
+        .with_state(worker)
+}
+
+fn body_error(rej: BytesRejection, limit: usize) -> ApiError {
+    if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::too_large(limit)
+    } else {
+        ApiError::bad_request(format!("could not read the request body: {rej}"))
+    }
+}
+
+fn json_error(rej: JsonRejection, limit: usize) -> ApiError {
+    if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::too_large(limit)
+    } else {
+        ApiError::bad_request(rej.body_text())
+    }
+}
+
+/// `PUT /v1/functions/{name}` body: the spec's fields plus `code`.
+async fn register(
+    State(w): State<Arc<Worker>>,
+    Path(name): Path<String>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(mut body) = body.map_err(|r| json_error(r, w.config().max_code_bytes))?;
+    let obj = body
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
+    let code = match obj.remove("code") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(serde_json::from_value::<CodeSource>(v).map_err(|e| {
+            ApiError::bad_request(format!(
+                "code must be one of {{\"path\": ...}}, {{\"archive\": base64 tar.gz}}, {{\"files\": {{...}}}}: {e}"
+            ))
+        })?),
+    };
+    if let Some(other) = obj.get("name") {
+        if other.as_str() != Some(name.as_str()) {
+            return Err(ApiError::bad_request(
+                "the body's name differs from the URL's",
+            ));
+        }
+    }
+    obj.remove("version");
+    obj.insert("name".into(), json!(name));
+    let mut spec: FunctionSpec = serde_json::from_value(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid function spec: {e}")))?;
+    spec.validate()
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let (reg, created) = w.register(spec, code)?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(json!(*reg.spec))).into_response())
+}
+
+async fn list(State(w): State<Arc<Worker>>) -> Json<Value> {
+    let stats = w.pool_stats();
+    let fns: Vec<Value> = w
+        .registry()
+        .list()
+        .into_iter()
+        .map(|r| {
+            let mut v = json!(*r.spec);
+            if let Some((_, s)) = stats.functions.iter().find(|(n, _)| *n == r.spec.name) {
+                v["pool"] = json!(s);
+            }
+            v
+        })
+        .collect();
+    Json(json!({ "functions": fns }))
+}
+
+async fn show(
+    State(w): State<Arc<Worker>>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let r = w
+        .registry()
+        .get(&name)
+        .ok_or_else(|| ApiError::unknown_function(&name))?;
+    let stats = w.pool_stats();
+    let mut v = json!(*r.spec);
+    let pool = stats
+        .functions
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, s)| json!(s))
+        .unwrap_or_else(|| json!({"warm": 0, "running": 0, "starting": 0}));
+    v["pool"] = pool;
+    Ok(Json(v))
+}
+
+async fn remove(
+    State(w): State<Arc<Worker>>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    w.unregister(&name)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InvokeQuery {
+    #[serde(default, rename = "async")]
+    is_async: bool,
+}
+
+/// Checks the arguments are JSON; an empty body means `{}`.
+fn arguments(body: &Bytes) -> Result<Bytes, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Bytes::from_static(b"{}"));
+    }
+    serde_json::from_slice::<serde::de::IgnoredAny>(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+    Ok(body.clone())
+}
+
+async fn invoke(
+    State(w): State<Arc<Worker>>,
+    Path(name): Path<String>,
+    query: Result<Query<InvokeQuery>, QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let t0 = Instant::now();
+    let result = async {
+        let Query(q) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
+        let body = body.map_err(|r| body_error(r, w.config().max_body_bytes))?;
+        let args = arguments(&body)?;
+        if q.is_async {
+            return invoke_async(&w, name, args);
+        }
+        let ok = w.invoke(&name, &args, t0).await?;
+        Ok(success_response(&w, &ok))
+    }
+    .await;
+    result.unwrap_or_else(|e| e.into_response())
+}
+
+fn invoke_async(w: &Arc<Worker>, name: String, args: Bytes) -> Result<Response, ApiError> {
+    if w.registry().get(&name).is_none() {
+        return Err(ApiError::unknown_function(&name));
+    }
+    let id = w.invocations.start(&name).ok_or_else(|| {
+        ApiError::overloaded("too many async invocations are pending or kept; retry later")
+    })?;
+    let worker = Arc::clone(w);
+    let task_id = id.clone();
+    tokio::spawn(async move {
+        let t0 = Instant::now();
+        let (status, body) = match worker.invoke(&name, &args, t0).await {
+            Ok(ok) => (200, Bytes::from(success_body(&worker, &ok))),
+            Err(e) => (
+                e.status.as_u16(),
+                Bytes::from(e.body().to_string().into_bytes()),
+            ),
+        };
+        worker.invocations.finish(&task_id, status, body);
+    });
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"id": id, "status": "running", "url": format!("/v1/invocations/{id}")})),
+    )
+        .into_response())
+}
+
+/// `{"result": ..., "cold": ..., "worker": ..., "timing": {...}}`, written directly: the result is
+/// already JSON text from the agent and is not parsed again.
+fn success_body(w: &Worker, ok: &Invoked) -> Vec<u8> {
+    let mut b = Vec::with_capacity(ok.result.len() + 192);
+    b.extend_from_slice(b"{\"result\":");
+    b.extend_from_slice(&ok.result);
+    let _ = write!(b, ",\"cold\":{}", ok.cold.is_some());
+    if let Some(reason) = ok.cold {
+        let _ = write!(b, ",\"cold_reason\":\"{}\"", reason.as_str());
+        if let ColdReason::Expired { ago_us } | ColdReason::Evicted { ago_us } = reason {
+            let _ = write!(b, ",\"cold_reason_ago_us\":{ago_us}");
+        }
+    }
+    b.extend_from_slice(b",\"worker\":");
+    let _ = serde_json::to_writer(&mut b, w.id());
+    let t = &ok.timing;
+    let _ = write!(
+        b,
+        ",\"timing\":{{\"queue\":{},\"init\":{},\"exec\":{},\"overhead\":{},\"e2e\":{}}}}}",
+        t.queue, t.init, t.exec, t.overhead, t.e2e
+    );
+    b
+}
+
+fn success_response(w: &Worker, ok: &Invoked) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        success_body(w, ok),
+    )
+        .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrewarmBody {
+    #[serde(default = "one")]
+    count: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+async fn prewarm(
+    State(w): State<Arc<Worker>>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: PrewarmBody = if body.iter().all(u8::is_ascii_whitespace) {
+        PrewarmBody { count: 1 }
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid prewarm request: {e}")))?
+    };
+    w.prewarm(&name, req.count).await.map(Json)
+}
+
+async fn invocation(
+    State(w): State<Arc<Worker>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    w.invocations
+        .get(&id)
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("invocation", &id))
+}
+
+async fn status(State(w): State<Arc<Worker>>) -> Json<Value> {
+    Json(w.status())
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn metrics(State(w): State<Arc<Worker>>) -> Response {
+    let text = w.metrics.encode(&w.pool_stats());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}

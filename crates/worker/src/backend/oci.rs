@@ -1,0 +1,687 @@
+//! OCI runtime spec (`config.json`) for one runc sandbox, plus the host-side helpers that go
+//! with it: the shared base rootfs and the cgroup v1 OOM counter. Measured and explained in
+//! `docs/sandboxes.md`.
+//!
+//! The spec targets runc 1.1 with the cgroupfs driver on a cgroup v1 (hybrid) host, running as
+//! root without a user namespace.
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+/// Inputs for one sandbox's OCI runtime spec.
+pub struct OciParams<'a> {
+    /// Shared read-only base rootfs (absolute), made by [`prepare_base_rootfs`].
+    pub rootfs: &'a Path,
+    /// Host dir, read-only at [`CODE_MOUNT`].
+    pub code_dir: &'a Path,
+    /// Host dir holding `hearth_agent.py`, read-only at [`AGENT_MOUNT`].
+    pub agent_dir: &'a Path,
+    /// Host per-sandbox dir, read-write at [`RUN_MOUNT`]; must be writable by `uid`.
+    pub run_dir: &'a Path,
+    pub hostname: &'a str,
+    /// `module.function` for `HEARTH_HANDLER`.
+    pub handler: &'a str,
+    /// User-supplied environment; reserved keys (`PATH`, `HEARTH_*`) and malformed pairs are dropped.
+    pub env: &'a [(String, String)],
+    /// Memory limit in MiB; 0 means no limit.
+    pub memory_mb: u64,
+    /// CPU quota in CPUs (0.5 = half a CPU); 0 or less means no quota.
+    pub cpus: f64,
+    pub uid: u32,
+    pub gid: u32,
+    /// `/hearth/<worker>/<sandbox>`: absolute, i.e. from each cgroup v1 hierarchy's root (a
+    /// relative path would nest under runc's own cgroup).
+    pub cgroups_path: &'a str,
+    /// Size of the private `/tmp` tmpfs in MiB.
+    pub tmp_size_mb: u64,
+}
+
+/// Where the function's code appears inside the sandbox.
+pub const CODE_MOUNT: &str = "/code";
+/// Where the agent's directory appears inside the sandbox.
+pub const AGENT_MOUNT: &str = "/hearth/agent";
+/// Where the per-sandbox run dir appears inside the sandbox.
+pub const RUN_MOUNT: &str = "/hearth/run";
+/// The agent's Unix socket inside the sandbox; on the host it is `<run_dir>/agent.sock`.
+pub const AGENT_SOCKET: &str = "/hearth/run/agent.sock";
+/// Name of the agent's socket file in the run dir (host side).
+pub const AGENT_SOCKET_NAME: &str = "agent.sock";
+/// Process of the sandbox: `-I` (isolated: no user site, ignores `PYTHON*` env) and `-S` (no
+/// `site` import) keep interpreter start-up near 14 ms. Because `-I` ignores
+/// `PYTHONUNBUFFERED`, the agent must flush its own output.
+pub const AGENT_ARGS: [&str; 4] = [
+    "/usr/bin/python3",
+    "-I",
+    "-S",
+    "/hearth/agent/hearth_agent.py",
+];
+/// `PATH` inside the sandbox; `/bin` is a symlink to `usr/bin`.
+pub const SANDBOX_PATH: &str = "/usr/bin:/bin";
+/// CFS period; the quota is `cpus` times this.
+pub const CPU_PERIOD_US: u64 = 100_000;
+/// The kernel rejects CFS quotas below 1 ms.
+const MIN_CPU_QUOTA_US: i64 = 1_000;
+/// Cap on tasks (processes and threads) per sandbox: stops fork bombs.
+pub const PIDS_LIMIT: i64 = 256;
+/// RLIMIT_NOFILE soft and hard limit.
+pub const NOFILE_LIMIT: u64 = 1024;
+/// Size of the `/dev` and `/dev/shm` tmpfs mounts (runc's defaults).
+const DEV_TMPFS_SIZE: &str = "size=65536k";
+/// Global-OOM preference: the host kernel kills a sandbox before the worker. Memory-cgroup OOM
+/// (the sandbox's own limit) only ever picks tasks inside the sandbox anyway.
+const OOM_SCORE_ADJ: i64 = 1000;
+/// Mount point of the cgroup v1 hierarchies on the host.
+pub const CGROUP_V1_ROOT: &str = "/sys/fs/cgroup";
+
+/// Empty directories of the base rootfs: every mount destination must exist beforehand, because
+/// runc creates missing ones by writing into the (shared) rootfs before making it read-only.
+const BASE_DIRS: &[&str] = &[
+    "usr",
+    "etc",
+    "code",
+    "hearth",
+    "hearth/agent",
+    "hearth/run",
+    "tmp",
+    "proc",
+    "dev",
+    "sys",
+];
+/// usr-merge symlinks of the host (Debian 12), so `/bin/sh` or `/lib64/ld-linux-x86-64.so.2`
+/// resolve through the `/usr` bind mount.
+const BASE_LINKS: &[(&str, &str)] = &[
+    ("bin", "usr/bin"),
+    ("lib", "usr/lib"),
+    ("lib64", "usr/lib64"),
+    ("sbin", "usr/sbin"),
+];
+/// runc chmods a tmpfs mount to the mode of the directory it covers (ignoring `mode=`), so the
+/// base `tmp` directory itself must be world-writable and sticky.
+const BASE_TMP_MODE: u32 = 0o1777;
+
+/// Syscalls allowed unconditionally: the moby/containerd default seccomp allow-list, resolved for
+/// x86_64 with no capabilities and kernel >= 4.8 (so `ptrace` and `process_vm_*` are in).
+/// Names of 32-bit-only syscalls are left out because the profile admits only the x86_64 ABI.
+const SECCOMP_ALLOW: &str = "\
+    accept accept4 access adjtimex alarm bind brk capget capset chdir chmod chown clock_adjtime \
+    clock_getres clock_gettime clock_nanosleep close close_range connect copy_file_range creat \
+    dup dup2 dup3 epoll_create epoll_create1 epoll_ctl epoll_ctl_old epoll_pwait epoll_pwait2 \
+    epoll_wait epoll_wait_old eventfd eventfd2 execve execveat exit exit_group faccessat \
+    faccessat2 fadvise64 fallocate fanotify_mark fchdir fchmod fchmodat fchown fchownat fcntl \
+    fdatasync fgetxattr flistxattr flock fork fremovexattr fsetxattr fstat fstatfs fsync \
+    ftruncate futex futex_waitv futimesat getcpu getcwd getdents getdents64 getegid geteuid \
+    getgid getgroups getitimer getpeername getpgid getpgrp getpid getppid getpriority getrandom \
+    getresgid getresuid getrlimit get_robust_list getrusage getsid getsockname getsockopt \
+    get_thread_area gettid gettimeofday getuid getxattr inotify_add_watch inotify_init \
+    inotify_init1 inotify_rm_watch io_cancel ioctl io_destroy io_getevents io_pgetevents \
+    ioprio_get ioprio_set io_setup io_submit io_uring_enter io_uring_register io_uring_setup \
+    kill landlock_add_rule landlock_create_ruleset landlock_restrict_self lchown lgetxattr link \
+    linkat listen listxattr llistxattr lremovexattr lseek lsetxattr lstat madvise membarrier \
+    memfd_create memfd_secret mincore mkdir mkdirat mknod mknodat mlock mlock2 mlockall mmap \
+    mprotect mq_getsetattr mq_notify mq_open mq_timedreceive mq_timedsend mq_unlink mremap \
+    msgctl msgget msgrcv msgsnd msync munlock munlockall munmap name_to_handle_at nanosleep \
+    newfstatat open openat openat2 pause pidfd_open pidfd_send_signal pipe pipe2 pkey_alloc \
+    pkey_free pkey_mprotect poll ppoll prctl pread64 preadv preadv2 prlimit64 process_mrelease \
+    pselect6 pwrite64 pwritev pwritev2 read readahead readlink readlinkat readv recvfrom \
+    recvmmsg recvmsg remap_file_pages removexattr rename renameat renameat2 restart_syscall \
+    rmdir rseq rt_sigaction rt_sigpending rt_sigprocmask rt_sigqueueinfo rt_sigreturn \
+    rt_sigsuspend rt_sigtimedwait rt_tgsigqueueinfo sched_getaffinity sched_getattr \
+    sched_getparam sched_get_priority_max sched_get_priority_min sched_getscheduler \
+    sched_rr_get_interval sched_setaffinity sched_setattr sched_setparam sched_setscheduler \
+    sched_yield seccomp select semctl semget semop semtimedop sendfile sendmmsg sendmsg sendto \
+    setfsgid setfsuid setgid setgroups setitimer setpgid setpriority setregid setresgid \
+    setresuid setreuid setrlimit set_robust_list setsid setsockopt set_thread_area \
+    set_tid_address setuid setxattr shmat shmctl shmdt shmget shutdown sigaltstack signalfd \
+    signalfd4 socketpair splice stat statfs statx symlink symlinkat sync sync_file_range syncfs \
+    sysinfo tee tgkill time timer_create timer_delete timer_getoverrun timer_gettime \
+    timer_settime timerfd_create timerfd_gettime timerfd_settime times tkill truncate umask \
+    uname unlink unlinkat utime utimensat utimes vfork vmsplice wait4 waitid write writev \
+    process_vm_readv process_vm_writev ptrace arch_prctl modify_ldt";
+/// `personality(2)` values the default profile allows (PER_LINUX, PER_LINUX32,
+/// UNAME26, UNAME26|PER_LINUX32, query).
+const SECCOMP_PERSONALITIES: [u64; 5] = [0, 8, 0x20000, 0x20008, 0xffff_ffff];
+/// Namespace flags `clone(2)` may not carry without CAP_SYS_ADMIN (CLONE_NEWNS | NEWUTS | NEWIPC
+/// | NEWUSER | NEWPID | NEWNET | NEWCGROUP).
+const CLONE_NS_MASK: u64 = 0x7e02_0000;
+/// `socket(2)` family refused by the default profile.
+const AF_VSOCK: u64 = 40;
+/// ENOSYS for `clone3`, so glibc falls back to `clone`, whose flags seccomp can inspect.
+const ENOSYS: u64 = 38;
+
+/// The seccomp section: docker's default profile (default action EPERM) for the x86_64 ABI only.
+///
+/// Listing only `SCMP_ARCH_X86_64` means i386 (`int 0x80`) and x32 syscalls kill the process
+/// (SIGSYS) instead of being filtered; docker also admits those ABIs, but compiling the filter
+/// for three ABIs made every `runc run` about 15 ms slower here.
+pub fn seccomp_profile() -> Value {
+    let mut rules = vec![
+        json!({
+            "names": SECCOMP_ALLOW.split_whitespace().collect::<Vec<_>>(),
+            "action": "SCMP_ACT_ALLOW",
+        }),
+        json!({
+            "names": ["socket"],
+            "action": "SCMP_ACT_ALLOW",
+            "args": [{"index": 0, "value": AF_VSOCK, "op": "SCMP_CMP_NE"}],
+        }),
+    ];
+    rules.extend(SECCOMP_PERSONALITIES.iter().map(|v| {
+        json!({
+            "names": ["personality"],
+            "action": "SCMP_ACT_ALLOW",
+            "args": [{"index": 0, "value": v, "op": "SCMP_CMP_EQ"}],
+        })
+    }));
+    rules.push(json!({
+        "names": ["clone"],
+        "action": "SCMP_ACT_ALLOW",
+        "args": [{"index": 0, "value": CLONE_NS_MASK, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}],
+    }));
+    rules.push(json!({
+        "names": ["clone3"],
+        "action": "SCMP_ACT_ERRNO",
+        "errnoRet": ENOSYS,
+    }));
+    json!({
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "defaultErrnoRet": 1,
+        "architectures": ["SCMP_ARCH_X86_64"],
+        "syscalls": rules,
+    })
+}
+
+/// Whether a user env key is one Hearth sets itself (duplicates in `environ` are ambiguous:
+/// glibc's `getenv` and Python's `os.environ` both take the first).
+fn reserved_env_key(key: &str) -> bool {
+    key == "PATH" || key.starts_with("HEARTH_")
+}
+
+fn env_list(p: &OciParams) -> Vec<String> {
+    let mut env = vec![
+        format!("PATH={SANDBOX_PATH}"),
+        format!("HEARTH_SOCKET={AGENT_SOCKET}"),
+        format!("HEARTH_CODE_DIR={CODE_MOUNT}"),
+        format!("HEARTH_HANDLER={}", p.handler),
+    ];
+    env.extend(
+        p.env
+            .iter()
+            .filter(|(k, v)| {
+                !k.is_empty()
+                    && !k.contains('=')
+                    && !k.contains('\0')
+                    && !v.contains('\0')
+                    && !reserved_env_key(k)
+            })
+            .map(|(k, v)| format!("{k}={v}")),
+    );
+    env
+}
+
+fn bind(dest: &str, src: &Path, writable: bool) -> Value {
+    let mut options = vec![
+        "rbind",
+        if writable { "rw" } else { "ro" },
+        "nosuid",
+        "nodev",
+    ];
+    if writable {
+        options.push("noexec");
+    }
+    json!({
+        "destination": dest,
+        "type": "bind",
+        "source": src.to_string_lossy(),
+        "options": options,
+    })
+}
+
+fn mounts(p: &OciParams) -> Vec<Value> {
+    vec![
+        json!({"destination": "/proc", "type": "proc", "source": "proc",
+               "options": ["nosuid", "noexec", "nodev"]}),
+        json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+               "options": ["nosuid", "strictatime", "mode=755", DEV_TMPFS_SIZE]}),
+        json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+               "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]}),
+        json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+               "options": ["nosuid", "noexec", "nodev", "mode=1777", DEV_TMPFS_SIZE]}),
+        json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+               "options": ["nosuid", "noexec", "nodev"]}),
+        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs",
+               "options": ["nosuid", "noexec", "nodev", "ro"]}),
+        // cgroup v1: runc mounts a tmpfs with the sandbox's own cgroup of each controller bound
+        // read-only, so libraries can read their memory and CPU limits.
+        json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+               "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]}),
+        bind("/usr", Path::new("/usr"), false),
+        bind("/etc", Path::new("/etc"), false),
+        bind(CODE_MOUNT, p.code_dir, false),
+        bind(AGENT_MOUNT, p.agent_dir, false),
+        bind(RUN_MOUNT, p.run_dir, true),
+        json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+               "options": ["nosuid", "nodev", "mode=1777", format!("size={}m", p.tmp_size_mb)]}),
+    ]
+}
+
+fn resources(p: &OciParams) -> Value {
+    let mut res = json!({
+        // Deny all devices; runc adds its default allow-list (null, zero, full, tty, random, ...).
+        "devices": [{"allow": false, "access": "rwm"}],
+        "pids": {"limit": PIDS_LIMIT},
+    });
+    if p.memory_mb > 0 {
+        // No "swap": runc accepts it here (memsw accounting is on), but without a swap device
+        // it changes nothing, and leaving it out keeps the spec valid on kernels without
+        // swap accounting (no memory.memsw.* files).
+        res["memory"] = json!({"limit": p.memory_mb.saturating_mul(1024 * 1024)});
+    }
+    if p.cpus > 0.0 && p.cpus.is_finite() {
+        let quota = ((p.cpus * CPU_PERIOD_US as f64).round() as i64).max(MIN_CPU_QUOTA_US);
+        res["cpu"] = json!({"period": CPU_PERIOD_US, "quota": quota});
+    }
+    res
+}
+
+/// The config.json value.
+pub fn runtime_spec(p: &OciParams) -> Value {
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": p.uid, "gid": p.gid},
+            "args": AGENT_ARGS,
+            "env": env_list(p),
+            "cwd": CODE_MOUNT,
+            "capabilities": {
+                "bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": [],
+            },
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": NOFILE_LIMIT, "soft": NOFILE_LIMIT}],
+            "noNewPrivileges": true,
+            "oomScoreAdj": OOM_SCORE_ADJ,
+        },
+        "root": {"path": p.rootfs.to_string_lossy(), "readonly": true},
+        "hostname": p.hostname,
+        "mounts": mounts(p),
+        "linux": {
+            "cgroupsPath": p.cgroups_path,
+            "resources": resources(p),
+            // A new network namespace has only loopback (runc brings it up); "cgroup" hides the
+            // host cgroup paths (worker and sandbox ids) from /proc/self/cgroup.
+            "namespaces": [
+                {"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"},
+                {"type": "mount"}, {"type": "cgroup"},
+            ],
+            "maskedPaths": [
+                "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+                "/sys/firmware", "/sys/devices/virtual/powercap",
+            ],
+            "readonlyPaths": [
+                "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+            ],
+            "seccomp": seccomp_profile(),
+        },
+    })
+}
+
+/// Creates (idempotently) the shared base rootfs: empty mount-point dirs and the usr-merge symlinks.
+pub fn prepare_base_rootfs(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    for d in BASE_DIRS {
+        std::fs::create_dir_all(dir.join(d))?;
+    }
+    std::fs::set_permissions(
+        dir.join("tmp"),
+        std::fs::Permissions::from_mode(BASE_TMP_MODE),
+    )?;
+    for (link, target) in BASE_LINKS {
+        let path = dir.join(link);
+        match std::fs::read_link(&path) {
+            Ok(t) if t == Path::new(target) => continue,
+            Ok(_) => std::fs::remove_file(&path)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        symlink(target, &path)?;
+    }
+    Ok(())
+}
+
+/// The directory of `cgroups_path` in the cgroup v1 hierarchy `controller` (e.g. "memory").
+pub fn cgroup_v1_dir(controller: &str, cgroups_path: &str) -> PathBuf {
+    Path::new(CGROUP_V1_ROOT)
+        .join(controller)
+        .join(cgroups_path.trim_start_matches('/'))
+}
+
+/// Parses the `oom_kill N` line of a cgroup v1 `memory.oom_control` file.
+fn parse_oom_kill(oom_control: &str) -> Option<u64> {
+    oom_control.lines().find_map(|line| {
+        let mut it = line.split_whitespace();
+        match (it.next(), it.next()) {
+            (Some("oom_kill"), Some(n)) => n.parse().ok(),
+            _ => None,
+        }
+    })
+}
+
+/// Reads the OOM-kill count of a sandbox's memory cgroup (cgroup v1), None if unavailable.
+///
+/// Read it after the sandbox's process died and before `runc delete`, which removes the cgroup.
+/// A count above zero means the kernel killed a task of the sandbox for exceeding its limit.
+pub fn oom_kill_count(cgroups_path: &str) -> Option<u64> {
+    let path = cgroup_v1_dir("memory", cgroups_path).join("memory.oom_control");
+    parse_oom_kill(&std::fs::read_to_string(path).ok()?)
+}
+
+/// Removes the (empty) directory `cgroups_path` from every cgroup v1 hierarchy under
+/// [`CGROUP_V1_ROOT`], including `name=systemd` and the hybrid `unified` one. runc's
+/// `delete` removes only the sandbox's own directories, so a worker uses this on start-up and
+/// shutdown for its parent (`/hearth/<worker>`, then `/hearth`). Returns how many were removed;
+/// a directory that still has children or tasks fails with EBUSY.
+pub fn remove_cgroup_dirs(cgroups_path: &str) -> std::io::Result<usize> {
+    let rel = cgroups_path.trim_matches('/');
+    if rel.is_empty() {
+        return Ok(0);
+    }
+    let mut removed = 0;
+    for entry in std::fs::read_dir(CGROUP_V1_ROOT)? {
+        let dir = entry?.path().join(rel);
+        match std::fs::remove_dir(&dir) {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params<'a>(env: &'a [(String, String)]) -> OciParams<'a> {
+        OciParams {
+            rootfs: Path::new("/data/rootfs"),
+            code_dir: Path::new("/data/code/f1"),
+            agent_dir: Path::new("/opt/hearth/agent"),
+            run_dir: Path::new("/data/run/s1"),
+            hostname: "s1",
+            handler: "main.main",
+            env,
+            memory_mb: 128,
+            cpus: 0.5,
+            uid: 65534,
+            gid: 65534,
+            cgroups_path: "/hearth/w1/s1",
+            tmp_size_mb: 64,
+        }
+    }
+
+    fn mount<'a>(spec: &'a Value, dest: &str) -> &'a Value {
+        spec["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == dest)
+            .unwrap_or_else(|| panic!("no mount at {dest}"))
+    }
+
+    fn options(m: &Value) -> Vec<&str> {
+        m["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o.as_str().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn root_is_shared_and_readonly() {
+        let spec = runtime_spec(&params(&[]));
+        assert_eq!(spec["ociVersion"], "1.0.2");
+        assert_eq!(spec["root"]["path"], "/data/rootfs");
+        assert_eq!(spec["root"]["readonly"], true);
+        assert_eq!(spec["hostname"], "s1");
+    }
+
+    #[test]
+    fn mounts_are_in_place() {
+        let spec = runtime_spec(&params(&[]));
+        for (dest, src, rw) in [
+            ("/usr", "/usr", false),
+            ("/etc", "/etc", false),
+            ("/code", "/data/code/f1", false),
+            ("/hearth/agent", "/opt/hearth/agent", false),
+            ("/hearth/run", "/data/run/s1", true),
+        ] {
+            let m = mount(&spec, dest);
+            assert_eq!(m["type"], "bind");
+            assert_eq!(m["source"], src);
+            let o = options(m);
+            assert!(o.contains(&"rbind") && o.contains(&"nosuid") && o.contains(&"nodev"));
+            assert_eq!(o.contains(&"rw"), rw, "{dest}");
+            assert_eq!(o.contains(&"ro"), !rw, "{dest}");
+        }
+        let tmp = mount(&spec, "/tmp");
+        assert_eq!(tmp["type"], "tmpfs");
+        assert!(options(tmp).contains(&"size=64m"));
+        for dest in [
+            "/proc",
+            "/dev",
+            "/dev/pts",
+            "/dev/shm",
+            "/dev/mqueue",
+            "/sys",
+        ] {
+            mount(&spec, dest);
+        }
+        assert!(options(mount(&spec, "/sys")).contains(&"ro"));
+        // Every destination must already exist in the base rootfs or under a mount made first.
+        for m in spec["mounts"].as_array().unwrap() {
+            let dest = m["destination"].as_str().unwrap().trim_start_matches('/');
+            let top = dest.split('/').next().unwrap();
+            assert!(
+                BASE_DIRS.contains(&dest) || BASE_DIRS.contains(&top),
+                "{dest}"
+            );
+        }
+    }
+
+    #[test]
+    fn process_is_unprivileged() {
+        let spec = runtime_spec(&params(&[]));
+        let proc = &spec["process"];
+        assert_eq!(proc["user"]["uid"], 65534);
+        assert_eq!(proc["user"]["gid"], 65534);
+        assert_eq!(proc["noNewPrivileges"], true);
+        assert_eq!(proc["terminal"], false);
+        for set in [
+            "bounding",
+            "effective",
+            "inheritable",
+            "permitted",
+            "ambient",
+        ] {
+            assert_eq!(proc["capabilities"][set], json!([]), "{set}");
+        }
+        assert_eq!(proc["args"], json!(AGENT_ARGS));
+        assert_eq!(proc["cwd"], "/code");
+        assert_eq!(proc["rlimits"][0]["type"], "RLIMIT_NOFILE");
+        assert_eq!(proc["rlimits"][0]["hard"], 1024);
+    }
+
+    #[test]
+    fn env_has_agent_settings_and_filters_user_pairs() {
+        let user = vec![
+            ("FOO".to_string(), "bar=baz".to_string()),
+            ("PATH".to_string(), "/evil".to_string()),
+            ("HEARTH_HANDLER".to_string(), "x.y".to_string()),
+            ("A=B".to_string(), "c".to_string()),
+            (String::new(), "c".to_string()),
+            ("NUL".to_string(), "a\0b".to_string()),
+        ];
+        let spec = runtime_spec(&params(&user));
+        let env: Vec<&str> = spec["process"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            env,
+            [
+                "PATH=/usr/bin:/bin",
+                "HEARTH_SOCKET=/hearth/run/agent.sock",
+                "HEARTH_CODE_DIR=/code",
+                "HEARTH_HANDLER=main.main",
+                "FOO=bar=baz",
+            ]
+        );
+    }
+
+    #[test]
+    fn limits_and_cgroup_path() {
+        let spec = runtime_spec(&params(&[]));
+        let linux = &spec["linux"];
+        assert_eq!(linux["cgroupsPath"], "/hearth/w1/s1");
+        let res = &linux["resources"];
+        assert_eq!(res["memory"]["limit"], 128u64 * 1024 * 1024);
+        assert!(res["memory"].get("swap").is_none());
+        assert_eq!(res["cpu"]["period"], 100_000);
+        assert_eq!(res["cpu"]["quota"], 50_000);
+        assert_eq!(res["pids"]["limit"], PIDS_LIMIT);
+        assert_eq!(res["devices"][0]["allow"], false);
+    }
+
+    #[test]
+    fn cpu_quota_edges() {
+        let env = [];
+        let mut p = params(&env);
+        p.cpus = 2.0;
+        assert_eq!(resources(&p)["cpu"]["quota"], 200_000);
+        p.cpus = 0.001;
+        assert_eq!(resources(&p)["cpu"]["quota"], MIN_CPU_QUOTA_US);
+        p.cpus = 0.0;
+        assert!(resources(&p).get("cpu").is_none());
+        p.cpus = f64::NAN;
+        assert!(resources(&p).get("cpu").is_none());
+        p.memory_mb = 0;
+        assert!(resources(&p).get("memory").is_none());
+    }
+
+    #[test]
+    fn namespaces_without_user_ns() {
+        let spec = runtime_spec(&params(&[]));
+        let ns: Vec<&str> = spec["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["type"].as_str().unwrap())
+            .collect();
+        for t in ["pid", "network", "ipc", "uts", "mount", "cgroup"] {
+            assert!(ns.contains(&t), "{t}");
+        }
+        assert!(!ns.contains(&"user"));
+        assert!(spec["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n.get("path").is_none()));
+    }
+
+    #[test]
+    fn seccomp_is_default_deny_allow_list() {
+        let spec = runtime_spec(&params(&[]));
+        let sc = &spec["linux"]["seccomp"];
+        assert_eq!(sc["defaultAction"], "SCMP_ACT_ERRNO");
+        assert_eq!(sc["architectures"], json!(["SCMP_ARCH_X86_64"]));
+        let allowed: Vec<&str> = sc["syscalls"][0]["names"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap())
+            .collect();
+        for name in [
+            "read",
+            "mmap",
+            "futex",
+            "bind",
+            "rt_sigreturn",
+            "exit_group",
+        ] {
+            assert!(allowed.contains(&name), "{name} missing from allow-list");
+        }
+        let rules = sc["syscalls"].as_array().unwrap();
+        assert!(rules.iter().any(|r| r["names"] == json!(["socket"])));
+        for name in [
+            "mount",
+            "unshare",
+            "setns",
+            "bpf",
+            "clone3",
+            "kexec_load",
+            "reboot",
+        ] {
+            assert!(!allowed.contains(&name), "{name} must not be allowed");
+        }
+        let mut dedup = allowed.clone();
+        dedup.sort_unstable();
+        dedup.dedup();
+        assert_eq!(dedup.len(), allowed.len(), "duplicate syscall names");
+        assert!(allowed.len() > 250);
+        let clone3 = rules
+            .iter()
+            .find(|r| r["names"] == json!(["clone3"]))
+            .unwrap();
+        assert_eq!(clone3["errnoRet"], 38);
+    }
+
+    #[test]
+    fn base_rootfs_is_idempotent() {
+        let dir = std::env::temp_dir().join(format!("hearth-oci-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        prepare_base_rootfs(&dir).unwrap();
+        prepare_base_rootfs(&dir).unwrap();
+        for d in BASE_DIRS {
+            assert!(dir.join(d).is_dir(), "{d}");
+        }
+        for (link, target) in BASE_LINKS {
+            assert_eq!(
+                std::fs::read_link(dir.join(link)).unwrap(),
+                Path::new(target)
+            );
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.join("tmp"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o1777);
+        // A wrong symlink is replaced.
+        std::fs::remove_file(dir.join("bin")).unwrap();
+        std::os::unix::fs::symlink("elsewhere", dir.join("bin")).unwrap();
+        prepare_base_rootfs(&dir).unwrap();
+        assert_eq!(
+            std::fs::read_link(dir.join("bin")).unwrap(),
+            Path::new("usr/bin")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn oom_control_parsing() {
+        let text = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(parse_oom_kill(text), Some(3));
+        assert_eq!(parse_oom_kill("oom_kill_disable 0\nunder_oom 0\n"), None);
+        assert_eq!(
+            oom_kill_count("/hearth/no-such-worker/no-such-sandbox"),
+            None
+        );
+        assert_eq!(
+            cgroup_v1_dir("memory", "/hearth/w/s"),
+            Path::new("/sys/fs/cgroup/memory/hearth/w/s")
+        );
+    }
+}

@@ -1,0 +1,232 @@
+//! Worker configuration: a TOML file, overridden by `HEARTH_*` environment variables, overridden
+//! by command-line flags.
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The sandbox backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Real OCI containers started with runc.
+    Runc,
+    /// No process: time passes by sleeping the function's `sim_*_ms` (experiments at scale).
+    Sim,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "runc" => Ok(BackendKind::Runc),
+            "sim" => Ok(BackendKind::Sim),
+            other => Err(format!("unknown backend {other:?} (expected runc or sim)")),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Runc => "runc",
+            BackendKind::Sim => "sim",
+        })
+    }
+}
+
+/// Settings of the runc backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuncConfig {
+    /// The runc binary (Debian's package installs /usr/sbin/runc).
+    pub runc_path: PathBuf,
+    /// The uid and gid every sandbox process runs as (non-root; default `nobody`).
+    pub uid: u32,
+    pub gid: u32,
+    /// Size of each sandbox's private /tmp.
+    pub tmp_size_mb: u64,
+    /// How long a new sandbox may take to start and import its handler.
+    pub start_timeout_ms: u64,
+}
+
+impl Default for RuncConfig {
+    fn default() -> Self {
+        RuncConfig {
+            runc_path: PathBuf::from("runc"),
+            uid: 65534,
+            gid: 65534,
+            tmp_size_mb: 64,
+            start_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Everything a worker needs to run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Address of the HTTP API.
+    pub listen: String,
+    /// Registry database, function code, sandbox bundles.
+    pub data_dir: PathBuf,
+    /// The name this worker reports in every answer (`worker`); defaults to the listen address.
+    pub worker_id: Option<String>,
+    pub backend: BackendKind,
+    /// Memory that running and warm sandboxes may use together.
+    pub memory_mb: u64,
+    /// Background eviction keeps this much of the budget free.
+    pub free_buffer_mb: u64,
+    /// Keep-alive time of an idle sandbox.
+    pub keepalive_ttl_s: u64,
+    /// Largest accepted invocation body.
+    pub max_body_bytes: usize,
+    /// Largest accepted registration body (code archives).
+    pub max_code_bytes: usize,
+    /// How long results of async invocations are kept after they finish.
+    pub async_retention_s: u64,
+    /// Most async invocations kept (pending and finished) before new ones are refused with 429.
+    pub async_max_records: usize,
+    /// On SIGTERM, how long in-flight invocations may take to finish.
+    pub shutdown_grace_s: u64,
+    pub runc: RuncConfig,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            listen: "127.0.0.1:7878".into(),
+            data_dir: default_data_dir(),
+            worker_id: None,
+            backend: BackendKind::Runc,
+            memory_mb: 4096,
+            free_buffer_mb: 256,
+            keepalive_ttl_s: 600,
+            max_body_bytes: 6 * 1024 * 1024,
+            max_code_bytes: 64 * 1024 * 1024,
+            async_retention_s: 600,
+            async_max_records: 100_000,
+            shutdown_grace_s: 30,
+            runc: RuncConfig::default(),
+        }
+    }
+}
+
+/// `$HEARTH_DATA_DIR`, else `$XDG_DATA_HOME/hearth`, else `~/.local/share/hearth`.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
+        return PathBuf::from(d).join("hearth");
+    }
+    match std::env::var_os("HOME") {
+        Some(h) => PathBuf::from(h).join(".local/share/hearth"),
+        None => PathBuf::from("/var/lib/hearth"),
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {source}")]
+    File {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl WorkerConfig {
+    /// Defaults ← TOML file (if any) ← `HEARTH_*` environment (nested keys with `__`, e.g.
+    /// `HEARTH_RUNC__UID`).
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(WorkerConfig::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::File {
+                    path: path.into(),
+                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "not found"),
+                });
+            }
+            fig = fig.merge(Toml::file(path));
+        }
+        let fig = fig.merge(Env::prefixed("HEARTH_").split("__").ignore(&["url", "log"]));
+        let config: WorkerConfig = fig
+            .extract()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Refuses settings that cannot work.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return bad(format!("listen must be IP:PORT, got {:?}", self.listen));
+        }
+        if self.memory_mb < 16 {
+            return bad(format!(
+                "memory_mb must be at least 16, got {}",
+                self.memory_mb
+            ));
+        }
+        if self.free_buffer_mb >= self.memory_mb {
+            return bad("free_buffer_mb must be smaller than memory_mb".into());
+        }
+        if self.max_body_bytes == 0 || self.max_code_bytes == 0 {
+            return bad("max_body_bytes and max_code_bytes must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The worker's name in answers.
+    pub fn worker_id(&self) -> String {
+        self.worker_id
+            .clone()
+            .unwrap_or_else(|| self.listen.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn file_then_environment_override_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.toml");
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:9000\"\nmemory_mb = 2048\nbackend = \"sim\"\n[runc]\nuid = 1000\n",
+        )
+        .unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HEARTH_MEMORY_MB", "1024");
+            jail.set_env("HEARTH_RUNC__TMP_SIZE_MB", "32");
+            let c = WorkerConfig::load(Some(&path)).map_err(|e| e.to_string())?;
+            assert_eq!(c.listen, "127.0.0.1:9000");
+            assert_eq!(c.memory_mb, 1024);
+            assert_eq!(c.backend, BackendKind::Sim);
+            assert_eq!(c.runc.uid, 1000);
+            assert_eq!(c.runc.tmp_size_mb, 32);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.toml");
+        std::fs::write(&path, "memroy_mb = 5\n").unwrap();
+        let err = WorkerConfig::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("memroy_mb"), "{err}");
+        std::fs::write(&path, "listen = \"nowhere\"\n").unwrap();
+        let err = WorkerConfig::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("listen"), "{err}");
+        let err = WorkerConfig::load(Some(&dir.path().join("missing.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("missing.toml"), "{err}");
+    }
+}

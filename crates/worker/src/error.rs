@@ -1,0 +1,116 @@
+//! API errors: every failure the API reports, with its HTTP status and a stable code.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answer: `{"error": {"code", "message", ...details}}`.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    /// Extra fields merged into the error object (e.g. a handler's traceback, timing).
+    pub details: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Seconds for `Retry-After` on 429/503.
+    pub retry_after_s: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            details: None,
+            retry_after_s: None,
+        }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+    pub fn not_found(what: &str, name: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{what} {name:?} not found"),
+        )
+    }
+    pub fn unknown_function(name: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "unknown_function",
+            format!("function {name:?} is not registered"),
+        )
+    }
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("request body is larger than the limit of {limit} bytes"),
+        )
+    }
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", message);
+        e.retry_after_s = Some(1);
+        e
+    }
+    pub fn shutting_down() -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the worker is shutting down",
+        );
+        e.retry_after_s = Some(1);
+        e
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+    /// Adds a field to the error object.
+    pub fn with(mut self, key: &str, value: serde_json::Value) -> Self {
+        self.details
+            .get_or_insert_with(serde_json::Map::new)
+            .insert(key.to_string(), value);
+        self
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        let mut obj = serde_json::Map::new();
+        obj.insert("code".into(), json!(self.code));
+        obj.insert("message".into(), json!(self.message));
+        if let Some(d) = &self.details {
+            for (k, v) in d {
+                obj.insert(k.clone(), v.clone());
+            }
+        }
+        json!({ "error": obj })
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.code,
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after_s {
+            if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        resp
+    }
+}

@@ -1,0 +1,15 @@
+//! The Hearth worker: the async shell around the sans-I/O core (DESIGN.md §1–§5).
+
+pub mod agent_client;
+pub mod api;
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod invocations;
+pub mod metrics;
+pub mod registry;
+pub mod server;
+pub mod worker;
+
+pub use config::{BackendKind, WorkerConfig};
+pub use worker::Worker;

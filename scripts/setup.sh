@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what Hearth needs on Debian 12 (runc, a C toolchain, Python 3, Rust) and builds it.
+# Idempotent; run as root (or with sudo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+[ -x /usr/bin/python3 ] || need_apt+=(python3)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "setup: installing ${need_apt[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: installing the Rust toolchain with rustup" >&2
+    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+    . "$HOME/.cargo/env"
+fi
+
+cargo build --release --locked -p hearth-cli
+echo "setup: built $(pwd)/target/release/hearth" >&2

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, Rust unit and end-to-end tests (real runc sandboxes
+# included: run as root with runc installed), the agent's pytest suite, and a final check that no
+# sandbox, cgroup, mount or socket was left behind.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+HEARTH_REQUIRE_RUNC=1 cargo test --workspace --locked
+scripts/check-leftovers.sh
+python3 -m pytest runtime/python/tests -q -p no:cacheprovider
