@@ -124,6 +124,36 @@ pub fn default_data_dir() -> PathBuf {
     }
 }
 
+/// Top-level keys of [`WorkerConfig`], the only `HEARTH_*` variables read as configuration.
+const CONFIG_KEYS: &[&str] = &[
+    "listen",
+    "data_dir",
+    "worker_id",
+    "backend",
+    "memory_mb",
+    "free_buffer_mb",
+    "keepalive_ttl_s",
+    "max_body_bytes",
+    "max_code_bytes",
+    "async_retention_s",
+    "async_max_records",
+    "shutdown_grace_s",
+    "runc",
+];
+
+/// `HEARTH_*` variables with other uses (client URL, log filter, test switches).
+const NON_CONFIG_VARS: &[&str] = &["url", "log", "require_runc"];
+
+fn is_config_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    CONFIG_KEYS.iter().any(|k| {
+        key == *k
+            || key
+                .strip_prefix(k)
+                .is_some_and(|rest| rest.starts_with("__"))
+    })
+}
+
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -150,7 +180,19 @@ impl WorkerConfig {
             }
             fig = fig.merge(Toml::file(path));
         }
-        let fig = fig.merge(Env::prefixed("HEARTH_").split("__").ignore(&["url", "log"]));
+        let fig = fig.merge(
+            Env::prefixed("HEARTH_")
+                .filter(|k| is_config_key(k.as_str()))
+                .split("__"),
+        );
+        for (name, _) in std::env::vars() {
+            if let Some(key) = name.strip_prefix("HEARTH_") {
+                let key = key.to_ascii_lowercase();
+                if !is_config_key(&key) && !NON_CONFIG_VARS.contains(&key.as_str()) {
+                    tracing::warn!(variable = %name, "ignoring unknown HEARTH_ variable");
+                }
+            }
+        }
         let config: WorkerConfig = fig
             .extract()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -210,6 +252,18 @@ mod tests {
             assert_eq!(c.backend, BackendKind::Sim);
             assert_eq!(c.runc.uid, 1000);
             assert_eq!(c.runc.tmp_size_mb, 32);
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn unrelated_hearth_variables_are_not_configuration() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HEARTH_URL", "http://127.0.0.1:1");
+            jail.set_env("HEARTH_SOMETHING_ELSE", "x");
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c, WorkerConfig::default());
             Ok(())
         });
     }
