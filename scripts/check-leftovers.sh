@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
-# Fails if any Hearth sandbox outlived its worker: runc containers named hearth-*, cgroups under
-# /hearth in any hierarchy, or mounts of sandbox bundles.
+# Fails if any sandbox of the test suite outlived its worker: cgroups of test workers
+# (/hearth/test_<port> in any hierarchy), mounts of test data directories, agents or workers still
+# running from a test. Test workers are named test-<port> (crates/cli/tests/common), so sandboxes of
+# a Hearth the operator runs on the same machine are not mistaken for the suite's.
 set -uo pipefail
 bad=0
 for d in /sys/fs/cgroup/*/hearth; do
     [ -d "$d" ] || continue
-    if [ -n "$(find "$d" -mindepth 1 -type d 2>/dev/null | head -1)" ]; then
-        echo "leftover cgroups under $d:" >&2
-        find "$d" -mindepth 1 -type d >&2
+    left=$(find "$d" -mindepth 1 -maxdepth 1 -type d -name 'test_*' 2>/dev/null)
+    if [ -n "$left" ]; then
+        echo "leftover test cgroups under $d:" >&2
+        echo "$left" >&2
         bad=1
     fi
 done
-if grep -E '/sandboxes/[0-9]+|hearth-test-' /proc/self/mountinfo >&2; then
-    echo "leftover sandbox mounts (above)" >&2
+if grep -E 'hearth-test-' /proc/self/mountinfo >&2; then
+    echo "leftover sandbox mounts of test workers (above)" >&2
     bad=1
 fi
-if pgrep -f 'hearth_agent.py' >&2; then
-    echo "leftover agent processes (above)" >&2
+for p in /proc/[0-9]*; do
+    if grep -qs ':/hearth/test_' "$p/cgroup"; then
+        echo "leftover process in a test sandbox: ${p#/proc/} $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)" >&2
+        bad=1
+    fi
+done
+if pgrep -af 'hearth worker .*hearth-test-' >&2; then
+    echo "leftover test workers (above)" >&2
     bad=1
 fi
-if pgrep -f 'hearth worker' >&2; then
-    echo "leftover hearth workers (above)" >&2
-    bad=1
-fi
-[ "$bad" = 0 ] && echo "leftovers: none (no sandbox, cgroup, mount, agent or worker left behind)"
+[ "$bad" = 0 ] && echo "leftovers: none (no test sandbox, cgroup, mount, agent or worker left behind)"
 exit "$bad"

@@ -54,8 +54,11 @@ pub struct OverheadReport {
     pub invocations: usize,
     pub errors: usize,
     pub cold: usize,
+    /// Client-observed overhead: e2e − exec.
     pub overhead_us: Vec<u64>,
     pub e2e_us: Vec<u64>,
+    /// The worker's own `timing.overhead`: its share of the client-observed overhead.
+    pub server_overhead_us: Vec<u64>,
 }
 
 impl OverheadReport {
@@ -79,8 +82,53 @@ impl OverheadReport {
             "cold": self.cold,
             "throughput": (self.throughput() * 10.0).round() / 10.0,
             "overhead_us": pct(&self.overhead_us),
+            "server_overhead_us": pct(&self.server_overhead_us),
             "e2e_us": pct(&self.e2e_us),
         })
+    }
+}
+
+/// What one client thread measured.
+#[derive(Default)]
+struct ClientSamples {
+    overhead: Vec<u64>,
+    e2e: Vec<u64>,
+    server: Vec<u64>,
+    errors: usize,
+    cold: usize,
+}
+
+/// One closed-loop client: warm up until `warm_end`, then measure until `end`.
+fn client_loop(
+    url: &str,
+    path: &str,
+    warm_end: Instant,
+    end: Instant,
+) -> Result<ClientSamples, String> {
+    let mut c = Client::new(url).map_err(|e| e.to_string())?;
+    let body = b"{}";
+    while Instant::now() < warm_end {
+        c.post(path, body).map_err(|e| e.to_string())?;
+    }
+    let mut s = ClientSamples::default();
+    loop {
+        let t = Instant::now();
+        if t >= end {
+            return Ok(s);
+        }
+        let r = c.post(path, body).map_err(|e| e.to_string())?;
+        let us = t.elapsed().as_micros() as u64;
+        if r.status != 200 {
+            s.errors += 1;
+            continue;
+        }
+        if r.body.windows(11).any(|w| w == b"\"cold\":true") {
+            s.cold += 1;
+        }
+        let exec = timing_field(&r.body, b"\"exec\":");
+        s.server.push(timing_field(&r.body, b"\"overhead\":"));
+        s.e2e.push(us);
+        s.overhead.push(us.saturating_sub(exec));
     }
 }
 
@@ -105,44 +153,12 @@ pub fn closed_loop(
     if r.status >= 300 {
         return Err(format!("prewarm failed: {} {}", r.status, r.text()));
     }
-    let start_at = Instant::now() + Duration::from_millis(50);
+    let warm_end = Instant::now() + Duration::from_millis(50) + warmup;
+    let end = warm_end + duration;
     let handles: Vec<_> = (0..clients)
         .map(|_| {
-            let url = url.to_string();
-            let path = path.clone();
-            std::thread::spawn(
-                move || -> Result<(Vec<u64>, Vec<u64>, usize, usize), String> {
-                    let mut c = Client::new(&url).map_err(|e| e.to_string())?;
-                    let body = b"{}";
-                    let warm_end = start_at + warmup;
-                    while Instant::now() < warm_end {
-                        c.post(&path, body).map_err(|e| e.to_string())?;
-                    }
-                    let end = warm_end + duration;
-                    let mut overhead = Vec::with_capacity(1 << 16);
-                    let mut e2e = Vec::with_capacity(1 << 16);
-                    let (mut errors, mut cold) = (0, 0);
-                    loop {
-                        let t = Instant::now();
-                        if t >= end {
-                            break;
-                        }
-                        let r = c.post(&path, body).map_err(|e| e.to_string())?;
-                        let us = t.elapsed().as_micros() as u64;
-                        if r.status != 200 {
-                            errors += 1;
-                            continue;
-                        }
-                        let exec = exec_us(&r.body);
-                        if r.body.windows(11).any(|w| w == b"\"cold\":true") {
-                            cold += 1;
-                        }
-                        e2e.push(us);
-                        overhead.push(us.saturating_sub(exec));
-                    }
-                    Ok((overhead, e2e, errors, cold))
-                },
-            )
+            let (url, path) = (url.to_string(), path.clone());
+            std::thread::spawn(move || client_loop(&url, &path, warm_end, end))
         })
         .collect();
     let mut report = OverheadReport {
@@ -153,25 +169,28 @@ pub fn closed_loop(
         cold: 0,
         overhead_us: Vec::new(),
         e2e_us: Vec::new(),
+        server_overhead_us: Vec::new(),
     };
     for h in handles {
-        let (o, e, errs, cold) = h.join().map_err(|_| "client thread panicked")??;
-        report.invocations += o.len();
-        report.overhead_us.extend(o);
-        report.e2e_us.extend(e);
-        report.errors += errs;
-        report.cold += cold;
+        let c = h.join().map_err(|_| "client thread panicked")??;
+        report.invocations += c.overhead.len();
+        report.overhead_us.extend(c.overhead);
+        report.e2e_us.extend(c.e2e);
+        report.server_overhead_us.extend(c.server);
+        report.errors += c.errors;
+        report.cold += c.cold;
     }
     report.overhead_us.sort_unstable();
     report.e2e_us.sort_unstable();
+    report.server_overhead_us.sort_unstable();
     Ok(report)
 }
 
-/// Pulls `"exec":N` out of a success body without a full JSON parse.
-pub fn exec_us(body: &[u8]) -> u64 {
-    let key = b"\"exec\":";
+/// Pulls a number such as `"exec":N` out of a success body without a full JSON parse (the
+/// timing object comes last, so the key is searched from the end).
+pub fn timing_field(body: &[u8], key: &[u8]) -> u64 {
     body.windows(key.len())
-        .position(|w| w == key)
+        .rposition(|w| w == key)
         .map(|i| {
             body[i + key.len()..]
                 .iter()
@@ -226,7 +245,8 @@ mod tests {
     #[test]
     fn exec_is_read_from_the_timing_object() {
         let b = br#"{"result":{},"cold":false,"worker":"w","timing":{"queue":0,"init":0,"exec":1234,"overhead":5,"e2e":1239}}"#;
-        assert_eq!(super::exec_us(b), 1234);
-        assert_eq!(super::exec_us(b"{}"), 0);
+        assert_eq!(super::timing_field(b, b"\"exec\":"), 1234);
+        assert_eq!(super::timing_field(b, b"\"overhead\":"), 5);
+        assert_eq!(super::timing_field(b"{}", b"\"exec\":"), 0);
     }
 }

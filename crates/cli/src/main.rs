@@ -400,6 +400,12 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
                     p(&r.overhead_us, 99.0)
                 );
                 println!(
+                    "  in worker  p50 {:>6}  p90 {:>6}  p99 {:>6}   (timing.overhead)",
+                    p(&r.server_overhead_us, 50.0),
+                    p(&r.server_overhead_us, 90.0),
+                    p(&r.server_overhead_us, 99.0)
+                );
+                println!(
                     "e2e µs       p50 {:>6}  p90 {:>6}  p99 {:>6}",
                     p(&r.e2e_us, 50.0),
                     p(&r.e2e_us, 90.0),
