@@ -4,6 +4,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use hearth_cli::client::{default_url, Client, Response};
 use hearth_cli::{bench, code, stats::percentile};
+use hearth_core::{KeepAliveKind, QueueDiscipline};
+use hearth_worker::config::Concurrency;
 use hearth_worker::{BackendKind, WorkerConfig};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -92,6 +94,18 @@ struct ServerArgs {
     /// Memory budget for sandboxes, MiB.
     #[arg(long)]
     memory_mb: Option<u64>,
+    /// Queue discipline: fcfs, sjf, eedf, rare or srsf.
+    #[arg(long)]
+    queue: Option<QueueDiscipline>,
+    /// Keep-alive policy: ttl, lru, gdsf, lfu, landlord or hist.
+    #[arg(long)]
+    keepalive: Option<KeepAliveKind>,
+    /// Concurrency limit of queued invocations: a number, or aimd.
+    #[arg(long)]
+    concurrency: Option<Concurrency>,
+    /// CPUs to schedule for (default: the machine's; with --backend sim, simulated CPUs).
+    #[arg(long)]
+    cpus: Option<u32>,
 }
 
 #[derive(Subcommand)]
@@ -271,6 +285,18 @@ fn serve(args: ServerArgs) -> Result<()> {
     }
     if let Some(m) = args.memory_mb {
         config.memory_mb = m;
+    }
+    if let Some(q) = args.queue {
+        config.queue = q;
+    }
+    if let Some(k) = args.keepalive {
+        config.keepalive = k;
+    }
+    if let Some(c) = args.concurrency {
+        config.concurrency = c;
+    }
+    if let Some(c) = args.cpus {
+        config.cpus = c;
     }
     config.check()?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -125,7 +125,7 @@ fn cold_then_warm_with_a_consistent_timing_breakdown() {
 
 #[test]
 fn concurrent_invocations_get_separate_sandboxes() {
-    let s = Server::start("sim", &[]);
+    let s = Server::start("sim", &[("HEARTH_CONCURRENCY", "8")]);
     s.put_fn("f", sim_fn(300, 0));
     let url = s.url.clone();
     let threads: Vec<_> = (0..3)
@@ -267,30 +267,47 @@ fn request_errors_unknown_malformed_too_large() {
 }
 
 #[test]
-fn no_memory_for_a_new_sandbox_is_429_with_retry_after() {
+fn no_memory_waits_in_the_queue_a_full_queue_is_429_and_oversized_is_refused() {
     let s = Server::start(
         "sim",
-        &[("HEARTH_MEMORY_MB", "256"), ("HEARTH_FREE_BUFFER_MB", "0")],
+        &[
+            ("HEARTH_MEMORY_MB", "256"),
+            ("HEARTH_FREE_BUFFER_MB", "0"),
+            ("HEARTH_CONCURRENCY", "4"),
+            ("HEARTH_MAX_QUEUE", "1"),
+        ],
     );
     s.put_fn("big", json!({"sim_warm_ms": 500, "memory_mb": 200}));
-    let url = s.url.clone();
-    let first = std::thread::spawn(move || {
-        hearth_cli::client::Client::new(&url)
-            .unwrap()
-            .post("/v1/functions/big/invoke", b"{}")
-            .unwrap()
-    });
+    let spawn = |url: String| {
+        std::thread::spawn(move || {
+            hearth_cli::client::Client::new(&url)
+                .unwrap()
+                .post("/v1/functions/big/invoke", b"{}")
+                .unwrap()
+        })
+    };
+    let first = spawn(s.url.clone());
     std::thread::sleep(Duration::from_millis(150));
+    // No memory for a second sandbox while the first runs: it waits in the queue...
+    let second = spawn(s.url.clone());
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(s.status()["queue"]["length"], 1, "{}", s.status());
+    // ...which holds one: a third is refused at once.
     let r = s.invoke("big", "{}");
     assert_eq!(r.status, 429, "{}", r.text());
     assert_eq!(r.header("retry-after"), Some("1"));
-    assert!(r.json()["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("MiB"));
+    assert_eq!(r.json()["error"]["code"], "queue_full");
     assert_eq!(first.join().unwrap().status, 200);
+    // The second ran on the sandbox the first left, after waiting for it.
+    let v = second.join().unwrap().json();
+    assert_eq!(v["cold"], false, "{v}");
+    assert!(v["timing"]["queue"].as_u64().unwrap() > 200_000, "{v}");
     let m = s.client().get("/metrics").unwrap().text();
     assert!(m.contains(r#"outcome="rejected"} 1"#), "{m}");
+    // A function bigger than the whole budget can never run here.
+    let r = s.put_fn("huge", json!({"sim_warm_ms": 1, "memory_mb": 300}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("256 MiB"), "{}", r.text());
 }
 
 #[test]
@@ -399,4 +416,11 @@ fn healthz_and_status_policies() {
     assert_eq!(st["memory"]["budget_mb"], 1000);
     assert_eq!(st["memory"]["free_mb"], 1000);
     assert_eq!(st["policies"]["keepalive"], "ttl");
+    assert_eq!(st["policies"]["queue"], "eedf");
+    let cpus = st["load"]["cpus"].as_u64().unwrap();
+    assert!(cpus >= 1, "{st}");
+    assert_eq!(st["policies"]["regulator"], format!("fixed({cpus})"));
+    assert_eq!(st["queue"]["length"], 0);
+    assert_eq!(st["queue"]["limit"], cpus);
+    assert!(st["load"]["normalized"].as_f64().is_some(), "{st}");
 }

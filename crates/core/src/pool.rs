@@ -1,15 +1,22 @@
 //! The sandbox pool: which sandbox serves an invocation, which warm sandboxes expire or are
 //! evicted, and the worker's memory accounting.
 //!
-//! A sans-I/O state machine: the driver hands it the time and events and executes the
-//! [`PoolAction`]s it returns (destroying a sandbox is the driver's I/O, done off the hot path).
-//! Keep-alive here is a fixed TTL with least-recently-used eviction under memory pressure,
-//! OpenWhisk's behaviour.
+//! A sans-I/O state machine: the driver hands it the time and events and carries out the
+//! [`PoolAction`]s it returns (destroying or pre-warming a sandbox is the driver's I/O, done off
+//! the hot path). Which idle sandbox goes first, and when one expires, is the keep-alive policy's
+//! decision ([`crate::policy::keepalive`]): priorities are kept per function in an ordered index
+//! (the function's least recently used idle sandbox represents it), so choosing a victim is
+//! O(log functions).
 //!
 //! Memory invariant: the memory of starting, busy and idle sandboxes never exceeds the budget.
 
+use crate::policy::hist::IatHistogram;
+use crate::policy::keepalive::{
+    FunctionFacts, KeepAlive, KeepAliveConfig, KeepAliveKind, SandboxFacts,
+};
 use crate::time::Micros;
 use serde::Serialize;
+use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -23,7 +30,7 @@ impl std::fmt::Display for SandboxId {
     }
 }
 
-/// Pool limits.
+/// Pool limits and the keep-alive policy.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     /// Memory that starting, running and warm sandboxes may use together.
@@ -31,8 +38,7 @@ pub struct PoolConfig {
     /// Background eviction keeps at least this much of the budget free, so that a cold start
     /// rarely has to evict on the invocation path.
     pub free_buffer_mb: u64,
-    /// How long an idle sandbox stays warm.
-    pub keepalive_ttl: Micros,
+    pub keepalive: KeepAliveConfig,
 }
 
 /// Why an invocation had to start a new sandbox.
@@ -60,6 +66,14 @@ impl ColdReason {
             ColdReason::Evicted { .. } => "evicted",
             ColdReason::Concurrent => "concurrent",
             ColdReason::PrewarmMiss => "prewarm_miss",
+        }
+    }
+
+    /// How long ago the function's last warm sandbox went, for `expired` and `evicted`.
+    pub fn ago_us(&self) -> Option<Micros> {
+        match self {
+            ColdReason::Expired { ago_us } | ColdReason::Evicted { ago_us } => Some(*ago_us),
+            _ => None,
         }
     }
 }
@@ -91,12 +105,30 @@ pub enum DestroyReason {
     Shutdown,
 }
 
+impl DestroyReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DestroyReason::Expired => "expired",
+            DestroyReason::Evicted => "evicted",
+            DestroyReason::Retired => "retired",
+            DestroyReason::Failed => "failed",
+            DestroyReason::Shutdown => "shutdown",
+        }
+    }
+}
+
 /// An action for the driver to carry out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PoolAction {
     Destroy {
         sandbox: SandboxId,
         reason: DestroyReason,
+    },
+    /// Start `sandbox` for `function` ahead of demand (the policy's pre-warm; memory is
+    /// reserved). Report [`SandboxPool::on_sandbox_ready`] or [`SandboxPool::on_start_failed`].
+    Prewarm {
+        sandbox: SandboxId,
+        function: Arc<str>,
     },
 }
 
@@ -107,24 +139,101 @@ enum State {
     Busy,
 }
 
+/// A function's index in the pool (interned name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct FnId(u32);
+
 #[derive(Debug)]
 struct Slot {
-    function: Arc<str>,
+    function: FnId,
     memory_mb: u64,
     state: State,
     last_used: Micros,
+    /// The policy clock when last used.
+    clock: f64,
+    /// When its keep-alive window ends, while idle.
+    deadline: Option<Micros>,
     /// Retired: destroyed instead of becoming idle.
     doomed: bool,
 }
 
-#[derive(Debug, Default)]
+/// A total order on priorities (they are finite and non-negative).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Prio(f64);
+
+impl Eq for Prio {}
+impl PartialOrd for Prio {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Prio {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// A function in the eviction index: its priority, then the age of its LRU idle sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct EvictKey {
+    prio: Prio,
+    last_used: Micros,
+    function: FnId,
+}
+
+#[derive(Debug)]
 struct FunctionEntry {
-    /// Idle sandboxes, most recently used last (reused first: its caches are hottest).
-    idle: Vec<SandboxId>,
+    /// Idle sandboxes, least recently used first; the most recent is reused first (its caches
+    /// are hottest) and the least recent is the eviction candidate.
+    idle: VecDeque<SandboxId>,
     busy: u32,
     starting: u32,
     /// How the function's last warm sandbox went, and when.
     last_gone: Option<(DestroyReason, Micros)>,
+    /// Invocations since the function last had no sandbox at all.
+    freq: u64,
+    cost_ms: f64,
+    memory_mb: u64,
+    last_clock: f64,
+    evict_key: Option<EvictKey>,
+    last_arrival: Option<Micros>,
+    hist: IatHistogram,
+    /// HIST: end of the current keep-alive window, and the scheduled pre-warm.
+    keep_until: Option<Micros>,
+    prewarm_at: Option<Micros>,
+}
+
+impl FunctionEntry {
+    fn new(memory_mb: u64) -> Self {
+        FunctionEntry {
+            idle: VecDeque::new(),
+            busy: 0,
+            starting: 0,
+            last_gone: None,
+            freq: 0,
+            cost_ms: 0.0,
+            memory_mb,
+            last_clock: 0.0,
+            evict_key: None,
+            last_arrival: None,
+            hist: IatHistogram::default(),
+            keep_until: None,
+            prewarm_at: None,
+        }
+    }
+
+    fn facts(&self) -> FunctionFacts {
+        FunctionFacts {
+            freq: self.freq,
+            cost_ms: self.cost_ms,
+            size_mb: self.memory_mb,
+            last_clock: self.last_clock,
+        }
+    }
+
+    fn has_sandboxes(&self) -> bool {
+        !self.idle.is_empty() || self.busy > 0 || self.starting > 0
+    }
 }
 
 /// Per-function counts for status reports.
@@ -150,11 +259,17 @@ pub struct PoolStats {
 #[derive(Debug)]
 pub struct SandboxPool {
     config: PoolConfig,
+    policy: KeepAlive,
     next_id: u64,
     slots: HashMap<SandboxId, Slot>,
-    functions: HashMap<Arc<str>, FunctionEntry>,
-    /// Idle sandboxes by last use: the front is the least recently used.
-    lru: BTreeSet<(Micros, SandboxId)>,
+    ids: HashMap<Arc<str>, FnId>,
+    names: Vec<Arc<str>>,
+    functions: HashMap<FnId, FunctionEntry>,
+    evict_index: BTreeSet<EvictKey>,
+    /// Idle sandboxes with a keep-alive deadline, by deadline.
+    expiry: BTreeSet<(Micros, SandboxId)>,
+    /// Policy pre-warms, by time.
+    prewarms: BTreeSet<(Micros, FnId)>,
     used_running_mb: u64,
     used_warm_mb: u64,
     actions: VecDeque<PoolAction>,
@@ -163,11 +278,16 @@ pub struct SandboxPool {
 impl SandboxPool {
     pub fn new(config: PoolConfig) -> Self {
         SandboxPool {
+            policy: KeepAlive::new(config.keepalive.clone()),
             config,
             next_id: 1,
             slots: HashMap::new(),
+            ids: HashMap::new(),
+            names: Vec::new(),
             functions: HashMap::new(),
-            lru: BTreeSet::new(),
+            evict_index: BTreeSet::new(),
+            expiry: BTreeSet::new(),
+            prewarms: BTreeSet::new(),
             used_running_mb: 0,
             used_warm_mb: 0,
             actions: VecDeque::new(),
@@ -178,30 +298,106 @@ impl SandboxPool {
         &self.config
     }
 
-    fn free_mb(&self) -> u64 {
+    pub fn policy(&self) -> &KeepAlive {
+        &self.policy
+    }
+
+    pub fn free_mb(&self) -> u64 {
         self.config
             .memory_budget_mb
             .saturating_sub(self.used_running_mb + self.used_warm_mb)
     }
 
+    /// Memory held by starting and busy sandboxes: it comes back when they finish.
+    pub fn running_mb(&self) -> u64 {
+        self.used_running_mb
+    }
+
+    fn intern(&mut self, name: &str) -> FnId {
+        if let Some(id) = self.ids.get(name) {
+            return *id;
+        }
+        let id = FnId(self.names.len() as u32);
+        let name: Arc<str> = Arc::from(name);
+        self.names.push(name.clone());
+        self.ids.insert(name, id);
+        id
+    }
+
+    fn entry(&mut self, fid: FnId, memory_mb: u64) -> &mut FunctionEntry {
+        let e = self
+            .functions
+            .entry(fid)
+            .or_insert_with(|| FunctionEntry::new(memory_mb));
+        e.memory_mb = memory_mb;
+        e
+    }
+
+    /// Idle sandboxes of `function` right now.
+    pub fn idle_count(&self, function: &str) -> usize {
+        self.ids
+            .get(function)
+            .and_then(|f| self.functions.get(f))
+            .map_or(0, |e| e.idle.len())
+    }
+
+    /// An invocation of `function` arrived (HIST learns inter-arrival times from this).
+    pub fn on_arrival(&mut self, now: Micros, function: &str, memory_mb: u64) {
+        if self.policy.kind() != KeepAliveKind::Hist {
+            return;
+        }
+        let fid = self.intern(function);
+        let hist_cfg = self.config.keepalive.hist.clone();
+        let e = self.entry(fid, memory_mb);
+        if let Some(last) = e.last_arrival {
+            e.hist.record(now.saturating_sub(last), &hist_cfg);
+        }
+        e.last_arrival = Some(now);
+    }
+
+    /// The cost of a cold start of `function` (its init time) changed.
+    pub fn set_cost(&mut self, function: &str, init_us: Micros) {
+        let Some(&fid) = self.ids.get(function) else {
+            return;
+        };
+        if let Some(e) = self.functions.get_mut(&fid) {
+            e.cost_ms = init_us as f64 / 1000.0;
+        }
+        if self.policy.uses_function_facts() {
+            self.reindex(fid);
+        }
+    }
+
     /// Picks a sandbox for an invocation of `function` needing `memory_mb`.
     pub fn acquire(&mut self, now: Micros, function: &str, memory_mb: u64) -> Acquire {
-        if let Some(entry) = self.functions.get_mut(function) {
-            if let Some(id) = entry.idle.pop() {
-                entry.busy += 1;
-                if let Some(slot) = self.slots.get_mut(&id) {
-                    self.lru.remove(&(slot.last_used, id));
-                    slot.state = State::Busy;
-                    slot.last_used = now;
-                    self.used_warm_mb -= slot.memory_mb;
-                    self.used_running_mb += slot.memory_mb;
+        let fid = self.intern(function);
+        let clock = self.policy.clock();
+        let e = self.entry(fid, memory_mb);
+        if let Some(id) = e.idle.pop_back() {
+            e.busy += 1;
+            e.freq += 1;
+            e.last_clock = clock;
+            if let Some(slot) = self.slots.get_mut(&id) {
+                if let Some(d) = slot.deadline.take() {
+                    self.expiry.remove(&(d, id));
                 }
-                return Acquire::Warm(id);
+                slot.state = State::Busy;
+                slot.last_used = now;
+                self.used_warm_mb -= slot.memory_mb;
+                self.used_running_mb += slot.memory_mb;
             }
+            self.reindex(fid);
+            return Acquire::Warm(id);
         }
-        let reason = self.cold_reason(now, function);
-        match self.reserve(now, function, memory_mb, false) {
-            Ok(sandbox) => Acquire::Cold { sandbox, reason },
+        let reason = self.cold_reason(now, fid);
+        match self.reserve(now, fid, memory_mb, false) {
+            Ok(sandbox) => {
+                if let Some(e) = self.functions.get_mut(&fid) {
+                    e.freq += 1;
+                    e.last_clock = self.policy.clock();
+                }
+                Acquire::Cold { sandbox, reason }
+            }
             Err(free_mb) => Acquire::NoMemory {
                 needed_mb: memory_mb,
                 free_mb,
@@ -209,34 +405,34 @@ impl SandboxPool {
         }
     }
 
-    fn cold_reason(&self, now: Micros, function: &str) -> ColdReason {
-        match self.functions.get(function) {
-            None => ColdReason::New,
-            Some(e) if e.busy > 0 && e.starting == 0 => ColdReason::Concurrent,
-            Some(e) if e.starting > 0 => ColdReason::PrewarmMiss,
-            Some(FunctionEntry {
-                last_gone: Some((DestroyReason::Evicted, at)),
-                ..
-            }) => ColdReason::Evicted {
-                ago_us: now.saturating_sub(*at),
+    fn cold_reason(&self, now: Micros, fid: FnId) -> ColdReason {
+        let Some(e) = self.functions.get(&fid) else {
+            return ColdReason::New;
+        };
+        if e.starting > 0 {
+            return ColdReason::PrewarmMiss;
+        }
+        if e.busy > 0 {
+            return ColdReason::Concurrent;
+        }
+        match e.last_gone {
+            Some((DestroyReason::Evicted, at)) => ColdReason::Evicted {
+                ago_us: now.saturating_sub(at),
             },
-            Some(FunctionEntry {
-                last_gone: Some((DestroyReason::Expired, at)),
-                ..
-            }) => ColdReason::Expired {
-                ago_us: now.saturating_sub(*at),
+            Some((DestroyReason::Expired, at)) => ColdReason::Expired {
+                ago_us: now.saturating_sub(at),
             },
-            Some(_) => ColdReason::New,
+            _ => ColdReason::New,
         }
     }
 
     /// Reserves memory for a new sandbox (busy, or starting if `prewarm`). An invocation may evict
-    /// LRU idle sandboxes to make room; a prewarm may not. Returns the free memory on failure
-    /// (nothing is evicted then).
+    /// idle sandboxes in the policy's order to make room; a prewarm may not. Returns the free
+    /// memory on failure (nothing is evicted then).
     fn reserve(
         &mut self,
         now: Micros,
-        function: &str,
+        fid: FnId,
         memory_mb: u64,
         prewarm: bool,
     ) -> Result<SandboxId, u64> {
@@ -245,29 +441,27 @@ impl SandboxPool {
             if prewarm || free + self.used_warm_mb < memory_mb {
                 return Err(free);
             }
-            while self.free_mb() < memory_mb && self.evict_lru(now) {}
+            while self.free_mb() < memory_mb && self.evict_one(now) {}
         }
         let id = SandboxId(self.next_id);
         self.next_id += 1;
-        let name = match self.functions.get_key_value(function) {
-            Some((name, _)) => name.clone(),
-            None => Arc::from(function),
-        };
-        let entry = self.functions.entry(name.clone()).or_default();
+        let e = self.entry(fid, memory_mb);
         let state = if prewarm {
-            entry.starting += 1;
+            e.starting += 1;
             State::Starting
         } else {
-            entry.busy += 1;
+            e.busy += 1;
             State::Busy
         };
         self.slots.insert(
             id,
             Slot {
-                function: name,
+                function: fid,
                 memory_mb,
                 state,
                 last_used: now,
+                clock: self.policy.clock(),
+                deadline: None,
                 doomed: false,
             },
         );
@@ -275,31 +469,75 @@ impl SandboxPool {
         Ok(id)
     }
 
-    /// Evicts the least recently used idle sandbox; false when none is idle.
-    fn evict_lru(&mut self, now: Micros) -> bool {
-        match self.lru.first().copied() {
-            Some((_, id)) => {
-                self.destroy_idle(now, id, DestroyReason::Evicted);
-                true
-            }
-            None => false,
+    /// Recomputes a function's place in the eviction index.
+    fn reindex(&mut self, fid: FnId) {
+        let Some(e) = self.functions.get_mut(&fid) else {
+            return;
+        };
+        if let Some(old) = e.evict_key.take() {
+            self.evict_index.remove(&old);
         }
+        let Some(slot) = e.idle.front().and_then(|id| self.slots.get(id)) else {
+            return;
+        };
+        let sb = SandboxFacts {
+            clock: slot.clock,
+            last_used: slot.last_used,
+        };
+        let key = EvictKey {
+            prio: Prio(self.policy.priority(&e.facts(), &sb)),
+            last_used: slot.last_used,
+            function: fid,
+        };
+        e.evict_key = Some(key);
+        self.evict_index.insert(key);
+    }
+
+    /// Evicts the idle sandbox with the lowest priority; false when none is idle.
+    fn evict_one(&mut self, now: Micros) -> bool {
+        let Some(key) = self.evict_index.first().copied() else {
+            return false;
+        };
+        let Some(id) = self
+            .functions
+            .get(&key.function)
+            .and_then(|e| e.idle.front().copied())
+        else {
+            self.evict_index.remove(&key);
+            return true;
+        };
+        self.policy.on_evicted(key.prio.0);
+        self.destroy_idle(now, id, DestroyReason::Evicted);
+        true
     }
 
     fn destroy_idle(&mut self, now: Micros, id: SandboxId, reason: DestroyReason) {
         let Some(slot) = self.slots.remove(&id) else {
             return;
         };
-        self.lru.remove(&(slot.last_used, id));
-        self.used_warm_mb -= slot.memory_mb;
-        if let Some(entry) = self.functions.get_mut(&*slot.function) {
-            entry.idle.retain(|s| *s != id);
-            entry.last_gone = Some((reason, now));
+        if let Some(d) = slot.deadline {
+            self.expiry.remove(&(d, id));
         }
+        self.used_warm_mb -= slot.memory_mb;
+        if let Some(e) = self.functions.get_mut(&slot.function) {
+            e.idle.retain(|s| *s != id);
+            e.last_gone = Some((reason, now));
+        }
+        self.after_removal(slot.function);
         self.actions.push_back(PoolAction::Destroy {
             sandbox: id,
             reason,
         });
+    }
+
+    /// A function lost a sandbox: GDSF's frequency resets when its last one goes.
+    fn after_removal(&mut self, fid: FnId) {
+        if let Some(e) = self.functions.get_mut(&fid) {
+            if !e.has_sandboxes() {
+                e.freq = 0;
+            }
+        }
+        self.reindex(fid);
     }
 
     /// Starts a sandbox for `function` ahead of demand, using free memory only (a prewarm never
@@ -310,11 +548,15 @@ impl SandboxPool {
         function: &str,
         memory_mb: u64,
     ) -> Result<SandboxId, u64> {
-        self.reserve(now, function, memory_mb, true)
+        let fid = self.intern(function);
+        self.reserve(now, fid, memory_mb, true)
     }
 
     /// A prewarmed sandbox finished starting.
     pub fn on_sandbox_ready(&mut self, now: Micros, id: SandboxId) {
+        let clock = self.policy.clock();
+        let ttl_deadline = self.policy.ttl_deadline(now);
+        let hist = self.policy.kind() == KeepAliveKind::Hist;
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
@@ -332,12 +574,22 @@ impl SandboxPool {
         }
         slot.state = State::Idle;
         slot.last_used = now;
+        slot.clock = clock;
         self.used_warm_mb += slot.memory_mb;
-        self.lru.insert((now, id));
-        if let Some(entry) = self.functions.get_mut(&*slot.function) {
-            entry.starting -= 1;
-            entry.idle.push(id);
+        let fid = slot.function;
+        let mut deadline = ttl_deadline;
+        if let Some(e) = self.functions.get_mut(&fid) {
+            e.starting -= 1;
+            e.idle.push_back(id);
+            if hist {
+                deadline = e.keep_until.filter(|k| *k > now);
+            }
         }
+        if let Some(d) = deadline {
+            slot.deadline = Some(d);
+            self.expiry.insert((d, id));
+        }
+        self.reindex(fid);
     }
 
     /// A sandbox could not be started (cold or prewarm): its memory is released. The driver
@@ -354,6 +606,9 @@ impl SandboxPool {
                 State::Idle => {}
             }
         }
+        if !slot.doomed {
+            self.after_removal(slot.function);
+        }
     }
 
     /// The function entry a slot counts in; retired (doomed) slots count nowhere.
@@ -361,7 +616,7 @@ impl SandboxPool {
         if slot.doomed {
             None
         } else {
-            self.functions.get_mut(&*slot.function)
+            self.functions.get_mut(&slot.function)
         }
     }
 
@@ -376,62 +631,135 @@ impl SandboxPool {
             return;
         }
         self.used_running_mb -= slot.memory_mb;
+        let fid = slot.function;
         let keep = reusable && !slot.doomed;
         if let Some(entry) = self.entry_of(&slot) {
             entry.busy -= 1;
-            if keep {
-                entry.idle.push(id);
-            }
         }
-        if keep {
-            slot.state = State::Idle;
-            slot.last_used = now;
-            self.used_warm_mb += slot.memory_mb;
-            self.lru.insert((now, id));
-            self.slots.insert(id, slot);
-        } else {
+        if !keep {
             let reason = if slot.doomed {
                 DestroyReason::Retired
             } else {
                 DestroyReason::Failed
             };
+            if !slot.doomed {
+                self.after_removal(fid);
+            }
             self.actions.push_back(PoolAction::Destroy {
                 sandbox: id,
                 reason,
             });
+            return;
+        }
+        let clock = self.policy.clock();
+        slot.state = State::Idle;
+        slot.last_used = now;
+        slot.clock = clock;
+        slot.deadline = self.policy.ttl_deadline(now);
+        let mut unload = false;
+        if self.policy.kind() == KeepAliveKind::Hist {
+            let hist_cfg = &self.config.keepalive.hist;
+            if let Some(e) = self.functions.get_mut(&fid) {
+                let plan = e.hist.plan(now, hist_cfg);
+                e.keep_until = Some(plan.keep_until);
+                slot.deadline = Some(plan.keep_until);
+                unload = plan.unload;
+                e.prewarm_at = plan.prewarm_at;
+                if let Some(at) = plan.prewarm_at {
+                    self.prewarms.insert((at, fid));
+                }
+            }
+        }
+        if let Some(d) = slot.deadline {
+            self.expiry.insert((d, id));
+        }
+        self.used_warm_mb += slot.memory_mb;
+        self.slots.insert(id, slot);
+        if let Some(e) = self.functions.get_mut(&fid) {
+            e.last_clock = clock;
+            e.idle.push_back(id);
+        }
+        if unload {
+            // HIST: gone until its pre-warm, which the next arrival is expected after.
+            self.destroy_idle(now, id, DestroyReason::Expired);
+        } else {
+            self.reindex(fid);
         }
     }
 
-    /// Background maintenance: ends expired keep-alive windows and evicts LRU sandboxes until the
-    /// free-memory buffer is restored.
+    /// Background maintenance: ends keep-alive windows, starts the policy's pre-warms and evicts
+    /// idle sandboxes until the free-memory buffer is restored.
     pub fn on_timeout(&mut self, now: Micros) {
-        let ttl = self.config.keepalive_ttl;
-        while let Some(&(last_used, id)) = self.lru.first() {
-            if last_used.saturating_add(ttl) > now {
+        while let Some(&(deadline, id)) = self.expiry.first() {
+            if deadline > now {
                 break;
+            }
+            self.expiry.remove(&(deadline, id));
+            if let Some(slot) = self.slots.get_mut(&id) {
+                slot.deadline = None;
             }
             self.destroy_idle(now, id, DestroyReason::Expired);
         }
-        while self.free_mb() < self.config.free_buffer_mb && self.evict_lru(now) {}
+        while let Some(&(at, fid)) = self.prewarms.first() {
+            if at > now {
+                break;
+            }
+            self.prewarms.remove(&(at, fid));
+            self.start_policy_prewarm(now, at, fid);
+        }
+        while self.free_mb() < self.config.free_buffer_mb && self.evict_one(now) {}
+    }
+
+    /// Starts a scheduled pre-warm unless the function is gone, rescheduled, or already has a
+    /// sandbox.
+    fn start_policy_prewarm(&mut self, now: Micros, at: Micros, fid: FnId) {
+        let Some(e) = self.functions.get_mut(&fid) else {
+            return;
+        };
+        if e.prewarm_at != Some(at) {
+            return;
+        }
+        e.prewarm_at = None;
+        if e.has_sandboxes() || e.keep_until.is_some_and(|k| k <= now) {
+            return;
+        }
+        let memory_mb = e.memory_mb;
+        if let Ok(sandbox) = self.reserve(now, fid, memory_mb, true) {
+            self.actions.push_back(PoolAction::Prewarm {
+                sandbox,
+                function: self.names[fid.0 as usize].clone(),
+            });
+        }
     }
 
     /// When [`Self::on_timeout`] next has work to do, if ever.
     pub fn next_timeout(&self) -> Option<Micros> {
-        self.lru
-            .first()
-            .map(|(last_used, _)| last_used.saturating_add(self.config.keepalive_ttl))
+        let expiry = self.expiry.first().map(|(d, _)| *d);
+        let prewarm = self.prewarms.first().map(|(t, _)| *t);
+        match (expiry, prewarm) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The function was updated or deleted: its idle sandboxes go now, busy and starting ones
     /// when they finish (they keep counting against memory until then). Its next invocation is
     /// cold with reason `new`.
     pub fn retire(&mut self, function: &str) {
-        let Some(entry) = self.functions.remove(function) else {
+        let Some(&fid) = self.ids.get(function) else {
             return;
         };
+        let Some(entry) = self.functions.remove(&fid) else {
+            return;
+        };
+        if let Some(k) = entry.evict_key {
+            self.evict_index.remove(&k);
+        }
         for id in entry.idle {
             if let Some(slot) = self.slots.remove(&id) {
-                self.lru.remove(&(slot.last_used, id));
+                if let Some(d) = slot.deadline {
+                    self.expiry.remove(&(d, id));
+                }
                 self.used_warm_mb -= slot.memory_mb;
             }
             self.actions.push_back(PoolAction::Destroy {
@@ -440,7 +768,7 @@ impl SandboxPool {
             });
         }
         for slot in self.slots.values_mut() {
-            if &*slot.function == function {
+            if slot.function == fid {
                 slot.doomed = true;
             }
         }
@@ -448,13 +776,15 @@ impl SandboxPool {
 
     /// Shutting down: every idle sandbox is destroyed now and the others as they finish.
     pub fn shutdown(&mut self) {
-        let names: Vec<Arc<str>> = self.functions.keys().cloned().collect();
+        let names: Vec<Arc<str>> = self.ids.keys().cloned().collect();
         for name in names {
             self.retire(&name);
         }
+        self.prewarms.clear();
         for action in self.actions.iter_mut() {
-            let PoolAction::Destroy { reason, .. } = action;
-            *reason = DestroyReason::Shutdown;
+            if let PoolAction::Destroy { reason, .. } = action {
+                *reason = DestroyReason::Shutdown;
+            }
         }
     }
 
@@ -469,17 +799,19 @@ impl SandboxPool {
     }
 
     pub fn stats(&self) -> PoolStats {
-        let mut per: HashMap<&str, FunctionPoolStats> = HashMap::new();
+        let mut per: HashMap<FnId, FunctionPoolStats> = HashMap::new();
         for slot in self.slots.values() {
-            let s = per.entry(&slot.function).or_default();
+            let s = per.entry(slot.function).or_default();
             match slot.state {
                 State::Idle => s.warm += 1,
                 State::Busy => s.running += 1,
                 State::Starting => s.starting += 1,
             }
         }
-        let mut functions: Vec<(String, FunctionPoolStats)> =
-            per.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let mut functions: Vec<(String, FunctionPoolStats)> = per
+            .into_iter()
+            .map(|(k, v)| (self.names[k.0 as usize].to_string(), v))
+            .collect();
         functions.sort_by(|a, b| a.0.cmp(&b.0));
         PoolStats {
             memory_budget_mb: self.config.memory_budget_mb,
@@ -488,221 +820,14 @@ impl SandboxPool {
             functions,
         }
     }
+
+    /// Landlord's remaining credit of `function`'s idle sandboxes (ms of init cost), for tests
+    /// and status pages.
+    pub fn credit(&self, function: &str) -> Option<f64> {
+        let e = self.functions.get(self.ids.get(function)?)?;
+        Some(self.policy.landlord_credit(&e.facts()))
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::time::{ms, secs};
-
-    fn pool(budget: u64, buffer: u64) -> SandboxPool {
-        SandboxPool::new(PoolConfig {
-            memory_budget_mb: budget,
-            free_buffer_mb: buffer,
-            keepalive_ttl: secs(10),
-        })
-    }
-
-    fn cold(a: Acquire) -> (SandboxId, ColdReason) {
-        match a {
-            Acquire::Cold { sandbox, reason } => (sandbox, reason),
-            other => panic!("expected a cold start, got {other:?}"),
-        }
-    }
-
-    fn drain(p: &mut SandboxPool) -> Vec<PoolAction> {
-        std::iter::from_fn(|| p.poll_action()).collect()
-    }
-
-    #[test]
-    fn warm_reuse_and_concurrent_cold_starts() {
-        let mut p = pool(1024, 0);
-        let (a, why) = cold(p.acquire(0, "f", 128));
-        assert_eq!(why, ColdReason::New);
-        p.release(ms(5), a, true);
-        assert_eq!(p.acquire(ms(6), "f", 128), Acquire::Warm(a));
-        // `a` is busy, so a second concurrent invocation needs its own sandbox.
-        let (b, why) = cold(p.acquire(ms(7), "f", 128));
-        assert_eq!(why, ColdReason::Concurrent);
-        assert_ne!(a, b);
-        let s = p.stats();
-        assert_eq!((s.memory_running_mb, s.memory_warm_mb), (256, 0));
-        p.release(ms(8), a, true);
-        p.release(ms(9), b, true);
-        // The most recently used idle sandbox is reused first.
-        assert_eq!(p.acquire(ms(10), "f", 128), Acquire::Warm(b));
-        assert!(drain(&mut p).is_empty());
-    }
-
-    #[test]
-    fn memory_pressure_evicts_least_recently_used_and_says_so() {
-        // Budget 512 MiB = four 128 MiB sandboxes. a, b, c, d idle from t = 1, 2, 3, 4 ms.
-        let mut p = pool(512, 0);
-        let mut ids = HashMap::new();
-        for (i, f) in ["a", "b", "c", "d"].iter().enumerate() {
-            let (id, _) = cold(p.acquire(0, f, 128));
-            ids.insert(*f, id);
-            p.release(ms(i as u64 + 1), id, true);
-        }
-        // A fifth function at t = 10 ms must evict the LRU sandbox: a's (idle since 1 ms).
-        let (_e, why) = cold(p.acquire(ms(10), "e", 128));
-        assert_eq!(why, ColdReason::New);
-        assert_eq!(
-            drain(&mut p),
-            vec![PoolAction::Destroy {
-                sandbox: ids["a"],
-                reason: DestroyReason::Evicted
-            }]
-        );
-        // a comes back 30 ms later: cold, evicted 30 ms ago; this evicts b (idle since 2 ms).
-        let (_, why) = cold(p.acquire(ms(40), "a", 128));
-        assert_eq!(why, ColdReason::Evicted { ago_us: ms(30) });
-        assert_eq!(
-            drain(&mut p),
-            vec![PoolAction::Destroy {
-                sandbox: ids["b"],
-                reason: DestroyReason::Evicted
-            }]
-        );
-        let s = p.stats();
-        assert_eq!((s.memory_running_mb, s.memory_warm_mb), (256, 256));
-    }
-
-    #[test]
-    fn no_memory_when_busy_sandboxes_fill_the_budget_and_nothing_is_evicted() {
-        let mut p = pool(300, 0);
-        let (a, _) = cold(p.acquire(0, "a", 128));
-        let (b, _) = cold(p.acquire(0, "b", 128));
-        p.release(ms(1), b, true); // b idle: 128 warm, 128 running, 44 free
-        assert_eq!(
-            p.acquire(ms(2), "c", 256),
-            Acquire::NoMemory {
-                needed_mb: 256,
-                free_mb: 44
-            }
-        );
-        assert!(
-            drain(&mut p).is_empty(),
-            "a failed reservation evicts nothing"
-        );
-        // 128 fits once b's idle sandbox is evicted.
-        let (_, _) = cold(p.acquire(ms(3), "c", 128));
-        assert_eq!(drain(&mut p).len(), 1);
-        p.release(ms(4), a, true);
-    }
-
-    #[test]
-    fn ttl_expires_idle_sandboxes_exactly_at_the_deadline() {
-        let mut p = pool(1024, 0);
-        let (a, _) = cold(p.acquire(0, "f", 128));
-        p.release(ms(100), a, true);
-        assert_eq!(p.next_timeout(), Some(ms(100) + secs(10)));
-        p.on_timeout(ms(100) + secs(10) - 1);
-        assert!(drain(&mut p).is_empty());
-        p.on_timeout(ms(100) + secs(10));
-        assert_eq!(
-            drain(&mut p),
-            vec![PoolAction::Destroy {
-                sandbox: a,
-                reason: DestroyReason::Expired
-            }]
-        );
-        assert_eq!(p.next_timeout(), None);
-        let (_, why) = cold(p.acquire(ms(100) + secs(12), "f", 128));
-        assert_eq!(why, ColdReason::Expired { ago_us: secs(2) });
-    }
-
-    #[test]
-    fn background_eviction_keeps_the_free_buffer() {
-        let mut p = pool(512, 128);
-        for (i, f) in ["a", "b", "c", "d"].iter().enumerate() {
-            let (id, _) = cold(p.acquire(0, f, 128));
-            p.release(ms(i as u64), id, true);
-        }
-        p.on_timeout(ms(5));
-        let actions = drain(&mut p);
-        assert_eq!(actions.len(), 1, "one eviction restores 128 MiB free");
-        assert_eq!(p.stats().memory_warm_mb, 384);
-    }
-
-    #[test]
-    fn failed_sandboxes_are_destroyed_not_reused() {
-        let mut p = pool(1024, 0);
-        let (a, _) = cold(p.acquire(0, "f", 128));
-        p.release(ms(1), a, false);
-        assert_eq!(
-            drain(&mut p),
-            vec![PoolAction::Destroy {
-                sandbox: a,
-                reason: DestroyReason::Failed
-            }]
-        );
-        assert_eq!(p.stats().memory_running_mb, 0);
-        let (b, _) = cold(p.acquire(ms(2), "f", 128));
-        assert_ne!(a, b);
-        p.on_start_failed(b);
-        assert_eq!(p.sandbox_count(), 0);
-        assert_eq!(p.stats(), pool(1024, 0).stats());
-    }
-
-    #[test]
-    fn retire_destroys_idle_now_and_busy_when_done() {
-        let mut p = pool(1024, 0);
-        let (a, _) = cold(p.acquire(0, "f", 128));
-        let (b, _) = cold(p.acquire(0, "f", 128));
-        p.release(ms(1), a, true);
-        p.retire("f");
-        assert_eq!(
-            drain(&mut p),
-            vec![PoolAction::Destroy {
-                sandbox: a,
-                reason: DestroyReason::Retired
-            }]
-        );
-        // The new version never reuses b, even though b finishes fine.
-        let (c, why) = cold(p.acquire(ms(2), "f", 128));
-        assert_eq!(why, ColdReason::New);
-        p.release(ms(3), b, true);
-        assert_eq!(
-            drain(&mut p),
-            vec![PoolAction::Destroy {
-                sandbox: b,
-                reason: DestroyReason::Retired
-            }]
-        );
-        p.release(ms(4), c, true);
-        assert_eq!(p.acquire(ms(5), "f", 128), Acquire::Warm(c));
-        let s = p.stats();
-        assert_eq!((s.memory_running_mb, s.memory_warm_mb), (128, 0));
-    }
-
-    #[test]
-    fn prewarm_uses_free_memory_only_and_becomes_warm_when_ready() {
-        let mut p = pool(256, 0);
-        let w = p.prewarm(0, "f", 128).unwrap();
-        let (_, why) = cold(p.acquire(ms(1), "f", 128));
-        assert_eq!(why, ColdReason::PrewarmMiss);
-        assert_eq!(p.prewarm(ms(2), "f", 128), Err(0), "prewarm never evicts");
-        p.on_sandbox_ready(ms(3), w);
-        assert_eq!(p.acquire(ms(4), "f", 128), Acquire::Warm(w));
-    }
-
-    #[test]
-    fn shutdown_destroys_everything_idle_and_busy_on_release() {
-        let mut p = pool(1024, 0);
-        let (a, _) = cold(p.acquire(0, "f", 128));
-        let (b, _) = cold(p.acquire(0, "g", 128));
-        p.release(ms(1), a, true);
-        p.shutdown();
-        assert_eq!(
-            drain(&mut p),
-            vec![PoolAction::Destroy {
-                sandbox: a,
-                reason: DestroyReason::Shutdown
-            }]
-        );
-        p.release(ms(2), b, true);
-        assert_eq!(drain(&mut p).len(), 1);
-        assert_eq!(p.sandbox_count(), 0);
-    }
-}
+mod tests;

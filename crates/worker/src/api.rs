@@ -109,7 +109,7 @@ async fn register(
 }
 
 async fn list(State(w): State<Arc<Worker>>) -> Json<Value> {
-    let stats = w.pool_stats();
+    let stats = w.stats().pool;
     let fns: Vec<Value> = w
         .registry()
         .list()
@@ -133,7 +133,7 @@ async fn show(
         .registry()
         .get(&name)
         .ok_or_else(|| ApiError::unknown_function(&name))?;
-    let stats = w.pool_stats();
+    let stats = w.stats().pool;
     let mut v = json!(*r.spec);
     let pool = stats
         .functions
@@ -142,6 +142,11 @@ async fn show(
         .map(|(_, s)| json!(s))
         .unwrap_or_else(|| json!({"warm": 0, "running": 0, "starting": 0}));
     v["pool"] = pool;
+    v["characteristics"] = w.characteristics(&name).unwrap_or_else(|| {
+        json!({"invocations": 0, "warm_ms": 0.0, "cold_ms": 0.0, "init_ms": 0.0,
+               "warm_samples": 0, "cold_samples": 0, "iat_ewma_ms": 0.0,
+               "last_arrival_ago_ms": null, "memory_mb": r.spec.memory_mb})
+    });
     Ok(Json(v))
 }
 
@@ -228,7 +233,11 @@ fn success_body(w: &Worker, ok: &Invoked) -> Vec<u8> {
     if let Some(reason) = ok.cold {
         let _ = write!(b, ",\"cold_reason\":\"{}\"", reason.as_str());
         if let ColdReason::Expired { ago_us } | ColdReason::Evicted { ago_us } = reason {
-            let _ = write!(b, ",\"cold_reason_ago_us\":{ago_us}");
+            let _ = write!(
+                b,
+                ",\"cold_reason_policy\":\"{}\",\"cold_reason_ago_us\":{ago_us}",
+                w.config().keepalive.name()
+            );
         }
     }
     b.extend_from_slice(b",\"worker\":");
@@ -294,7 +303,7 @@ async fn healthz() -> Json<Value> {
 }
 
 async fn metrics(State(w): State<Arc<Worker>>) -> Response {
-    let text = w.metrics.encode(&w.pool_stats());
+    let text = w.metrics.encode(&w.stats());
     (
         [(
             header::CONTENT_TYPE,

@@ -3,8 +3,60 @@
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
+use hearth_core::policy::hist::HistConfig;
+use hearth_core::{AimdConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+
+/// The concurrency limit: a number of invocations, or `aimd` (0: the worker's CPUs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Concurrency {
+    Limit(u32),
+    Named(String),
+}
+
+impl Default for Concurrency {
+    fn default() -> Self {
+        Concurrency::Limit(0)
+    }
+}
+
+impl std::str::FromStr for Concurrency {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.parse::<u32>() {
+            Ok(n) => Ok(Concurrency::Limit(n)),
+            Err(_) if s.eq_ignore_ascii_case("aimd") => Ok(Concurrency::Named("aimd".into())),
+            Err(_) => Err(format!(
+                "concurrency must be a number of invocations or \"aimd\", got {s:?}"
+            )),
+        }
+    }
+}
+
+/// HIST keep-alive parameters (thesis ch. 3.6.1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistSettings {
+    /// Keep-alive of functions whose inter-arrival times are not predictable.
+    pub generic_ttl_s: u64,
+    /// Predictable: coefficient of variation of inter-arrival times at most this.
+    pub max_cov: f64,
+    /// Inter-arrival samples needed before a function's histogram is used.
+    pub min_samples: u64,
+}
+
+impl Default for HistSettings {
+    fn default() -> Self {
+        let h = HistConfig::default();
+        HistSettings {
+            generic_ttl_s: h.generic_ttl / 1_000_000,
+            max_cov: h.max_cov,
+            min_samples: h.min_samples,
+        }
+    }
+}
 
 /// The sandbox backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,8 +130,25 @@ pub struct WorkerConfig {
     pub memory_mb: u64,
     /// Background eviction keeps this much of the budget free.
     pub free_buffer_mb: u64,
-    /// Keep-alive time of an idle sandbox.
+    /// CPUs this worker schedules for: the default concurrency limit and the load's divisor
+    /// (0: the machine's; with the sim backend, the simulated CPUs).
+    pub cpus: u32,
+    /// Queue discipline: fcfs, sjf, eedf, rare or srsf.
+    pub queue: QueueDiscipline,
+    /// Queued invocations beyond this are refused with 429.
+    pub max_queue: usize,
+    /// Concurrency limit of queued invocations: a number, or "aimd" (0: the CPUs).
+    pub concurrency: Concurrency,
+    pub aimd: AimdConfig,
+    /// Invocations expected to take less than this skip the queue (0: never).
+    pub bypass_ms: f64,
+    /// ... while the normalized load (load average / CPUs) is under this.
+    pub bypass_load: f64,
+    /// Keep-alive policy: ttl, lru, gdsf, lfu, landlord or hist.
+    pub keepalive: KeepAliveKind,
+    /// Keep-alive time of an idle sandbox under the ttl policy.
     pub keepalive_ttl_s: u64,
+    pub hist: HistSettings,
     /// Largest accepted invocation body.
     pub max_body_bytes: usize,
     /// Largest accepted registration body (code archives).
@@ -102,7 +171,16 @@ impl Default for WorkerConfig {
             backend: BackendKind::Runc,
             memory_mb: 4096,
             free_buffer_mb: 256,
+            cpus: 0,
+            queue: QueueDiscipline::Eedf,
+            max_queue: 10_000,
+            concurrency: Concurrency::default(),
+            aimd: AimdConfig::default(),
+            bypass_ms: 0.0,
+            bypass_load: 1.0,
+            keepalive: KeepAliveKind::Ttl,
             keepalive_ttl_s: 600,
+            hist: HistSettings::default(),
             max_body_bytes: 6 * 1024 * 1024,
             max_code_bytes: 64 * 1024 * 1024,
             async_retention_s: 600,
@@ -132,7 +210,16 @@ const CONFIG_KEYS: &[&str] = &[
     "backend",
     "memory_mb",
     "free_buffer_mb",
+    "cpus",
+    "queue",
+    "max_queue",
+    "concurrency",
+    "aimd",
+    "bypass_ms",
+    "bypass_load",
+    "keepalive",
     "keepalive_ttl_s",
+    "hist",
     "max_body_bytes",
     "max_code_bytes",
     "async_retention_s",
@@ -218,7 +305,69 @@ impl WorkerConfig {
         if self.max_body_bytes == 0 || self.max_code_bytes == 0 {
             return bad("max_body_bytes and max_code_bytes must be positive".into());
         }
+        if self.max_queue == 0 {
+            return bad("max_queue must be at least 1".into());
+        }
+        if !(self.bypass_ms.is_finite() && self.bypass_ms >= 0.0) {
+            return bad(format!("bypass_ms must be >= 0, got {}", self.bypass_ms));
+        }
+        if !(self.bypass_load.is_finite() && self.bypass_load > 0.0) {
+            return bad(format!("bypass_load must be > 0, got {}", self.bypass_load));
+        }
+        let a = &self.aimd;
+        if a.min == 0
+            || (a.max != 0 && a.max < a.min)
+            || !(a.decrease > 0.0 && a.decrease < 1.0)
+            || !(a.threshold.is_finite() && a.threshold > 0.0)
+            || a.period_ms == 0
+        {
+            return bad(
+                "aimd needs min >= 1, max 0 or >= min, 0 < decrease < 1, threshold > 0 and \
+                 period_ms > 0"
+                    .into(),
+            );
+        }
+        if !(self.hist.max_cov.is_finite() && self.hist.max_cov >= 0.0) {
+            return bad("hist.max_cov must be >= 0".into());
+        }
+        self.regulator()?;
         Ok(())
+    }
+
+    /// CPUs the worker schedules for.
+    pub fn effective_cpus(&self) -> u32 {
+        if self.cpus > 0 {
+            return self.cpus;
+        }
+        std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+    }
+
+    /// The concurrency regulator these settings ask for.
+    pub fn regulator(&self) -> Result<RegulatorConfig, ConfigError> {
+        match &self.concurrency {
+            Concurrency::Limit(0) => Ok(RegulatorConfig::Fixed(self.effective_cpus())),
+            Concurrency::Limit(n) => Ok(RegulatorConfig::Fixed(*n)),
+            Concurrency::Named(s) if s.eq_ignore_ascii_case("aimd") => {
+                Ok(RegulatorConfig::Aimd(self.aimd.clone()))
+            }
+            Concurrency::Named(s) => Err(ConfigError::Invalid(format!(
+                "concurrency must be a number of invocations or \"aimd\", got {s:?}"
+            ))),
+        }
+    }
+
+    /// The keep-alive policy these settings ask for.
+    pub fn keepalive_config(&self) -> KeepAliveConfig {
+        KeepAliveConfig {
+            kind: self.keepalive,
+            ttl: self.keepalive_ttl_s.saturating_mul(1_000_000),
+            hist: HistConfig {
+                generic_ttl: self.hist.generic_ttl_s.saturating_mul(1_000_000),
+                max_cov: self.hist.max_cov,
+                min_samples: self.hist.min_samples,
+                ..HistConfig::default()
+            },
+        }
     }
 
     /// The worker's name in answers.
@@ -266,6 +415,49 @@ mod tests {
             assert_eq!(c, WorkerConfig::default());
             Ok(())
         });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn policies_are_chosen_by_name_in_the_file_or_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.toml");
+        std::fs::write(
+            &path,
+            "queue = \"sjf\"\nkeepalive = \"gdsf\"\nconcurrency = 3\ncpus = 16\n[aimd]\nthreshold = 0.7\n",
+        )
+        .unwrap();
+        let c = WorkerConfig::load(Some(&path)).unwrap();
+        assert_eq!(c.queue, QueueDiscipline::Sjf);
+        assert_eq!(c.keepalive_config().kind, KeepAliveKind::Gdsf);
+        assert_eq!(c.regulator().unwrap(), RegulatorConfig::Fixed(3));
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HEARTH_CONCURRENCY", "aimd");
+            jail.set_env("HEARTH_QUEUE", "srsf");
+            let c = WorkerConfig::load(Some(&path)).map_err(|e| e.to_string())?;
+            assert_eq!(c.queue, QueueDiscipline::Srsf);
+            match c.regulator().map_err(|e| e.to_string())? {
+                RegulatorConfig::Aimd(a) => assert_eq!(a.threshold, 0.7),
+                other => panic!("{other:?}"),
+            }
+            jail.set_env("HEARTH_CONCURRENCY", "lots");
+            let err = WorkerConfig::load(None).unwrap_err().to_string();
+            assert!(err.contains("aimd"), "{err}");
+            jail.set_env("HEARTH_CONCURRENCY", "0");
+            jail.set_env("HEARTH_QUEUE", "lifo");
+            let err = WorkerConfig::load(None).unwrap_err().to_string();
+            assert!(err.contains("lifo"), "{err}");
+            Ok(())
+        });
+        let d = WorkerConfig {
+            cpus: 6,
+            ..WorkerConfig::default()
+        };
+        assert_eq!(
+            d.regulator().unwrap(),
+            RegulatorConfig::Fixed(6),
+            "default: the CPUs"
+        );
     }
 
     #[test]

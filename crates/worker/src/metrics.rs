@@ -1,6 +1,6 @@
 //! Prometheus metrics (text exposition format at `GET /metrics`).
 
-use hearth_core::PoolStats;
+use hearth_core::EngineStats;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -43,6 +43,11 @@ pub struct StateLabel {
     pub state: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabel {
+    pub discipline: &'static str,
+}
+
 /// Every metric the worker exports.
 pub struct Metrics {
     registry: Registry,
@@ -56,6 +61,12 @@ pub struct Metrics {
     pub memory_mb: Family<StateLabel, Gauge>,
     pub memory_budget_mb: Gauge,
     pub sandboxes_destroyed: Family<StateLabel, Counter>,
+    pub queue_wait: Family<QueueLabel, Histogram>,
+    pub queue_length: Gauge,
+    pub concurrency_limit: Gauge,
+    pub running: Gauge,
+    pub bypassed: Counter,
+    pub load_normalized: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 fn latency_buckets() -> impl Iterator<Item = f64> {
@@ -80,6 +91,14 @@ impl Default for Metrics {
         let memory_mb = Family::<StateLabel, Gauge>::default();
         let memory_budget_mb = Gauge::default();
         let sandboxes_destroyed = Family::<StateLabel, Counter>::default();
+        let queue_wait = Family::<QueueLabel, Histogram>::new_with_constructor(
+            (|| Histogram::new(latency_buckets())) as fn() -> Histogram,
+        );
+        let queue_length = Gauge::default();
+        let concurrency_limit = Gauge::default();
+        let running = Gauge::default();
+        let bypassed = Counter::default();
+        let load_normalized = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register(
             "invocations",
             "Invocations by function and outcome",
@@ -130,6 +149,36 @@ impl Default for Metrics {
             "Sandboxes destroyed, by reason",
             sandboxes_destroyed.clone(),
         );
+        registry.register(
+            "queue_wait_seconds",
+            "Time invocations waited in the worker queue, by queue discipline",
+            queue_wait.clone(),
+        );
+        registry.register(
+            "queue_length",
+            "Invocations waiting in the worker queue",
+            queue_length.clone(),
+        );
+        registry.register(
+            "concurrency_limit",
+            "The regulator's current limit on concurrently running queued invocations",
+            concurrency_limit.clone(),
+        );
+        registry.register(
+            "running_invocations",
+            "Invocations running now, bypasses included",
+            running.clone(),
+        );
+        registry.register(
+            "bypassed",
+            "Invocations that skipped the queue as short functions",
+            bypassed.clone(),
+        );
+        registry.register(
+            "load_normalized",
+            "1-minute load average divided by the worker's CPUs",
+            load_normalized.clone(),
+        );
         Metrics {
             registry,
             invocations,
@@ -142,6 +191,12 @@ impl Default for Metrics {
             memory_mb,
             memory_budget_mb,
             sandboxes_destroyed,
+            queue_wait,
+            queue_length,
+            concurrency_limit,
+            running,
+            bypassed,
+            load_normalized,
         }
     }
 }
@@ -156,8 +211,14 @@ impl Metrics {
             .inc();
     }
 
-    /// Text exposition, with pool gauges taken from `stats` at scrape time.
-    pub fn encode(&self, stats: &PoolStats) -> String {
+    /// Text exposition, with pool and queue gauges taken from `engine` at scrape time.
+    pub fn encode(&self, engine: &EngineStats) -> String {
+        self.queue_length.set(engine.queue_length as i64);
+        self.concurrency_limit.set(i64::from(engine.limit));
+        self.running
+            .set(i64::from(engine.running + engine.running_bypass));
+        self.load_normalized.set(engine.normalized_load);
+        let stats = &engine.pool;
         let (mut warm, mut running, mut starting) = (0i64, 0i64, 0i64);
         for (_, f) in &stats.functions {
             warm += i64::from(f.warm);

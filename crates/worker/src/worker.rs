@@ -1,22 +1,25 @@
-//! The worker: drives the sans-I/O [`SandboxPool`] with real time and real sandboxes.
+//! The worker: drives the sans-I/O [`WorkerEngine`] with real time and real sandboxes.
 //!
-//! Hot path of a warm invocation: registry lookup → one short lock to acquire a parked sandbox →
-//! one request on its persistent agent connection → one short lock to park it again. Sandbox
-//! destruction and keep-alive maintenance run on background tasks.
+//! Hot path of a warm invocation with room under the concurrency limit: registry lookup → one
+//! short lock (admission, warm-sandbox acquire) → one request on the sandbox's persistent agent
+//! connection → one short lock (completion). A queued invocation waits on a oneshot channel until
+//! another invocation's completion dispatches it. Sandbox creation for pre-warms, destruction,
+//! keep-alive timers and load sampling run on background tasks.
 
 use crate::agent_client::AgentReply;
 use crate::backend::{Backend, Sandbox, SandboxError};
-use crate::config::WorkerConfig;
+use crate::config::{BackendKind, WorkerConfig};
 use crate::error::ApiError;
 use crate::invocations::AsyncInvocations;
-use crate::metrics::{ColdLabel, FnLabel, Metrics, Outcome, StateLabel};
+use crate::metrics::{ColdLabel, FnLabel, Metrics, Outcome, QueueLabel, StateLabel};
 use crate::registry::{CodeSource, Registered, Registry, RegistryError};
 use axum::http::StatusCode;
 use bytes::Bytes;
 use dashmap::DashMap;
 use hearth_core::{
-    Acquire, ColdReason, FunctionSpec, Micros, PoolAction, PoolConfig, PoolStats, SandboxId,
-    SandboxPool,
+    Admission, Arrival, ColdReason, Completion, EngineAction, EngineConfig, EngineStats,
+    FunctionSpec, InvocationId, LoadSource, Micros, PoolConfig, Reject, Run, SandboxId,
+    WorkerEngine,
 };
 use parking_lot::Mutex;
 use serde_json::json;
@@ -46,15 +49,29 @@ pub struct Invoked {
     pub timing: Timing,
 }
 
-/// What the pool tracks plus the sandboxes not currently running an invocation.
-struct PoolState {
-    pool: SandboxPool,
-    /// Idle sandboxes, and sandboxes being handed back to the pool.
-    parked: HashMap<SandboxId, Sandbox>,
+/// What a queued invocation is woken with (moved once through a oneshot; not worth a box).
+#[allow(clippy::large_enum_variant)]
+enum Dispatch {
+    /// Run it; a warm run carries its sandbox.
+    Run(Run, Option<Sandbox>),
+    Rejected(Reject),
 }
 
-enum ReaperMsg {
+/// The engine plus what the driver keeps beside it.
+struct EngineState {
+    engine: WorkerEngine,
+    /// Idle sandboxes, and sandboxes being handed back to the pool.
+    parked: HashMap<SandboxId, Sandbox>,
+    /// Queued invocations waiting to be dispatched.
+    waiters: HashMap<InvocationId, oneshot::Sender<Dispatch>>,
+}
+
+enum LifecycleMsg {
     Destroy(Sandbox),
+    Prewarm {
+        sandbox: SandboxId,
+        function: String,
+    },
     Flush(oneshot::Sender<()>),
 }
 
@@ -65,8 +82,8 @@ pub struct Worker {
     epoch: Instant,
     registry: Registry,
     backend: Backend,
-    state: Mutex<PoolState>,
-    reaper: mpsc::UnboundedSender<ReaperMsg>,
+    state: Mutex<EngineState>,
+    lifecycle: mpsc::UnboundedSender<LifecycleMsg>,
     pub metrics: Metrics,
     pub invocations: AsyncInvocations,
     shutting_down: AtomicBool,
@@ -85,6 +102,8 @@ pub enum StartError {
     Registry(#[from] RegistryError),
     #[error("{0}")]
     Backend(#[from] SandboxError),
+    #[error("configuration: {0}")]
+    Config(#[from] crate::config::ConfigError),
 }
 
 impl Worker {
@@ -98,16 +117,31 @@ impl Worker {
         let id = config.worker_id();
         let registry = Registry::open(&data_dir)?;
         let backend = match config.backend {
-            crate::config::BackendKind::Runc => Backend::Runc(
+            BackendKind::Runc => Backend::Runc(
                 crate::backend::runc::RuncBackend::new(config.runc.clone(), &data_dir, &id).await?,
             ),
-            crate::config::BackendKind::Sim => Backend::Sim(crate::backend::sim::SimBackend),
+            BackendKind::Sim => Backend::Sim(crate::backend::sim::SimBackend),
         };
         backend.cleanup_all().await;
-        let pool = SandboxPool::new(PoolConfig {
-            memory_budget_mb: config.memory_mb,
-            free_buffer_mb: config.free_buffer_mb,
-            keepalive_ttl: config.keepalive_ttl_s.saturating_mul(1_000_000),
+        let engine = WorkerEngine::new(EngineConfig {
+            pool: PoolConfig {
+                memory_budget_mb: config.memory_mb,
+                free_buffer_mb: config.free_buffer_mb,
+                keepalive: config.keepalive_config(),
+            },
+            queue: config.queue,
+            max_queue: config.max_queue,
+            regulator: config.regulator()?,
+            bypass: hearth_core::bypass::BypassConfig {
+                threshold_us: (config.bypass_ms * 1000.0).round() as Micros,
+                max_load: config.bypass_load,
+            },
+            cpus: config.effective_cpus(),
+            // Sim workers share one machine: their load is their own simulated one.
+            load_source: match config.backend {
+                BackendKind::Runc => LoadSource::External,
+                BackendKind::Sim => LoadSource::Simulated,
+            },
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = Arc::new(Worker {
@@ -120,18 +154,19 @@ impl Worker {
             epoch: Instant::now(),
             registry,
             backend,
-            state: Mutex::new(PoolState {
-                pool,
+            state: Mutex::new(EngineState {
+                engine,
                 parked: HashMap::new(),
+                waiters: HashMap::new(),
             }),
-            reaper: tx,
+            lifecycle: tx,
             metrics: Metrics::default(),
             shutting_down: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             in_flight_done: Notify::new(),
             code_users: DashMap::new(),
         });
-        tokio::spawn(reaper(Arc::clone(&worker), rx));
+        tokio::spawn(lifecycle(Arc::clone(&worker), rx));
         tokio::spawn(maintenance(Arc::downgrade(&worker)));
         Ok(worker)
     }
@@ -153,37 +188,154 @@ impl Worker {
         self.epoch.elapsed().as_micros() as Micros
     }
 
-    /// Carries out the pool's actions. Called with the state locked, right after every event.
-    fn drain(&self, st: &mut PoolState) {
-        while let Some(PoolAction::Destroy { sandbox, reason }) = st.pool.poll_action() {
-            let label = StateLabel {
-                state: match reason {
-                    hearth_core::DestroyReason::Expired => "expired",
-                    hearth_core::DestroyReason::Evicted => "evicted",
-                    hearth_core::DestroyReason::Retired => "retired",
-                    hearth_core::DestroyReason::Failed => "failed",
-                    hearth_core::DestroyReason::Shutdown => "shutdown",
-                },
-            };
-            self.metrics.sandboxes_destroyed.get_or_create(&label).inc();
-            if let Some(sb) = st.parked.remove(&sandbox) {
-                let _ = self.reaper.send(ReaperMsg::Destroy(sb));
+    /// Carries out the engine's actions. Called with the state locked, right after every event.
+    fn drain(&self, st: &mut EngineState) {
+        while let Some(action) = st.engine.poll_action() {
+            match action {
+                EngineAction::Run(run) => {
+                    let sandbox = match run.cold {
+                        None => st.parked.remove(&run.sandbox),
+                        Some(_) => None,
+                    };
+                    let waiter = st.waiters.remove(&run.invocation);
+                    let undelivered = match waiter {
+                        Some(tx) => tx.send(Dispatch::Run(run, sandbox)).err(),
+                        None => Some(Dispatch::Run(run, sandbox)),
+                    };
+                    // Its caller left between dispatch and delivery: give the run back.
+                    if let Some(Dispatch::Run(run, sandbox)) = undelivered {
+                        if let Some(sb) = sandbox {
+                            st.parked.insert(run.sandbox, sb);
+                        }
+                        st.engine.on_abandoned(self.now(), &run);
+                    }
+                }
+                EngineAction::Reject { invocation, reason } => {
+                    if let Some(tx) = st.waiters.remove(&invocation) {
+                        let _ = tx.send(Dispatch::Rejected(reason));
+                    }
+                }
+                EngineAction::Destroy { sandbox, reason } => {
+                    let label = StateLabel {
+                        state: reason.as_str(),
+                    };
+                    self.metrics.sandboxes_destroyed.get_or_create(&label).inc();
+                    if let Some(sb) = st.parked.remove(&sandbox) {
+                        let _ = self.lifecycle.send(LifecycleMsg::Destroy(sb));
+                    }
+                }
+                EngineAction::Prewarm { sandbox, function } => {
+                    let _ = self.lifecycle.send(LifecycleMsg::Prewarm {
+                        sandbox,
+                        function: function.to_string(),
+                    });
+                }
             }
         }
     }
 
-    /// Hands a sandbox back to the pool after an invocation.
-    fn release(&self, id: SandboxId, sandbox: Sandbox, reusable: bool) {
+    /// Reports the end of a run and hands its sandbox back.
+    fn complete(&self, run: &Run, sandbox: Option<Sandbox>, c: Completion) {
         let now = self.now();
         let mut st = self.state.lock();
-        st.parked.insert(id, sandbox);
-        st.pool.release(now, id, reusable);
+        if let Some(sb) = sandbox {
+            st.parked.insert(run.sandbox, sb);
+        }
+        st.engine.on_completed(now, run, c);
         self.drain(&mut st);
     }
 
     fn in_flight(&self) -> InFlight<'_> {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight(self)
+    }
+
+    /// Admission: runs at once, waits in the queue, or is refused.
+    async fn admit(&self, spec: &FunctionSpec) -> Result<(Run, Option<Sandbox>), ApiError> {
+        let (admission, rx) = {
+            let now = self.now();
+            let mut st = self.state.lock();
+            let a = st.engine.on_invocation(
+                now,
+                Arrival {
+                    function: &spec.name,
+                    memory_mb: spec.memory_mb,
+                    deadline_us: spec.deadline_ms.map(|d| d * 1000),
+                },
+            );
+            let rx = match &a {
+                Admission::Queued(id) => {
+                    let (tx, rx) = oneshot::channel();
+                    st.waiters.insert(*id, tx);
+                    Some(rx)
+                }
+                _ => None,
+            };
+            let out = match a {
+                Admission::Run(run) => {
+                    let sb = match run.cold {
+                        None => st.parked.remove(&run.sandbox),
+                        Some(_) => None,
+                    };
+                    Ok((run, sb))
+                }
+                Admission::Queued(id) => Err(Ok(id)),
+                Admission::Rejected(_, reason) => Err(Err(reason)),
+            };
+            self.drain(&mut st);
+            (out, rx)
+        };
+        match (admission, rx) {
+            (Ok(run), _) => Ok(run),
+            (Err(Err(reason)), _) => Err(self.rejected(&spec.name, reason)),
+            (Err(Ok(id)), Some(rx)) => {
+                let mut wait = QueueWait {
+                    worker: self,
+                    id,
+                    rx: Some(rx),
+                };
+                match wait.wait().await {
+                    Some(Dispatch::Run(run, sb)) => Ok((run, sb)),
+                    Some(Dispatch::Rejected(reason)) => Err(self.rejected(&spec.name, reason)),
+                    None => Err(ApiError::internal("the queue dropped an invocation")),
+                }
+            }
+            (Err(Ok(_)), None) => Err(ApiError::internal("queued without a waiter")),
+        }
+    }
+
+    fn rejected(&self, name: &str, reason: Reject) -> ApiError {
+        self.metrics.outcome(name, Outcome::rejected);
+        match reason {
+            Reject::QueueFull { length } => {
+                let mut e = ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "queue_full",
+                    format!(
+                        "the worker's invocation queue is full ({length} waiting); retry later"
+                    ),
+                );
+                e.retry_after_s = Some(1);
+                e
+            }
+            Reject::NoMemory { needed_mb, free_mb } => ApiError::overloaded(format!(
+                "no memory for a new sandbox of {name}: it needs {needed_mb} MiB and {free_mb} MiB \
+                 are free after evicting every idle sandbox (budget {} MiB)",
+                self.config.memory_mb
+            )),
+            Reject::TooLarge {
+                needed_mb,
+                budget_mb,
+            } => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "insufficient_memory",
+                format!(
+                    "{name} needs {needed_mb} MiB per sandbox but this worker's whole budget is \
+                     {budget_mb} MiB"
+                ),
+            ),
+            Reject::ShuttingDown => ApiError::shutting_down(),
+        }
     }
 
     /// Runs one invocation of `name` with JSON `args`; `t0` is when the request arrived.
@@ -202,35 +354,39 @@ impl Worker {
             .get(name)
             .ok_or_else(|| ApiError::unknown_function(name))?;
         let spec = &reg.spec;
-        let (acquired, parked) = {
-            let now = self.now();
-            let mut st = self.state.lock();
-            let a = st.pool.acquire(now, &spec.name, spec.memory_mb);
-            let parked = match a {
-                Acquire::Warm(id) => st.parked.remove(&id),
-                _ => None,
-            };
-            self.drain(&mut st);
-            (a, parked)
-        };
-        let (mut lease, cold, init_us) = match (acquired, parked) {
-            (Acquire::Warm(id), Some(sb)) => {
+        let (run, parked) = self.admit(spec).await?;
+        if run.queued_us > 0 {
+            self.metrics
+                .queue_wait
+                .get_or_create(&QueueLabel {
+                    discipline: self.config.queue.name(),
+                })
+                .observe(run.queued_us as f64 / 1e6);
+        }
+        if run.bypass {
+            self.metrics.bypassed.inc();
+        }
+        let (mut lease, init_us) = match (run.cold, parked) {
+            (None, Some(sb)) => {
                 self.metrics
                     .warm_starts
                     .get_or_create(&FnLabel {
                         function: spec.name.clone(),
                     })
                     .inc();
-                (Lease::new(self, id, sb), None, 0)
+                (Lease::new(self, run.clone(), sb), 0)
             }
-            (Acquire::Warm(id), None) => {
-                // The pool and the parked map disagree: never expected; fail safe.
-                self.state.lock().pool.release(self.now(), id, false);
+            (None, None) => {
+                // The engine and the parked map disagree: never expected; fail safe.
+                let now = self.now();
+                let mut st = self.state.lock();
+                st.engine.on_start_failed(now, &run);
+                self.drain(&mut st);
                 return Err(ApiError::internal("warm sandbox missing"));
             }
-            (Acquire::Cold { sandbox, reason }, _) => {
+            (Some(reason), _) => {
                 let started = Instant::now();
-                let sb = self.cold_start(sandbox, &reg).await.inspect_err(|_| {
+                let sb = self.cold_start(&run, &reg).await.inspect_err(|_| {
                     self.metrics.outcome(&spec.name, Outcome::init_error);
                 })?;
                 let init_us = started.elapsed().as_micros() as u64;
@@ -247,15 +403,9 @@ impl Worker {
                         function: spec.name.clone(),
                     })
                     .observe(init_us as f64 / 1e6);
-                (Lease::new(self, sandbox, sb), Some(reason), init_us)
-            }
-            (Acquire::NoMemory { needed_mb, free_mb }, _) => {
-                self.metrics.outcome(&spec.name, Outcome::rejected);
-                return Err(ApiError::overloaded(format!(
-                    "no memory for a new sandbox of {name}: it needs {needed_mb} MiB and {free_mb} MiB \
-                     are free after evicting every idle sandbox (budget {} MiB)",
-                    self.config.memory_mb
-                )));
+                let mut lease = Lease::new(self, run.clone(), sb);
+                lease.completion.init_us = Some(init_us);
+                (lease, init_us)
             }
         };
         let timeout = Duration::from_millis(spec.timeout_ms);
@@ -282,16 +432,17 @@ impl Worker {
             }
             Ok(Ok(reply)) => reply,
         };
-        // The agent answered, so the sandbox is healthy whatever the handler did.
-        lease.reusable = true;
-        drop(lease);
         let exec = reply.exec_us.unwrap_or(0);
+        // The agent answered, so the sandbox is healthy whatever the handler did.
+        lease.completion.reusable = true;
+        lease.completion.exec_us = Some(exec);
+        drop(lease);
         let e2e = t0.elapsed().as_micros() as u64;
         let timing = Timing {
-            queue: 0,
+            queue: run.queued_us,
             init: init_us,
             exec,
-            overhead: e2e.saturating_sub(exec + init_us),
+            overhead: e2e.saturating_sub(exec + init_us + run.queued_us),
             e2e,
         };
         self.metrics
@@ -306,13 +457,13 @@ impl Worker {
                 self.metrics.outcome(&spec.name, Outcome::success);
                 Ok(Invoked {
                     result: reply.body,
-                    cold,
+                    cold: run.cold,
                     timing,
                 })
             }
             _ => {
                 self.metrics.outcome(&spec.name, Outcome::handler_error);
-                Err(handler_error(name, &reply, cold, &timing, &self.id))
+                Err(handler_error(name, &reply, run.cold, &timing, &self.id))
             }
         }
     }
@@ -321,28 +472,38 @@ impl Worker {
     /// disconnect) cannot leave a half-created sandbox behind: the task parks it instead.
     async fn cold_start(
         self: &Arc<Self>,
-        id: SandboxId,
+        run: &Run,
         reg: &Registered,
     ) -> Result<Sandbox, ApiError> {
         let (tx, rx) = oneshot::channel();
         let me = Arc::clone(self);
         let name = reg.spec.name.clone();
         let reg = reg.clone();
+        let run = run.clone();
         tokio::spawn(async move {
+            let started = Instant::now();
             let res = me
                 .backend
-                .create(id, &reg.spec, reg.code_dir.as_deref())
+                .create(run.sandbox, &reg.spec, reg.code_dir.as_deref())
                 .await;
             match res {
                 Ok(sb) => {
                     me.sandbox_created(&sb);
                     if let Err(Ok(sb)) = tx.send(Ok(sb)) {
-                        me.release(id, sb, true);
+                        let c = Completion {
+                            exec_us: None,
+                            init_us: Some(started.elapsed().as_micros() as u64),
+                            reusable: true,
+                        };
+                        me.complete(&run, Some(sb), c);
                     }
                 }
                 Err(e) => {
+                    let now = me.now();
                     let mut st = me.state.lock();
-                    st.pool.on_start_failed(id);
+                    st.engine.on_start_failed(now, &run);
+                    me.drain(&mut st);
+                    drop(st);
                     let _ = tx.send(Err(e));
                 }
             }
@@ -376,6 +537,33 @@ impl Worker {
         }
     }
 
+    /// Creates a prewarmed sandbox and reports it to the engine. Returns an error message on
+    /// failure.
+    async fn create_prewarmed(&self, id: SandboxId, reg: &Registered) -> Result<(), String> {
+        match self
+            .backend
+            .create(id, &reg.spec, reg.code_dir.as_deref())
+            .await
+        {
+            Ok(sb) => {
+                self.sandbox_created(&sb);
+                let now = self.now();
+                let mut st = self.state.lock();
+                st.parked.insert(id, sb);
+                st.engine.on_sandbox_ready(now, id);
+                self.drain(&mut st);
+                Ok(())
+            }
+            Err(e) => {
+                let now = self.now();
+                let mut st = self.state.lock();
+                st.engine.on_prewarm_failed(now, id);
+                self.drain(&mut st);
+                Err(e.to_string())
+            }
+        }
+    }
+
     /// Starts up to `count` sandboxes for `name` and waits until they are warm.
     pub async fn prewarm(
         self: &Arc<Self>,
@@ -392,44 +580,18 @@ impl Worker {
             .registry
             .get(name)
             .ok_or_else(|| ApiError::unknown_function(name))?;
-        let mut ids = Vec::new();
-        let mut no_memory = 0;
-        {
+        let (ids, no_memory) = {
             let now = self.now();
             let mut st = self.state.lock();
-            for _ in 0..count {
-                match st.pool.prewarm(now, &reg.spec.name, reg.spec.memory_mb) {
-                    Ok(id) => ids.push(id),
-                    Err(_) => no_memory += 1,
-                }
-            }
-        }
+            st.engine
+                .prewarm(now, &reg.spec.name, reg.spec.memory_mb, count)
+        };
         let tasks: Vec<_> = ids
             .into_iter()
             .map(|id| {
                 let me = Arc::clone(self);
                 let reg = reg.clone();
-                tokio::spawn(async move {
-                    match me
-                        .backend
-                        .create(id, &reg.spec, reg.code_dir.as_deref())
-                        .await
-                    {
-                        Ok(sb) => {
-                            me.sandbox_created(&sb);
-                            let now = me.now();
-                            let mut st = me.state.lock();
-                            st.parked.insert(id, sb);
-                            st.pool.on_sandbox_ready(now, id);
-                            me.drain(&mut st);
-                            Ok(())
-                        }
-                        Err(e) => {
-                            me.state.lock().pool.on_start_failed(id);
-                            Err(e.to_string())
-                        }
-                    }
-                })
+                tokio::spawn(async move { me.create_prewarmed(id, &reg).await })
             })
             .collect();
         let mut ready = 0;
@@ -470,6 +632,12 @@ impl Worker {
         spec: FunctionSpec,
         code: Option<CodeSource>,
     ) -> Result<(Registered, bool), ApiError> {
+        if spec.memory_mb > self.config.memory_mb {
+            return Err(ApiError::bad_request(format!(
+                "memory_mb {} exceeds this worker's memory budget of {} MiB",
+                spec.memory_mb, self.config.memory_mb
+            )));
+        }
         let (reg, previous) = self
             .registry
             .put(spec, code, self.backend.needs_code())
@@ -498,7 +666,7 @@ impl Worker {
     fn retire(&self, old: &Registered) {
         {
             let mut st = self.state.lock();
-            st.pool.retire(&old.spec.name);
+            st.engine.retire(&old.spec.name);
             self.drain(&mut st);
         }
         if let Some(dir) = &old.code_dir {
@@ -512,19 +680,45 @@ impl Worker {
         &self.registry
     }
 
-    pub fn pool_stats(&self) -> PoolStats {
-        self.state.lock().pool.stats()
+    pub fn stats(&self) -> EngineStats {
+        self.state.lock().engine.stats()
+    }
+
+    /// What the worker has learned about a function (`GET /v1/functions/{name}`).
+    pub fn characteristics(&self, name: &str) -> Option<serde_json::Value> {
+        let now = self.now();
+        self.state
+            .lock()
+            .engine
+            .characteristics(name, now)
+            .map(|c| json!(c))
     }
 
     /// `GET /v1/status`.
     pub fn status(&self) -> serde_json::Value {
-        let stats = self.pool_stats();
-        let functions: serde_json::Map<String, serde_json::Value> = stats
+        let stats = self.stats();
+        let pool = &stats.pool;
+        let functions: serde_json::Map<String, serde_json::Value> = pool
             .functions
             .iter()
             .map(|(name, f)| (name.clone(), json!(f)))
             .collect();
-        let used = stats.memory_running_mb + stats.memory_warm_mb;
+        let used = pool.memory_running_mb + pool.memory_warm_mb;
+        let mut policies = json!({
+            "queue": self.config.queue.name(),
+            "keepalive": self.config.keepalive.name(),
+            "regulator": match self.config.regulator() {
+                Ok(r) => r.name(),
+                Err(_) => "invalid".into(),
+            },
+        });
+        if self.config.keepalive == hearth_core::KeepAliveKind::Ttl {
+            policies["keepalive_ttl_s"] = json!(self.config.keepalive_ttl_s);
+        }
+        if self.config.bypass_ms > 0.0 {
+            policies["bypass_ms"] = json!(self.config.bypass_ms);
+            policies["bypass_load"] = json!(self.config.bypass_load);
+        }
         json!({
             "worker": self.id,
             "backend": self.backend.name(),
@@ -533,16 +727,25 @@ impl Worker {
             "in_flight": self.in_flight.load(Ordering::Acquire),
             "async_running": self.invocations.running(),
             "memory": {
-                "budget_mb": stats.memory_budget_mb,
-                "running_mb": stats.memory_running_mb,
-                "warm_mb": stats.memory_warm_mb,
-                "free_mb": stats.memory_budget_mb.saturating_sub(used),
+                "budget_mb": pool.memory_budget_mb,
+                "running_mb": pool.memory_running_mb,
+                "warm_mb": pool.memory_warm_mb,
+                "free_mb": pool.memory_budget_mb.saturating_sub(used),
+            },
+            "load": {
+                "cpus": stats.cpus,
+                "load_avg_1m": stats.load_avg,
+                "normalized": stats.normalized_load,
+            },
+            "queue": {
+                "length": stats.queue_length,
+                "running": stats.running + stats.running_bypass,
+                "running_bypass": stats.running_bypass,
+                "limit": stats.limit,
+                "queued": stats.queued,
             },
             "functions": functions,
-            "policies": {
-                "keepalive": "ttl",
-                "keepalive_ttl_s": self.config.keepalive_ttl_s,
-            },
+            "policies": policies,
         })
     }
 
@@ -571,11 +774,11 @@ impl Worker {
         }
         {
             let mut st = self.state.lock();
-            st.pool.shutdown();
+            st.engine.shutdown();
             self.drain(&mut st);
         }
         let (tx, rx) = oneshot::channel();
-        if self.reaper.send(ReaperMsg::Flush(tx)).is_ok() {
+        if self.lifecycle.send(LifecycleMsg::Flush(tx)).is_ok() {
             let _ = rx.await;
         }
         self.backend.cleanup_all().await;
@@ -594,23 +797,65 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// Exclusive use of a sandbox for one invocation. Dropping it hands the sandbox back; unless the
-/// invocation finished cleanly (`reusable`), the sandbox is destroyed, so a cancelled or
-/// timed-out request can never leave a sandbox in an unknown state in the pool.
+/// A queued invocation's wait. Dropping it early (the client went away) takes the invocation out
+/// of the queue, or, if it was dispatched meanwhile, hands its run back unused.
+struct QueueWait<'a> {
+    worker: &'a Worker,
+    id: InvocationId,
+    rx: Option<oneshot::Receiver<Dispatch>>,
+}
+
+impl QueueWait<'_> {
+    async fn wait(&mut self) -> Option<Dispatch> {
+        let rx = self.rx.as_mut()?;
+        let got = rx.await.ok();
+        self.rx = None;
+        got
+    }
+}
+
+impl Drop for QueueWait<'_> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        let w = self.worker;
+        let now = w.now();
+        let mut st = w.state.lock();
+        if st.waiters.remove(&self.id).is_some() {
+            st.engine.on_cancel(now, self.id);
+        } else if let Ok(Dispatch::Run(run, sandbox)) = rx.try_recv() {
+            if let Some(sb) = sandbox {
+                st.parked.insert(run.sandbox, sb);
+            }
+            st.engine.on_abandoned(now, &run);
+        }
+        w.drain(&mut st);
+    }
+}
+
+/// Exclusive use of a sandbox for one run. Dropping it reports the run's end and hands the
+/// sandbox back; unless the invocation finished cleanly (`completion.reusable`), the sandbox is
+/// destroyed, so a cancelled or timed-out request can never leave a sandbox in an unknown state
+/// in the pool.
 struct Lease<'a> {
     worker: &'a Worker,
-    id: SandboxId,
+    run: Run,
     sandbox: Option<Sandbox>,
-    reusable: bool,
+    completion: Completion,
 }
 
 impl<'a> Lease<'a> {
-    fn new(worker: &'a Worker, id: SandboxId, sandbox: Sandbox) -> Self {
+    fn new(worker: &'a Worker, run: Run, sandbox: Sandbox) -> Self {
         Lease {
             worker,
-            id,
+            run,
             sandbox: Some(sandbox),
-            reusable: false,
+            completion: Completion {
+                exec_us: None,
+                init_us: None,
+                reusable: false,
+            },
         }
     }
 
@@ -623,9 +868,8 @@ impl<'a> Lease<'a> {
 
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
-        if let Some(sb) = self.sandbox.take() {
-            self.worker.release(self.id, sb, self.reusable);
-        }
+        let sb = self.sandbox.take();
+        self.worker.complete(&self.run, sb, self.completion);
     }
 }
 
@@ -676,38 +920,77 @@ fn handler_error(
         .with("timing", json!(timing))
 }
 
-/// Destroys sandboxes off the invocation path.
-async fn reaper(worker: Arc<Worker>, mut rx: mpsc::UnboundedReceiver<ReaperMsg>) {
+/// Destroys sandboxes and starts the policy's pre-warms, off the invocation path.
+async fn lifecycle(worker: Arc<Worker>, mut rx: mpsc::UnboundedReceiver<LifecycleMsg>) {
     while let Some(msg) = rx.recv().await {
         match msg {
-            ReaperMsg::Destroy(sb) => {
+            LifecycleMsg::Destroy(sb) => {
                 let dir = worker.backend.code_dir(&sb).map(|d| d.to_path_buf());
                 worker.backend.destroy(sb).await;
                 if let Some(dir) = dir {
                     worker.count_code_user(&dir, -1);
                 }
             }
-            ReaperMsg::Flush(done) => {
+            LifecycleMsg::Prewarm { sandbox, function } => {
+                let w = Arc::clone(&worker);
+                tokio::spawn(async move {
+                    match w.registry.get(&function) {
+                        Some(reg) => {
+                            if let Err(e) = w.create_prewarmed(sandbox, &reg).await {
+                                tracing::warn!(%function, error = %e, "policy pre-warm failed");
+                            }
+                        }
+                        None => {
+                            let now = w.now();
+                            let mut st = w.state.lock();
+                            st.engine.on_prewarm_failed(now, sandbox);
+                            w.drain(&mut st);
+                        }
+                    }
+                });
+            }
+            LifecycleMsg::Flush(done) => {
                 let _ = done.send(());
             }
         }
     }
 }
 
-/// Keep-alive expiry, the free-memory buffer and async-result retention, in the background.
+/// How often a real worker reads the kernel's load average.
+const LOAD_SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// Keep-alive timers, the free-memory buffer, load sampling and async-result retention, in the
+/// background.
 async fn maintenance(worker: std::sync::Weak<Worker>) {
+    let mut last_load = Instant::now() - LOAD_SAMPLE_EVERY;
     loop {
         let wait = {
             let Some(w) = worker.upgrade() else { return };
+            let sample = match w.config.backend {
+                BackendKind::Runc if last_load.elapsed() >= LOAD_SAMPLE_EVERY => {
+                    last_load = Instant::now();
+                    kernel_load_avg().map(|l| l / f64::from(w.config.effective_cpus().max(1)))
+                }
+                _ => None,
+            };
             let now = w.now();
             let mut st = w.state.lock();
-            st.pool.on_timeout(now);
+            if let Some(load) = sample {
+                st.engine.on_load(now, load);
+            }
+            st.engine.on_timeout(now);
             w.drain(&mut st);
-            let next = st.pool.next_timeout().unwrap_or(Micros::MAX);
+            let next = st.engine.next_timeout().unwrap_or(Micros::MAX);
             drop(st);
             w.invocations.expire(Instant::now());
             Duration::from_micros(next.saturating_sub(now).clamp(1_000, 1_000_000))
         };
         tokio::time::sleep(wait).await;
     }
+}
+
+/// The kernel's 1-minute load average.
+fn kernel_load_avg() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    s.split_whitespace().next()?.parse().ok()
 }

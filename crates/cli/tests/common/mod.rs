@@ -23,18 +23,27 @@ fn free_port() -> u16 {
 impl Server {
     /// Starts a worker with `backend` and extra `HEARTH_*` environment settings.
     pub fn start(backend: &str, env: &[(&str, &str)]) -> Server {
+        Server::start_with_args(backend, env, &[])
+    }
+
+    /// Starts a worker with extra command-line flags.
+    pub fn start_with_args(backend: &str, env: &[(&str, &str)], args: &[&str]) -> Server {
         let tmp = tempfile::Builder::new()
             .prefix("hearth-test-")
             .tempdir()
             .unwrap();
         let data_dir = tmp.path().join("data");
-        let mut s = Server::start_in(backend, &data_dir, env);
+        let mut s = Server::launch(backend, &data_dir, env, args);
         s._tmp = Some(tmp);
         s
     }
 
     /// Starts a worker on an existing data directory (restart tests).
     pub fn start_in(backend: &str, data_dir: &Path, env: &[(&str, &str)]) -> Server {
+        Server::launch(backend, data_dir, env, &[])
+    }
+
+    fn launch(backend: &str, data_dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Server {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         std::fs::create_dir_all(data_dir).unwrap();
@@ -43,6 +52,7 @@ impl Server {
         cmd.args(["worker", "--listen", &listen, "--backend", backend])
             .arg("--data-dir")
             .arg(data_dir)
+            .args(args)
             .env("HEARTH_WORKER_ID", format!("test-{port}"))
             .env("HEARTH_SHUTDOWN_GRACE_S", "10")
             .env("HEARTH_LOG", "info")

@@ -1,0 +1,571 @@
+//! The worker engine: invocation queue, concurrency regulator, bypass, function
+//! characteristics and the sandbox pool, glued into one sans-I/O state machine (DESIGN.md §1).
+//!
+//! The real worker and the discrete-event simulator drive the same engine: events in, each with
+//! the time; [`EngineAction`]s out. An arriving invocation learns its fate at once
+//! ([`Admission`]): it runs now (fast path: empty queue and room under the limit, or a bypass),
+//! waits in the queue, or is rejected. Queued invocations are started later by
+//! [`EngineAction::Run`] when a completion, a higher limit or freed memory lets them.
+
+use crate::bypass::BypassConfig;
+use crate::characteristics::{Characteristics, CharacteristicsReport};
+use crate::load::LoadAverage;
+use crate::policy::queue::{InvocationQueue, KeyInputs, QueueDiscipline};
+use crate::pool::{
+    Acquire, ColdReason, DestroyReason, PoolAction, PoolConfig, PoolStats, SandboxId, SandboxPool,
+};
+use crate::regulator::{Regulator, RegulatorConfig};
+use crate::time::Micros;
+use serde::Serialize;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Where the engine's load signal comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadSource {
+    /// The driver reports it with [`WorkerEngine::on_load`] (a real worker reads the kernel's).
+    External,
+    /// A Linux-style load average of the engine's own running invocations (the `sim` backend
+    /// and the simulator, where the machine's load means nothing).
+    Simulated,
+}
+
+/// Everything the engine is configured with.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub pool: PoolConfig,
+    pub queue: QueueDiscipline,
+    /// Queued invocations beyond this are rejected.
+    pub max_queue: usize,
+    pub regulator: RegulatorConfig,
+    pub bypass: BypassConfig,
+    /// CPUs of the worker: normalizes the load and seeds the AIMD limit.
+    pub cpus: u32,
+    pub load_source: LoadSource,
+}
+
+/// An invocation's identity within one engine (arrival order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct InvocationId(pub u64);
+
+/// An arriving invocation.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival<'a> {
+    pub function: &'a str,
+    pub memory_mb: u64,
+    /// Deadline relative to arrival (SRSF).
+    pub deadline_us: Option<Micros>,
+}
+
+/// Permission to run an invocation on a sandbox. The driver keeps it and hands it back with the
+/// invocation's end ([`WorkerEngine::on_completed`] and friends).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    pub invocation: InvocationId,
+    pub function: Arc<str>,
+    pub sandbox: SandboxId,
+    /// `Some` when the sandbox must be started first (its memory is reserved).
+    pub cold: Option<ColdReason>,
+    /// Time spent in the queue.
+    pub queued_us: Micros,
+    /// It skipped the queue and the concurrency limit.
+    pub bypass: bool,
+}
+
+/// Why an invocation cannot run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reject {
+    QueueFull {
+        length: usize,
+    },
+    /// Memory for a new sandbox cannot be found even after evicting every idle sandbox, and
+    /// nothing running will free any.
+    NoMemory {
+        needed_mb: u64,
+        free_mb: u64,
+    },
+    /// The function needs more memory than the whole budget.
+    TooLarge {
+        needed_mb: u64,
+        budget_mb: u64,
+    },
+    ShuttingDown,
+}
+
+/// What happens to an arriving invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    Run(Run),
+    Queued(InvocationId),
+    Rejected(InvocationId, Reject),
+}
+
+/// An action for the driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineAction {
+    /// A queued invocation may start.
+    Run(Run),
+    /// A queued invocation will never run.
+    Reject {
+        invocation: InvocationId,
+        reason: Reject,
+    },
+    Destroy {
+        sandbox: SandboxId,
+        reason: DestroyReason,
+    },
+    /// Start a sandbox ahead of demand (report it ready or failed).
+    Prewarm {
+        sandbox: SandboxId,
+        function: Arc<str>,
+    },
+}
+
+/// How an invocation ended, as far as the engine cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The handler's time, when the sandbox answered.
+    pub exec_us: Option<Micros>,
+    /// Sandbox start and import, for a cold invocation that got that far.
+    pub init_us: Option<Micros>,
+    /// The sandbox is healthy and may serve again.
+    pub reusable: bool,
+}
+
+#[derive(Debug)]
+struct Queued {
+    function: Arc<str>,
+    memory_mb: u64,
+    arrival: Micros,
+}
+
+/// The engine.
+#[derive(Debug)]
+pub struct WorkerEngine {
+    config: EngineConfig,
+    pool: SandboxPool,
+    queue: InvocationQueue<Queued>,
+    queued_per_fn: HashMap<Arc<str>, u32>,
+    regulator: Regulator,
+    characteristics: HashMap<Arc<str>, Characteristics>,
+    load: LoadAverage,
+    external_load: f64,
+    next_invocation: u64,
+    /// Running invocations admitted under the concurrency limit, and bypasses.
+    running: u32,
+    running_bypass: u32,
+    actions: VecDeque<EngineAction>,
+    shutting_down: bool,
+}
+
+impl WorkerEngine {
+    pub fn new(config: EngineConfig) -> Self {
+        WorkerEngine {
+            pool: SandboxPool::new(config.pool.clone()),
+            queue: InvocationQueue::new(config.queue),
+            queued_per_fn: HashMap::new(),
+            regulator: Regulator::new(config.regulator.clone(), config.cpus),
+            characteristics: HashMap::new(),
+            load: LoadAverage::default(),
+            external_load: 0.0,
+            next_invocation: 1,
+            running: 0,
+            running_bypass: 0,
+            actions: VecDeque::new(),
+            shutting_down: false,
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn pool(&self) -> &SandboxPool {
+        &self.pool
+    }
+
+    /// Load average divided by CPUs.
+    pub fn normalized_load(&self) -> f64 {
+        match self.config.load_source {
+            LoadSource::External => self.external_load,
+            LoadSource::Simulated => self.load.value() / self.config.cpus.max(1) as f64,
+        }
+    }
+
+    fn intern(&mut self, name: &str) -> Arc<str> {
+        match self.characteristics.get_key_value(name) {
+            Some((k, _)) => k.clone(),
+            None => {
+                let k: Arc<str> = Arc::from(name);
+                self.characteristics
+                    .insert(k.clone(), Characteristics::default());
+                k
+            }
+        }
+    }
+
+    /// An invocation arrives.
+    pub fn on_invocation(&mut self, now: Micros, a: Arrival<'_>) -> Admission {
+        let id = InvocationId(self.next_invocation);
+        self.next_invocation += 1;
+        self.advance_load(now);
+        if self.shutting_down {
+            return Admission::Rejected(id, Reject::ShuttingDown);
+        }
+        let function = self.intern(a.function);
+        let queued_here = self.queued_per_fn.get(&function).copied().unwrap_or(0) as usize;
+        let warm_expected = self.pool.idle_count(&function) > queued_here;
+        let (known, expected, iat) = match self.characteristics.get_mut(&function) {
+            Some(c) => {
+                c.on_arrival(now, a.memory_mb);
+                (
+                    c.has_warm_samples(),
+                    c.expected_us(warm_expected),
+                    c.iat_us(),
+                )
+            }
+            None => (false, 0, 0),
+        };
+        self.pool.on_arrival(now, &function, a.memory_mb);
+        let budget = self.config.pool.memory_budget_mb;
+        if a.memory_mb > budget {
+            return Admission::Rejected(
+                id,
+                Reject::TooLarge {
+                    needed_mb: a.memory_mb,
+                    budget_mb: budget,
+                },
+            );
+        }
+        if self
+            .config
+            .bypass
+            .allows(known, expected, self.normalized_load())
+        {
+            if let Some(run) = self.try_start(now, id, &function, a.memory_mb, now, true) {
+                self.absorb_pool_actions();
+                return Admission::Run(run);
+            }
+        }
+        if self.queue.is_empty() && self.running < self.regulator.limit() {
+            if let Some(run) = self.try_start(now, id, &function, a.memory_mb, now, false) {
+                self.absorb_pool_actions();
+                return Admission::Run(run);
+            }
+            if self.pool.running_mb() == 0 {
+                self.absorb_pool_actions();
+                return Admission::Rejected(id, self.no_memory(a.memory_mb));
+            }
+        }
+        if self.queue.len() >= self.config.max_queue {
+            return Admission::Rejected(
+                id,
+                Reject::QueueFull {
+                    length: self.queue.len(),
+                },
+            );
+        }
+        let keys = KeyInputs {
+            arrival: now,
+            expected_us: expected,
+            iat_us: iat,
+            deadline_us: a.deadline_us,
+        };
+        *self.queued_per_fn.entry(function.clone()).or_insert(0) += 1;
+        self.queue.push(
+            id.0,
+            &keys,
+            Queued {
+                function,
+                memory_mb: a.memory_mb,
+                arrival: now,
+            },
+        );
+        Admission::Queued(id)
+    }
+
+    fn no_memory(&self, needed_mb: u64) -> Reject {
+        Reject::NoMemory {
+            needed_mb,
+            free_mb: self.pool.free_mb(),
+        }
+    }
+
+    /// Acquires a sandbox and counts the invocation as running; `None` when memory is short.
+    fn try_start(
+        &mut self,
+        now: Micros,
+        id: InvocationId,
+        function: &Arc<str>,
+        memory_mb: u64,
+        arrival: Micros,
+        bypass: bool,
+    ) -> Option<Run> {
+        let (sandbox, cold) = match self.pool.acquire(now, function, memory_mb) {
+            Acquire::Warm(sb) => (sb, None),
+            Acquire::Cold { sandbox, reason } => (sandbox, Some(reason)),
+            Acquire::NoMemory { .. } => return None,
+        };
+        if bypass {
+            self.running_bypass += 1;
+        } else {
+            self.running += 1;
+        }
+        Some(Run {
+            invocation: id,
+            function: function.clone(),
+            sandbox,
+            cold,
+            queued_us: now.saturating_sub(arrival),
+            bypass,
+        })
+    }
+
+    /// Starts queued invocations while the regulator and memory allow.
+    fn dispatch(&mut self, now: Micros) {
+        while self.running < self.regulator.limit() {
+            let Some((seq, q)) = self.queue.peek() else {
+                break;
+            };
+            let (function, memory_mb, arrival) = (q.function.clone(), q.memory_mb, q.arrival);
+            let id = InvocationId(seq);
+            match self.try_start(now, id, &function, memory_mb, arrival, false) {
+                Some(run) => {
+                    self.unqueue(seq);
+                    self.actions.push_back(EngineAction::Run(run));
+                }
+                // Running invocations will free memory: wait for them, in order.
+                None if self.pool.running_mb() > 0 => break,
+                None => {
+                    self.unqueue(seq);
+                    let reason = self.no_memory(memory_mb);
+                    self.actions.push_back(EngineAction::Reject {
+                        invocation: id,
+                        reason,
+                    });
+                }
+            }
+        }
+        self.absorb_pool_actions();
+    }
+
+    fn unqueue(&mut self, seq: u64) -> Option<Queued> {
+        let q = self.queue.remove(seq)?;
+        if let Some(n) = self.queued_per_fn.get_mut(&q.function) {
+            *n -= 1;
+            if *n == 0 {
+                self.queued_per_fn.remove(&q.function);
+            }
+        }
+        Some(q)
+    }
+
+    fn absorb_pool_actions(&mut self) {
+        while let Some(a) = self.pool.poll_action() {
+            self.actions.push_back(match a {
+                PoolAction::Destroy { sandbox, reason } => {
+                    EngineAction::Destroy { sandbox, reason }
+                }
+                PoolAction::Prewarm { sandbox, function } => {
+                    EngineAction::Prewarm { sandbox, function }
+                }
+            });
+        }
+    }
+
+    fn finish(&mut self, run: &Run) {
+        if run.bypass {
+            self.running_bypass = self.running_bypass.saturating_sub(1);
+        } else {
+            self.running = self.running.saturating_sub(1);
+        }
+    }
+
+    /// An invocation ended (successfully or not) on its sandbox.
+    pub fn on_completed(&mut self, now: Micros, run: &Run, c: Completion) {
+        self.advance_load(now);
+        self.finish(run);
+        if let (Some(chars), Some(exec)) = (self.characteristics.get_mut(&run.function), c.exec_us)
+        {
+            match (run.cold, c.init_us) {
+                (Some(_), Some(init)) => chars.on_cold(init + exec),
+                (None, _) => chars.on_warm(exec),
+                (Some(_), None) => {}
+            }
+            let init = chars.init_us();
+            self.pool.set_cost(&run.function, init);
+        }
+        self.pool.release(now, run.sandbox, c.reusable);
+        self.dispatch(now);
+    }
+
+    /// The sandbox of a cold run could not be started.
+    pub fn on_start_failed(&mut self, now: Micros, run: &Run) {
+        self.finish(run);
+        self.pool.on_start_failed(run.sandbox);
+        self.dispatch(now);
+    }
+
+    /// A run was granted but its invocation is gone (the client left before it started): the
+    /// sandbox goes back unused, or its reservation is dropped if it was never started.
+    pub fn on_abandoned(&mut self, now: Micros, run: &Run) {
+        self.finish(run);
+        if run.cold.is_some() {
+            self.pool.on_start_failed(run.sandbox);
+        } else {
+            self.pool.release(now, run.sandbox, true);
+        }
+        self.dispatch(now);
+    }
+
+    /// A queued invocation's caller went away; false if it was no longer queued.
+    pub fn on_cancel(&mut self, now: Micros, id: InvocationId) -> bool {
+        let removed = self.unqueue(id.0).is_some();
+        if removed {
+            self.dispatch(now);
+        }
+        removed
+    }
+
+    /// Starts up to `count` sandboxes of `function` ahead of demand, with free memory only.
+    /// Returns the sandboxes to start and how many found no memory.
+    pub fn prewarm(
+        &mut self,
+        now: Micros,
+        function: &str,
+        memory_mb: u64,
+        count: u32,
+    ) -> (Vec<SandboxId>, u32) {
+        let mut ids = Vec::new();
+        let mut no_memory = 0;
+        for _ in 0..count {
+            match self.pool.prewarm(now, function, memory_mb) {
+                Ok(id) => ids.push(id),
+                Err(_) => no_memory += 1,
+            }
+        }
+        (ids, no_memory)
+    }
+
+    /// A prewarmed sandbox is ready.
+    pub fn on_sandbox_ready(&mut self, now: Micros, sandbox: SandboxId) {
+        self.pool.on_sandbox_ready(now, sandbox);
+        self.dispatch(now);
+    }
+
+    /// A prewarmed sandbox failed to start.
+    pub fn on_prewarm_failed(&mut self, now: Micros, sandbox: SandboxId) {
+        self.pool.on_start_failed(sandbox);
+        self.dispatch(now);
+    }
+
+    /// A load sample from the driver (normalized: load average / CPUs).
+    pub fn on_load(&mut self, now: Micros, normalized: f64) {
+        self.external_load = normalized;
+        self.regulator.on_load(now, normalized);
+        self.dispatch(now);
+    }
+
+    fn advance_load(&mut self, now: Micros) {
+        if self.config.load_source == LoadSource::Simulated && now >= self.load.next_sample() {
+            let running = (self.running + self.running_bypass) as usize;
+            self.load.advance(now, running);
+            let normalized = self.normalized_load();
+            self.regulator.on_load(now, normalized);
+        }
+    }
+
+    /// Timers: keep-alive expiry, policy pre-warms, the free-memory buffer, the simulated load.
+    pub fn on_timeout(&mut self, now: Micros) {
+        self.advance_load(now);
+        self.pool.on_timeout(now);
+        self.dispatch(now);
+    }
+
+    /// When [`Self::on_timeout`] next has work, if ever.
+    pub fn next_timeout(&self) -> Option<Micros> {
+        let pool = self.pool.next_timeout();
+        let load =
+            (self.config.load_source == LoadSource::Simulated).then(|| self.load.next_sample());
+        match (pool, load) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The function was updated or deleted: its sandboxes are retired and what was learned about
+    /// it is forgotten (new code, new behaviour).
+    pub fn retire(&mut self, function: &str) {
+        self.pool.retire(function);
+        if let Some(c) = self.characteristics.get_mut(function) {
+            *c = Characteristics::default();
+        }
+        self.absorb_pool_actions();
+    }
+
+    /// Refuses new invocations and rejects the queued ones; idle sandboxes go now, the others as
+    /// their invocations end.
+    pub fn shutdown(&mut self) {
+        self.shutting_down = true;
+        while let Some((seq, q)) = self.queue.pop() {
+            self.queued_per_fn.remove(&q.function);
+            self.actions.push_back(EngineAction::Reject {
+                invocation: InvocationId(seq),
+                reason: Reject::ShuttingDown,
+            });
+        }
+        self.pool.shutdown();
+        self.absorb_pool_actions();
+    }
+
+    pub fn poll_action(&mut self) -> Option<EngineAction> {
+        self.actions.pop_front()
+    }
+
+    pub fn characteristics(&self, function: &str, now: Micros) -> Option<CharacteristicsReport> {
+        self.characteristics.get(function).map(|c| c.report(now))
+    }
+
+    pub fn function_characteristics(&self, function: &str) -> Option<&Characteristics> {
+        self.characteristics.get(function)
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            queue_length: self.queue.len(),
+            running: self.running,
+            running_bypass: self.running_bypass,
+            limit: self.regulator.limit(),
+            load_avg: match self.config.load_source {
+                LoadSource::Simulated => self.load.value(),
+                LoadSource::External => self.external_load * self.config.cpus as f64,
+            },
+            normalized_load: self.normalized_load(),
+            cpus: self.config.cpus,
+            queued: self
+                .queued_per_fn
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            pool: self.pool.stats(),
+        }
+    }
+}
+
+/// A snapshot for status pages and status pushes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EngineStats {
+    pub queue_length: usize,
+    pub running: u32,
+    pub running_bypass: u32,
+    pub limit: u32,
+    pub load_avg: f64,
+    pub normalized_load: f64,
+    pub cpus: u32,
+    pub queued: HashMap<String, u32>,
+    pub pool: PoolStats,
+}
+
+#[cfg(test)]
+mod tests;

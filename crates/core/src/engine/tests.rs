@@ -1,0 +1,370 @@
+//! Engine tests: admission, the queue disciplines end to end, memory waits, cancellation,
+//! bypass and the regulator, with explicit times.
+
+use super::*;
+use crate::bypass::BypassConfig;
+use crate::policy::keepalive::KeepAliveConfig;
+use crate::regulator::AimdConfig;
+use crate::time::{ms, secs};
+
+fn config(queue: QueueDiscipline, limit: u32) -> EngineConfig {
+    EngineConfig {
+        pool: PoolConfig {
+            memory_budget_mb: 4096,
+            free_buffer_mb: 0,
+            keepalive: KeepAliveConfig::default(),
+        },
+        queue,
+        max_queue: 100,
+        regulator: RegulatorConfig::Fixed(limit),
+        bypass: BypassConfig::default(),
+        cpus: 2,
+        load_source: LoadSource::External,
+    }
+}
+
+fn arrive(e: &mut WorkerEngine, now: Micros, f: &str) -> Admission {
+    e.on_invocation(
+        now,
+        Arrival {
+            function: f,
+            memory_mb: 128,
+            deadline_us: None,
+        },
+    )
+}
+
+fn run_of(a: Admission) -> Run {
+    match a {
+        Admission::Run(r) => r,
+        other => panic!("expected to run, got {other:?}"),
+    }
+}
+
+fn queued(a: Admission) -> InvocationId {
+    match a {
+        Admission::Queued(id) => id,
+        other => panic!("expected to queue, got {other:?}"),
+    }
+}
+
+fn done(exec: Micros) -> Completion {
+    Completion {
+        exec_us: Some(exec),
+        init_us: Some(ms(100)),
+        reusable: true,
+    }
+}
+
+fn runs(e: &mut WorkerEngine) -> Vec<Run> {
+    std::iter::from_fn(|| e.poll_action())
+        .filter_map(|a| match a {
+            EngineAction::Run(r) => Some(r),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Teaches the engine that `f` runs for `exec` warm (one cold run, then one warm run).
+fn learn(e: &mut WorkerEngine, t: &mut Micros, f: &str, exec: Micros) {
+    for _ in 0..2 {
+        let r = run_of(arrive(e, *t, f));
+        *t += exec;
+        e.on_completed(*t, &r, done(exec));
+        *t += 1;
+    }
+    assert_eq!(e.function_characteristics(f).unwrap().warm_us(), exec);
+}
+
+/// With concurrency 1: a long function runs; another long one and a short one queue behind it.
+/// Returns which of the two queued ones started first when the running one finished.
+fn first_after_long(discipline: QueueDiscipline) -> Arc<str> {
+    let mut e = WorkerEngine::new(config(discipline, 1));
+    let mut t = 0;
+    learn(&mut e, &mut t, "long", ms(1000));
+    learn(&mut e, &mut t, "short", ms(10));
+    let running = run_of(arrive(&mut e, t, "long"));
+    queued(arrive(&mut e, t + 1, "long"));
+    queued(arrive(&mut e, t + 2, "short"));
+    assert_eq!(e.stats().queue_length, 2);
+    e.on_completed(t + ms(1000), &running, done(ms(1000)));
+    let started = runs(&mut e);
+    assert_eq!(started.len(), 1, "the limit is 1");
+    let arrived = if &*started[0].function == "long" {
+        1
+    } else {
+        2
+    };
+    assert_eq!(started[0].queued_us, ms(1000) - arrived);
+    started[0].function.clone()
+}
+
+#[test]
+fn sjf_runs_a_short_function_queued_behind_a_long_one_first() {
+    assert_eq!(&*first_after_long(QueueDiscipline::Sjf), "short");
+    assert_eq!(&*first_after_long(QueueDiscipline::Eedf), "short");
+    assert_eq!(&*first_after_long(QueueDiscipline::Fcfs), "long");
+}
+
+#[test]
+fn eedf_spreads_a_burst_of_one_function_with_its_cold_time() {
+    // f: warm 50 ms, cold 450 ms (init 400); g: warm 300 ms. One idle sandbox of f.
+    let mut e = WorkerEngine::new(config(QueueDiscipline::Eedf, 1));
+    let mut t = 0;
+    let r = run_of(arrive(&mut e, t, "f"));
+    e.on_completed(
+        t + ms(450),
+        &r,
+        Completion {
+            exec_us: Some(ms(50)),
+            init_us: Some(ms(400)),
+            reusable: true,
+        },
+    );
+    t += ms(451);
+    let r = run_of(arrive(&mut e, t, "f"));
+    t += ms(50);
+    e.on_completed(t, &r, done(ms(50)));
+    learn(&mut e, &mut t, "g", ms(300));
+    // Occupy the single slot, then queue f, f, g at the same instant.
+    let blocker = run_of(arrive(&mut e, t, "g"));
+    let f1 = queued(arrive(&mut e, t, "f")); // one idle f sandbox: warm, key t + 50
+    let f2 = queued(arrive(&mut e, t, "f")); // it is spoken for: cold, key t + 450
+    let g = queued(arrive(&mut e, t, "g")); // key t + 300
+    let mut order = Vec::new();
+    let mut next = blocker;
+    for _ in 0..3 {
+        t += ms(500);
+        e.on_completed(t, &next, done(ms(10)));
+        next = runs(&mut e).pop().unwrap();
+        order.push(next.invocation);
+    }
+    assert_eq!(order, [f1, g, f2], "the second f waits behind g");
+}
+
+#[test]
+fn a_full_queue_rejects() {
+    let mut c = config(QueueDiscipline::Fcfs, 1);
+    c.max_queue = 2;
+    let mut e = WorkerEngine::new(c);
+    run_of(arrive(&mut e, 0, "f"));
+    queued(arrive(&mut e, 1, "f"));
+    queued(arrive(&mut e, 2, "f"));
+    assert!(matches!(
+        arrive(&mut e, 3, "f"),
+        Admission::Rejected(_, Reject::QueueFull { length: 2 })
+    ));
+}
+
+#[test]
+fn an_invocation_without_memory_waits_for_running_ones_then_runs_warm() {
+    let mut c = config(QueueDiscipline::Fcfs, 4);
+    c.pool.memory_budget_mb = 256;
+    let mut e = WorkerEngine::new(c);
+    let big = |e: &mut WorkerEngine, t| {
+        e.on_invocation(
+            t,
+            Arrival {
+                function: "big",
+                memory_mb: 200,
+                deadline_us: None,
+            },
+        )
+    };
+    let first = run_of(big(&mut e, 0));
+    let second = queued(big(&mut e, 10));
+    assert!(runs(&mut e).is_empty());
+    e.on_completed(ms(100), &first, done(ms(99)));
+    let r = runs(&mut e);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].invocation, second);
+    assert_eq!(r[0].cold, None, "it reuses the sandbox the first one left");
+    assert_eq!(r[0].queued_us, ms(100) - 10);
+    // More than the whole budget: rejected at once.
+    assert!(matches!(
+        e.on_invocation(
+            ms(200),
+            Arrival {
+                function: "huge",
+                memory_mb: 300,
+                deadline_us: None
+            }
+        ),
+        Admission::Rejected(
+            _,
+            Reject::TooLarge {
+                needed_mb: 300,
+                budget_mb: 256
+            }
+        )
+    ));
+}
+
+#[test]
+fn an_invocation_waits_for_memory_held_by_a_starting_prewarm() {
+    let mut c = config(QueueDiscipline::Fcfs, 4);
+    c.pool.memory_budget_mb = 256;
+    let mut e = WorkerEngine::new(c);
+    let (ids, no_mem) = e.prewarm(0, "p", 200, 1);
+    assert_eq!((ids.len(), no_mem), (1, 0));
+    // The prewarm holds 200 MiB while starting; "q" needs 100: it waits for the prewarm.
+    let q = e.on_invocation(
+        1,
+        Arrival {
+            function: "q",
+            memory_mb: 100,
+            deadline_us: None,
+        },
+    );
+    let q = queued(q);
+    // The prewarm fails: memory comes back and q runs.
+    e.on_prewarm_failed(2, ids[0]);
+    let r = runs(&mut e);
+    assert_eq!(r[0].invocation, q);
+}
+
+#[test]
+fn a_cancelled_invocation_leaves_the_queue_and_an_abandoned_run_frees_its_sandbox() {
+    let mut e = WorkerEngine::new(config(QueueDiscipline::Fcfs, 1));
+    let running = run_of(arrive(&mut e, 0, "f"));
+    let gone = queued(arrive(&mut e, 1, "f"));
+    let stays = queued(arrive(&mut e, 2, "g"));
+    assert!(e.on_cancel(3, gone));
+    assert!(!e.on_cancel(4, gone));
+    e.on_completed(10, &running, done(9));
+    let r = runs(&mut e).pop().unwrap();
+    assert_eq!(r.invocation, stays);
+    // Its caller left before it started: the reserved cold sandbox is dropped and the slot
+    // returns.
+    e.on_abandoned(11, &r);
+    assert_eq!(e.stats().running, 0);
+    assert_eq!(e.pool().stats().memory_running_mb, 0);
+    assert_eq!(e.pool().idle_count("f"), 1);
+}
+
+#[test]
+fn short_known_functions_bypass_the_queue_while_the_load_is_low() {
+    let mut c = config(QueueDiscipline::Fcfs, 1);
+    c.bypass = BypassConfig {
+        threshold_us: ms(5),
+        max_load: 0.8,
+    };
+    let mut e = WorkerEngine::new(c);
+    let mut t = 0;
+    learn(&mut e, &mut t, "tiny", ms(1));
+    learn(&mut e, &mut t, "slow", ms(100));
+    let _slow = run_of(arrive(&mut e, t, "slow"));
+    queued(arrive(&mut e, t, "slow"));
+    let tiny = run_of(arrive(&mut e, t, "tiny"));
+    assert!(tiny.bypass);
+    assert_eq!(e.stats().running_bypass, 1);
+    e.on_completed(t + ms(1), &tiny, done(ms(1)));
+    e.on_load(t + ms(2), 0.9);
+    let again = arrive(&mut e, t + ms(3), "tiny");
+    assert!(
+        matches!(again, Admission::Queued(_)),
+        "load too high: {again:?}"
+    );
+}
+
+#[test]
+fn aimd_raises_the_limit_with_the_simulated_load_of_idle_time() {
+    let mut c = config(QueueDiscipline::Fcfs, 1);
+    c.regulator = RegulatorConfig::Aimd(AimdConfig {
+        max: 6,
+        ..AimdConfig::default()
+    });
+    c.load_source = LoadSource::Simulated;
+    let mut e = WorkerEngine::new(c);
+    assert_eq!(e.stats().limit, 2, "starts at the CPUs");
+    let mut now = 0;
+    while let Some(t) = e.next_timeout().filter(|t| *t <= secs(60)) {
+        now = t;
+        e.on_timeout(now);
+    }
+    assert!(now >= secs(55));
+    assert_eq!(
+        e.stats().limit,
+        6,
+        "no load: additive increase up to the max"
+    );
+    // Saturate it: 12 long invocations on 2 CPUs push the load over the threshold.
+    let runs0: Vec<_> = (0..12).map(|_| arrive(&mut e, now, "spin")).collect();
+    assert_eq!(
+        runs0
+            .iter()
+            .filter(|a| matches!(a, Admission::Run(_)))
+            .count(),
+        6
+    );
+    while let Some(t) = e.next_timeout().filter(|t| *t <= now + secs(120)) {
+        e.on_timeout(t);
+    }
+    assert!(e.normalized_load() > 1.0, "{}", e.normalized_load());
+    assert!(
+        e.stats().limit < 6,
+        "cut on congestion: {}",
+        e.stats().limit
+    );
+}
+
+#[test]
+fn completions_teach_cold_and_warm_times_and_the_pool_its_costs() {
+    let mut c = config(QueueDiscipline::Fcfs, 4);
+    c.pool.keepalive = KeepAliveConfig::new(crate::policy::keepalive::KeepAliveKind::Landlord);
+    let mut e = WorkerEngine::new(c);
+    let r = run_of(arrive(&mut e, 0, "f"));
+    assert_eq!(r.cold, Some(ColdReason::New));
+    e.on_completed(
+        ms(130),
+        &r,
+        Completion {
+            exec_us: Some(ms(30)),
+            init_us: Some(ms(100)),
+            reusable: true,
+        },
+    );
+    let ch = e.function_characteristics("f").unwrap();
+    assert_eq!((ch.cold_us(), ch.warm_us()), (ms(130), 0));
+    let r = run_of(arrive(&mut e, ms(200), "f"));
+    assert_eq!(r.cold, None);
+    e.on_completed(ms(230), &r, done(ms(30)));
+    let ch = e.function_characteristics("f").unwrap();
+    assert_eq!((ch.warm_us(), ch.init_us()), (ms(30), ms(100)));
+    // Landlord's credit of the idle sandbox is its init cost (100 ms).
+    assert_eq!(e.pool().credit("f"), Some(100.0));
+    let rep = e.characteristics("f", ms(300)).unwrap();
+    assert_eq!(rep.invocations, 2);
+    assert_eq!(rep.iat_ewma_ms, 200.0);
+}
+
+#[test]
+fn shutdown_rejects_the_queue_and_new_arrivals() {
+    let mut e = WorkerEngine::new(config(QueueDiscipline::Fcfs, 1));
+    let r = run_of(arrive(&mut e, 0, "f"));
+    let q = queued(arrive(&mut e, 1, "f"));
+    e.shutdown();
+    let rejected: Vec<_> = std::iter::from_fn(|| e.poll_action())
+        .filter_map(|a| match a {
+            EngineAction::Reject { invocation, reason } => Some((invocation, reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rejected, vec![(q, Reject::ShuttingDown)]);
+    assert!(matches!(
+        arrive(&mut e, 2, "f"),
+        Admission::Rejected(_, Reject::ShuttingDown)
+    ));
+    e.on_completed(3, &r, done(2));
+    let destroyed: Vec<_> = std::iter::from_fn(|| e.poll_action()).collect();
+    assert!(
+        matches!(
+            destroyed.as_slice(),
+            [EngineAction::Destroy {
+                reason: DestroyReason::Retired | DestroyReason::Shutdown,
+                ..
+            }]
+        ),
+        "{destroyed:?}"
+    );
+}

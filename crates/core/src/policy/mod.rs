@@ -1,0 +1,5 @@
+//! Policies chosen by name: keep-alive and eviction, queue disciplines.
+
+pub mod hist;
+pub mod keepalive;
+pub mod queue;

@@ -1,0 +1,435 @@
+//! Pool tests: the TTL baseline, then each keep-alive policy with hand-computed expectations.
+
+use super::*;
+use crate::time::{ms, secs};
+
+fn pool(budget: u64, buffer: u64) -> SandboxPool {
+    SandboxPool::new(PoolConfig {
+        memory_budget_mb: budget,
+        free_buffer_mb: buffer,
+        keepalive: KeepAliveConfig {
+            ttl: secs(10),
+            ..KeepAliveConfig::default()
+        },
+    })
+}
+
+fn pool_with(kind: KeepAliveKind, budget: u64) -> SandboxPool {
+    SandboxPool::new(PoolConfig {
+        memory_budget_mb: budget,
+        free_buffer_mb: 0,
+        keepalive: KeepAliveConfig::new(kind),
+    })
+}
+
+/// Runs one cold invocation of `f` from `start` to `end`, with init cost `cost_ms`.
+fn run_cold(
+    p: &mut SandboxPool,
+    f: &str,
+    mb: u64,
+    cost_ms: u64,
+    start: Micros,
+    end: Micros,
+) -> SandboxId {
+    let (id, _) = cold(p.acquire(start, f, mb));
+    p.set_cost(f, ms(cost_ms));
+    p.release(end, id, true);
+    id
+}
+
+fn evicted(actions: &[PoolAction]) -> Vec<SandboxId> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            PoolAction::Destroy {
+                sandbox,
+                reason: DestroyReason::Evicted,
+            } => Some(*sandbox),
+            _ => None,
+        })
+        .collect()
+}
+
+fn cold(a: Acquire) -> (SandboxId, ColdReason) {
+    match a {
+        Acquire::Cold { sandbox, reason } => (sandbox, reason),
+        other => panic!("expected a cold start, got {other:?}"),
+    }
+}
+
+fn drain(p: &mut SandboxPool) -> Vec<PoolAction> {
+    std::iter::from_fn(|| p.poll_action()).collect()
+}
+
+#[test]
+fn warm_reuse_and_concurrent_cold_starts() {
+    let mut p = pool(1024, 0);
+    let (a, why) = cold(p.acquire(0, "f", 128));
+    assert_eq!(why, ColdReason::New);
+    p.release(ms(5), a, true);
+    assert_eq!(p.acquire(ms(6), "f", 128), Acquire::Warm(a));
+    // `a` is busy, so a second concurrent invocation needs its own sandbox.
+    let (b, why) = cold(p.acquire(ms(7), "f", 128));
+    assert_eq!(why, ColdReason::Concurrent);
+    assert_ne!(a, b);
+    let s = p.stats();
+    assert_eq!((s.memory_running_mb, s.memory_warm_mb), (256, 0));
+    p.release(ms(8), a, true);
+    p.release(ms(9), b, true);
+    // The most recently used idle sandbox is reused first.
+    assert_eq!(p.acquire(ms(10), "f", 128), Acquire::Warm(b));
+    assert!(drain(&mut p).is_empty());
+}
+
+#[test]
+fn memory_pressure_evicts_least_recently_used_and_says_so() {
+    // Budget 512 MiB = four 128 MiB sandboxes. a, b, c, d idle from t = 1, 2, 3, 4 ms.
+    let mut p = pool(512, 0);
+    let mut ids = HashMap::new();
+    for (i, f) in ["a", "b", "c", "d"].iter().enumerate() {
+        let (id, _) = cold(p.acquire(0, f, 128));
+        ids.insert(*f, id);
+        p.release(ms(i as u64 + 1), id, true);
+    }
+    // A fifth function at t = 10 ms must evict the LRU sandbox: a's (idle since 1 ms).
+    let (_e, why) = cold(p.acquire(ms(10), "e", 128));
+    assert_eq!(why, ColdReason::New);
+    assert_eq!(
+        drain(&mut p),
+        vec![PoolAction::Destroy {
+            sandbox: ids["a"],
+            reason: DestroyReason::Evicted
+        }]
+    );
+    // a comes back 30 ms later: cold, evicted 30 ms ago; this evicts b (idle since 2 ms).
+    let (_, why) = cold(p.acquire(ms(40), "a", 128));
+    assert_eq!(why, ColdReason::Evicted { ago_us: ms(30) });
+    assert_eq!(
+        drain(&mut p),
+        vec![PoolAction::Destroy {
+            sandbox: ids["b"],
+            reason: DestroyReason::Evicted
+        }]
+    );
+    let s = p.stats();
+    assert_eq!((s.memory_running_mb, s.memory_warm_mb), (256, 256));
+}
+
+#[test]
+fn no_memory_when_busy_sandboxes_fill_the_budget_and_nothing_is_evicted() {
+    let mut p = pool(300, 0);
+    let (a, _) = cold(p.acquire(0, "a", 128));
+    let (b, _) = cold(p.acquire(0, "b", 128));
+    p.release(ms(1), b, true); // b idle: 128 warm, 128 running, 44 free
+    assert_eq!(
+        p.acquire(ms(2), "c", 256),
+        Acquire::NoMemory {
+            needed_mb: 256,
+            free_mb: 44
+        }
+    );
+    assert!(
+        drain(&mut p).is_empty(),
+        "a failed reservation evicts nothing"
+    );
+    // 128 fits once b's idle sandbox is evicted.
+    let (_, _) = cold(p.acquire(ms(3), "c", 128));
+    assert_eq!(drain(&mut p).len(), 1);
+    p.release(ms(4), a, true);
+}
+
+#[test]
+fn ttl_expires_idle_sandboxes_exactly_at_the_deadline() {
+    let mut p = pool(1024, 0);
+    let (a, _) = cold(p.acquire(0, "f", 128));
+    p.release(ms(100), a, true);
+    assert_eq!(p.next_timeout(), Some(ms(100) + secs(10)));
+    p.on_timeout(ms(100) + secs(10) - 1);
+    assert!(drain(&mut p).is_empty());
+    p.on_timeout(ms(100) + secs(10));
+    assert_eq!(
+        drain(&mut p),
+        vec![PoolAction::Destroy {
+            sandbox: a,
+            reason: DestroyReason::Expired
+        }]
+    );
+    assert_eq!(p.next_timeout(), None);
+    let (_, why) = cold(p.acquire(ms(100) + secs(12), "f", 128));
+    assert_eq!(why, ColdReason::Expired { ago_us: secs(2) });
+}
+
+#[test]
+fn background_eviction_keeps_the_free_buffer() {
+    let mut p = pool(512, 128);
+    for (i, f) in ["a", "b", "c", "d"].iter().enumerate() {
+        let (id, _) = cold(p.acquire(0, f, 128));
+        p.release(ms(i as u64), id, true);
+    }
+    p.on_timeout(ms(5));
+    let actions = drain(&mut p);
+    assert_eq!(actions.len(), 1, "one eviction restores 128 MiB free");
+    assert_eq!(p.stats().memory_warm_mb, 384);
+}
+
+#[test]
+fn failed_sandboxes_are_destroyed_not_reused() {
+    let mut p = pool(1024, 0);
+    let (a, _) = cold(p.acquire(0, "f", 128));
+    p.release(ms(1), a, false);
+    assert_eq!(
+        drain(&mut p),
+        vec![PoolAction::Destroy {
+            sandbox: a,
+            reason: DestroyReason::Failed
+        }]
+    );
+    assert_eq!(p.stats().memory_running_mb, 0);
+    let (b, _) = cold(p.acquire(ms(2), "f", 128));
+    assert_ne!(a, b);
+    p.on_start_failed(b);
+    assert_eq!(p.sandbox_count(), 0);
+    assert_eq!(p.stats(), pool(1024, 0).stats());
+}
+
+#[test]
+fn retire_destroys_idle_now_and_busy_when_done() {
+    let mut p = pool(1024, 0);
+    let (a, _) = cold(p.acquire(0, "f", 128));
+    let (b, _) = cold(p.acquire(0, "f", 128));
+    p.release(ms(1), a, true);
+    p.retire("f");
+    assert_eq!(
+        drain(&mut p),
+        vec![PoolAction::Destroy {
+            sandbox: a,
+            reason: DestroyReason::Retired
+        }]
+    );
+    // The new version never reuses b, even though b finishes fine.
+    let (c, why) = cold(p.acquire(ms(2), "f", 128));
+    assert_eq!(why, ColdReason::New);
+    p.release(ms(3), b, true);
+    assert_eq!(
+        drain(&mut p),
+        vec![PoolAction::Destroy {
+            sandbox: b,
+            reason: DestroyReason::Retired
+        }]
+    );
+    p.release(ms(4), c, true);
+    assert_eq!(p.acquire(ms(5), "f", 128), Acquire::Warm(c));
+    let s = p.stats();
+    assert_eq!((s.memory_running_mb, s.memory_warm_mb), (128, 0));
+}
+
+#[test]
+fn prewarm_uses_free_memory_only_and_becomes_warm_when_ready() {
+    let mut p = pool(256, 0);
+    let w = p.prewarm(0, "f", 128).unwrap();
+    let (_, why) = cold(p.acquire(ms(1), "f", 128));
+    assert_eq!(why, ColdReason::PrewarmMiss);
+    assert_eq!(p.prewarm(ms(2), "f", 128), Err(0), "prewarm never evicts");
+    p.on_sandbox_ready(ms(3), w);
+    assert_eq!(p.acquire(ms(4), "f", 128), Acquire::Warm(w));
+}
+
+#[test]
+fn shutdown_destroys_everything_idle_and_busy_on_release() {
+    let mut p = pool(1024, 0);
+    let (a, _) = cold(p.acquire(0, "f", 128));
+    let (b, _) = cold(p.acquire(0, "g", 128));
+    p.release(ms(1), a, true);
+    p.shutdown();
+    assert_eq!(
+        drain(&mut p),
+        vec![PoolAction::Destroy {
+            sandbox: a,
+            reason: DestroyReason::Shutdown
+        }]
+    );
+    p.release(ms(2), b, true);
+    assert_eq!(drain(&mut p).len(), 1);
+    assert_eq!(p.sandbox_count(), 0);
+}
+
+#[test]
+fn gdsf_worked_example() {
+    // Budget 300 MiB; every function but e uses 100 MiB. Priority = clock + freq × cost / size,
+    // with cost in ms and size in MiB; the clock becomes the evicted priority (max of a batch).
+    //
+    //  t   event                     priorities after (clock)          evicted
+    //  1-2 a cold, cost 200          a = 0 + 1·200/100 = 2     (0)
+    //  3-4 b cold, cost 50           b = 0 + 1·50/100 = 0.5    (0)
+    //  5-6 a warm (freq 2)           a = 0 + 2·200/100 = 4     (0)
+    //  7-8 c cold, cost 100          c = 0 + 1·100/100 = 1     (0)     memory now full
+    //  9   d cold: evict the lowest  b (0.5) goes              (0.5)   b
+    //  10  d released, cost 300      d = 0.5 + 1·300/100 = 3.5
+    //  11  b again (freq was reset)  c (1) goes                (1)     c
+    //  12  b released                b = 1 + 1·50/100 = 1.5
+    //  13  e, 200 MiB, needs two     b (1.5) then d (3.5)      (3.5)   b, d
+    //  14  e released, cost 1000     e = 3.5 + 1·1000/200 = 8.5
+    //  15  c again                   a (4) < e (8.5): a goes   (4)     a
+    let mut p = pool_with(KeepAliveKind::Gdsf, 300);
+    let a = run_cold(&mut p, "a", 100, 200, 1, 2);
+    let b = run_cold(&mut p, "b", 100, 50, 3, 4);
+    assert_eq!(p.acquire(5, "a", 100), Acquire::Warm(a));
+    p.release(6, a, true);
+    let c = run_cold(&mut p, "c", 100, 100, 7, 8);
+    assert!(drain(&mut p).is_empty());
+    let d = run_cold(&mut p, "d", 100, 300, 9, 10);
+    assert_eq!(evicted(&drain(&mut p)), vec![b]);
+    assert_eq!(p.policy().clock(), 0.5);
+    let (b2, why) = cold(p.acquire(11, "b", 100));
+    assert_eq!(why, ColdReason::Evicted { ago_us: 2 });
+    assert_eq!(evicted(&drain(&mut p)), vec![c]);
+    assert_eq!(p.policy().clock(), 1.0);
+    p.release(12, b2, true);
+    let (e, _) = cold(p.acquire(13, "e", 200));
+    assert_eq!(evicted(&drain(&mut p)), vec![b2, d]);
+    assert_eq!(p.policy().clock(), 3.5);
+    p.set_cost("e", ms(1000));
+    p.release(14, e, true);
+    let (_, why) = cold(p.acquire(15, "c", 100));
+    assert_eq!(why, ColdReason::Evicted { ago_us: 4 });
+    assert_eq!(evicted(&drain(&mut p)), vec![a]);
+    assert_eq!(p.policy().clock(), 4.0);
+}
+
+#[test]
+fn landlord_charges_rent_in_proportion_to_size() {
+    // cost/size: a = 100/100 = 1, b = 150/50 = 3, c = 300/150 = 2 (ms per MiB). Credits start
+    // at the init cost; an eviction charges every idle sandbox rent = size × the lowest
+    // credit/size, and the sandboxes left with no credit go.
+    let mut p = pool_with(KeepAliveKind::Landlord, 300);
+    let a = run_cold(&mut p, "a", 100, 100, 1, 2);
+    run_cold(&mut p, "b", 50, 150, 3, 4);
+    let c = run_cold(&mut p, "c", 150, 300, 5, 6);
+    assert_eq!(p.credit("a"), Some(100.0));
+    assert_eq!(p.credit("b"), Some(150.0));
+    assert_eq!(p.credit("c"), Some(300.0));
+    // d (100 MiB, cost 50) needs room: rent 1 ms/MiB; a's credit (100 − 100·1) is 0.
+    let d = run_cold(&mut p, "d", 100, 50, 7, 8);
+    assert_eq!(evicted(&drain(&mut p)), vec![a]);
+    assert_eq!(p.credit("b"), Some(150.0 - 50.0));
+    assert_eq!(p.credit("c"), Some(300.0 - 150.0));
+    assert_eq!(p.credit("d"), Some(50.0));
+    // A use restores b's full credit.
+    let b = match p.acquire(9, "b", 50) {
+        Acquire::Warm(b) => b,
+        other => panic!("{other:?}"),
+    };
+    p.release(10, b, true);
+    assert_eq!(p.credit("b"), Some(150.0));
+    // e needs 150 MiB: rent 0.5 (d's 50/100) evicts d, then rent 0.5 (c's 75/150) evicts c.
+    run_cold(&mut p, "e", 150, 30, 11, 12);
+    assert_eq!(evicted(&drain(&mut p)), vec![d, c]);
+    assert_eq!(p.credit("b"), Some(150.0 - 25.0 - 25.0));
+}
+
+#[test]
+fn lfu_evicts_the_least_frequent_and_breaks_ties_by_recency() {
+    let mut p = pool_with(KeepAliveKind::Lfu, 300);
+    let a = run_cold(&mut p, "a", 100, 10, 1, 2);
+    let b = run_cold(&mut p, "b", 100, 10, 3, 4);
+    let c = run_cold(&mut p, "c", 100, 10, 5, 6);
+    for t in [7, 9] {
+        assert_eq!(p.acquire(t, "a", 100), Acquire::Warm(a));
+        p.release(t + 1, a, true);
+    }
+    // freq: a 3, b 1, c 1; b and c tie, b is older.
+    run_cold(&mut p, "d", 100, 10, 11, 12);
+    assert_eq!(evicted(&drain(&mut p)), vec![b]);
+    run_cold(&mut p, "e", 100, 10, 13, 14);
+    assert_eq!(evicted(&drain(&mut p)), vec![c]);
+}
+
+#[test]
+fn caching_policies_keep_idle_sandboxes_until_memory_is_needed() {
+    for kind in [
+        KeepAliveKind::Lru,
+        KeepAliveKind::Gdsf,
+        KeepAliveKind::Lfu,
+        KeepAliveKind::Landlord,
+    ] {
+        let mut p = pool_with(kind, 1024);
+        run_cold(&mut p, "a", 128, 10, 0, 1);
+        assert_eq!(p.next_timeout(), None, "{kind}");
+        p.on_timeout(secs(100_000));
+        assert!(drain(&mut p).is_empty(), "{kind}");
+        assert_eq!(p.idle_count("a"), 1);
+    }
+}
+
+#[test]
+fn hist_unloads_a_regular_function_and_prewarms_it_before_its_next_arrival() {
+    const MIN: Micros = secs(60);
+    let mut p = pool_with(KeepAliveKind::Hist, 1024);
+    // Arrivals every 10 minutes, each running 1 s.
+    let mut last = None;
+    for i in 0..5u64 {
+        let t = i * 10 * MIN;
+        p.on_arrival(t, "f", 128);
+        let id = match p.acquire(t, "f", 128) {
+            Acquire::Cold { sandbox, .. } => sandbox,
+            Acquire::Warm(id) => id,
+            other => panic!("{other:?}"),
+        };
+        p.release(t + secs(1), id, true);
+        last = Some(t + secs(1));
+        if i == 4 {
+            break;
+        }
+        // Run the timers up to just before the next arrival.
+        while let Some(next) = p.next_timeout().filter(|n| *n < t + 10 * MIN) {
+            p.on_timeout(next);
+            for a in drain(&mut p) {
+                if let PoolAction::Prewarm { sandbox, .. } = a {
+                    p.on_sandbox_ready(next, sandbox);
+                }
+            }
+        }
+    }
+    let end = last.unwrap();
+    // Every gap is 10 min (bucket 10): head = 10 min → pre-warm 0.9 × 10 = 9 min after the run;
+    // tail = the bucket's end, 11 min → keep-alive 1.1 × 11 = 12.1 min after the run.
+    assert_eq!(p.idle_count("f"), 0, "unloaded right after the run");
+    assert!(matches!(
+        drain(&mut p).as_slice(),
+        [PoolAction::Destroy {
+            reason: DestroyReason::Expired,
+            ..
+        }]
+    ));
+    assert_eq!(p.next_timeout(), Some(end + 9 * MIN));
+    p.on_timeout(end + 9 * MIN);
+    let actions = drain(&mut p);
+    let sb = match actions.as_slice() {
+        [PoolAction::Prewarm { sandbox, function }] if &**function == "f" => *sandbox,
+        other => panic!("expected one pre-warm, got {other:?}"),
+    };
+    p.on_sandbox_ready(end + 9 * MIN + ms(80), sb);
+    assert_eq!(p.idle_count("f"), 1);
+    assert_eq!(p.next_timeout(), Some(end + 121 * MIN / 10));
+    // The next arrival at the usual time is warm.
+    assert_eq!(
+        p.acquire(end + 10 * MIN - secs(1), "f", 128),
+        Acquire::Warm(sb)
+    );
+}
+
+#[test]
+fn hist_uses_the_generic_ttl_until_the_function_is_predictable() {
+    let mut p = pool_with(KeepAliveKind::Hist, 1024);
+    p.on_arrival(0, "f", 128);
+    let id = run_cold(&mut p, "f", 128, 10, 0, secs(1));
+    assert_eq!(p.next_timeout(), Some(secs(1) + secs(2 * 3600)));
+    p.on_timeout(secs(1) + secs(2 * 3600));
+    assert_eq!(
+        drain(&mut p),
+        vec![PoolAction::Destroy {
+            sandbox: id,
+            reason: DestroyReason::Expired
+        }]
+    );
+}
