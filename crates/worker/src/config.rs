@@ -159,6 +159,10 @@ pub struct WorkerConfig {
     pub async_max_records: usize,
     /// On SIGTERM, how long in-flight invocations may take to finish.
     pub shutdown_grace_s: u64,
+    /// While invocations arrive, ask the kernel to keep idle CPUs out of deep sleep (PM QoS),
+    /// released after `low_latency_quiet_ms` without any.
+    pub low_latency: bool,
+    pub low_latency_quiet_ms: u64,
     pub runc: RuncConfig,
 }
 
@@ -186,6 +190,8 @@ impl Default for WorkerConfig {
             async_retention_s: 600,
             async_max_records: 100_000,
             shutdown_grace_s: 30,
+            low_latency: true,
+            low_latency_quiet_ms: 1000,
             runc: RuncConfig::default(),
         }
     }
@@ -225,6 +231,8 @@ const CONFIG_KEYS: &[&str] = &[
     "async_retention_s",
     "async_max_records",
     "shutdown_grace_s",
+    "low_latency",
+    "low_latency_quiet_ms",
     "runc",
 ];
 

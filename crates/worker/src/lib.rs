@@ -6,6 +6,7 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod invocations;
+pub mod latency;
 pub mod metrics;
 pub mod registry;
 pub mod server;

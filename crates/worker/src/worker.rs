@@ -91,6 +91,7 @@ pub struct Worker {
     in_flight_done: Notify,
     /// Live sandboxes per code directory, so retired code is removed once unused.
     code_users: DashMap<PathBuf, usize>,
+    latency: crate::latency::LowLatency,
 }
 
 /// Errors of [`Worker::start`].
@@ -143,6 +144,10 @@ impl Worker {
                 BackendKind::Sim => LoadSource::Simulated,
             },
         });
+        let latency = crate::latency::LowLatency::new(
+            config.low_latency,
+            Duration::from_millis(config.low_latency_quiet_ms),
+        );
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = Arc::new(Worker {
             id,
@@ -165,6 +170,7 @@ impl Worker {
             in_flight: AtomicUsize::new(0),
             in_flight_done: Notify::new(),
             code_users: DashMap::new(),
+            latency,
         });
         tokio::spawn(lifecycle(Arc::clone(&worker), rx));
         tokio::spawn(maintenance(Arc::downgrade(&worker)));
@@ -349,6 +355,7 @@ impl Worker {
             return Err(ApiError::shutting_down());
         }
         let _guard = self.in_flight();
+        self.latency.on_activity();
         let reg = self
             .registry
             .get(name)
@@ -746,6 +753,10 @@ impl Worker {
             },
             "functions": functions,
             "policies": policies,
+            "low_latency": {
+                "enabled": self.config.low_latency,
+                "held": self.latency.is_held(),
+            },
         })
     }
 
@@ -982,6 +993,7 @@ async fn maintenance(worker: std::sync::Weak<Worker>) {
             w.drain(&mut st);
             let next = st.engine.next_timeout().unwrap_or(Micros::MAX);
             drop(st);
+            w.latency.tick();
             w.invocations.expire(Instant::now());
             Duration::from_micros(next.saturating_sub(now).clamp(1_000, 1_000_000))
         };
