@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Control-plane overhead, throughput, cold starts and idle CPU of a single worker.
+#
+#   bench/overhead.sh [runc|sim] [seconds per run]     (default: runc 10)
+#
+# Starts its own worker on a free loopback port with a throw-away data directory, runs
+# `hearth bench overhead` with 1 and 4 clients for a no-op and a 12 ms function, `hearth bench
+# cold` (runc only), and measures the idle worker's CPU use over 10 s. Extra worker settings come
+# from the environment (e.g. HEARTH_LOW_LATENCY=false). Prints one table; needs root for runc.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+backend=${1:-runc}
+secs=${2:-10}
+H=${HEARTH_BIN:-target/release/hearth}
+[ -x "$H" ] || cargo build --release -q -p hearth-cli
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+data=$(mktemp -d /tmp/hearth-bench-XXXXXX)
+log="$data.log"
+# The concurrency limit defaults to the CPUs (2 here): 4 clients of the sleeping function would
+# wait in the queue by design. The benchmark measures the control plane, not the regulator.
+HEARTH_CONCURRENCY=${HEARTH_CONCURRENCY:-16} "$H" worker --listen "127.0.0.1:$port" \
+    --data-dir "$data" --backend "$backend" >"$log" 2>&1 &
+pid=$!
+cleanup() { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$data" "$log"; }
+trap cleanup EXIT
+url="http://127.0.0.1:$port"
+for _ in $(seq 100); do curl -sf "$url/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+
+echo "# hearth bench overhead: backend $backend, $(nproc) CPUs, ${secs}s per run, low_latency=${HEARTH_LOW_LATENCY:-true}"
+printf '%-22s %10s %8s %8s %8s %8s %8s\n' case "inv/s" "ovh p50" "ovh p90" "ovh p99" "e2e p50" "e2e p99"
+for exec_ms in 0 12; do
+    for clients in 1 4; do
+        j=$("$H" bench overhead --url "$url" --clients "$clients" --duration "${secs}s" --exec-ms "$exec_ms" --json)
+        python3 - "$exec_ms" "$clients" "$j" <<'PY'
+import json, sys
+e, c, j = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+name = ("no-op" if e == "0" else f"sleep {e} ms") + f", {c} client" + ("s" if c != "1" else "")
+o, t = j["overhead_us"], j["e2e_us"]
+print(f'{name:<22} {j["throughput"]:>10.0f} {o["p50"]:>8} {o["p90"]:>8} {o["p99"]:>8} {t["p50"]:>8} {t["p99"]:>8}'
+      + (f'   errors {j["errors"]}' if j["errors"] else ''))
+PY
+    done
+done
+if [ "$backend" = runc ]; then
+    "$H" bench cold --url "$url" -n 20 | tail -2
+fi
+# Idle CPU: a warm sandbox exists, no traffic, 10 s of the worker's user+system time.
+sleep 2
+t0=$(awk '{print $14+$15}' "/proc/$pid/stat")
+sleep 10
+t1=$(awk '{print $14+$15}' "/proc/$pid/stat")
+hz=$(getconf CLK_TCK)
+python3 -c "print('idle worker CPU: %.2f %% of a core' % (($t1 - $t0) / $hz / 10 * 100))"
