@@ -52,7 +52,8 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .with_state(worker)
 }
 
-fn body_error(rej: BytesRejection, limit: usize) -> ApiError {
+/// A body that could not be read: 413 over the limit, else 400.
+pub fn body_error(rej: BytesRejection, limit: usize) -> ApiError {
     if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::too_large(limit)
     } else {
@@ -60,7 +61,8 @@ fn body_error(rej: BytesRejection, limit: usize) -> ApiError {
     }
 }
 
-fn json_error(rej: JsonRejection, limit: usize) -> ApiError {
+/// A JSON body that could not be read: 413 over the limit, else 400.
+pub fn json_error(rej: JsonRejection, limit: usize) -> ApiError {
     if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::too_large(limit)
     } else {
@@ -74,7 +76,23 @@ async fn register(
     Path(name): Path<String>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Json(mut body) = body.map_err(|r| json_error(r, w.config().max_code_bytes))?;
+    let Json(body) = body.map_err(|r| json_error(r, w.config().max_code_bytes))?;
+    let (spec, code) = parse_registration(&name, body)?;
+    let (reg, created) = w.register(spec, code)?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(json!(*reg.spec))).into_response())
+}
+
+/// A registration body (the spec's fields plus `code`) for the function `name`, validated.
+/// The controller reads registrations with the same rules.
+pub fn parse_registration(
+    name: &str,
+    mut body: Value,
+) -> Result<(FunctionSpec, Option<CodeSource>), ApiError> {
     let obj = body
         .as_object_mut()
         .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
@@ -87,7 +105,7 @@ async fn register(
         })?),
     };
     if let Some(other) = obj.get("name") {
-        if other.as_str() != Some(name.as_str()) {
+        if other.as_str() != Some(name) {
             return Err(ApiError::bad_request(
                 "the body's name differs from the URL's",
             ));
@@ -99,13 +117,7 @@ async fn register(
         .map_err(|e| ApiError::bad_request(format!("invalid function spec: {e}")))?;
     spec.validate()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let (reg, created) = w.register(spec, code)?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(json!(*reg.spec))).into_response())
+    Ok((spec, code))
 }
 
 async fn list(State(w): State<Arc<Worker>>) -> Json<Value> {
@@ -161,7 +173,7 @@ struct InvokeQuery {
 }
 
 /// Checks the arguments are JSON; an empty body means `{}`.
-fn arguments(body: &Bytes) -> Result<Bytes, ApiError> {
+pub fn arguments(body: &Bytes) -> Result<Bytes, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Bytes::from_static(b"{}"));
     }

@@ -91,6 +91,12 @@ pub struct WorkerConfig {
     /// On SIGTERM, how long in-flight invocations may take to finish.
     pub shutdown_grace_s: u64,
     pub runc: RuncConfig,
+    /// A controller to join (`http://HOST:PORT`); the worker pushes its status there.
+    pub controller: Option<String>,
+    /// How often the status is pushed to the controller.
+    pub status_interval_ms: u64,
+    /// The URL the controller forwards invocations to; defaults to `http://` + the bound address.
+    pub advertise_url: Option<String>,
 }
 
 impl Default for WorkerConfig {
@@ -109,6 +115,9 @@ impl Default for WorkerConfig {
             async_max_records: 100_000,
             shutdown_grace_s: 30,
             runc: RuncConfig::default(),
+            controller: None,
+            status_interval_ms: 1000,
+            advertise_url: None,
         }
     }
 }
@@ -139,6 +148,9 @@ const CONFIG_KEYS: &[&str] = &[
     "async_max_records",
     "shutdown_grace_s",
     "runc",
+    "controller",
+    "status_interval_ms",
+    "advertise_url",
 ];
 
 /// `HEARTH_*` variables with other uses (client URL, log filter, test switches).
@@ -217,6 +229,22 @@ impl WorkerConfig {
         }
         if self.max_body_bytes == 0 || self.max_code_bytes == 0 {
             return bad("max_body_bytes and max_code_bytes must be positive".into());
+        }
+        for (key, url) in [
+            ("controller", &self.controller),
+            ("advertise_url", &self.advertise_url),
+        ] {
+            if let Some(u) = url {
+                if !u.starts_with("http://") || u.len() <= "http://".len() {
+                    return bad(format!("{key} must look like http://HOST:PORT, got {u:?}"));
+                }
+            }
+        }
+        if !(10..=60_000).contains(&self.status_interval_ms) {
+            return bad(format!(
+                "status_interval_ms must be between 10 and 60000, got {}",
+                self.status_interval_ms
+            ));
         }
         Ok(())
     }

@@ -1,11 +1,13 @@
 //! The Hearth worker: the async shell around the sans-I/O core (DESIGN.md §1–§5).
 
 pub mod agent_client;
+pub mod archive;
 pub mod api;
 pub mod backend;
 pub mod config;
 pub mod error;
 pub mod invocations;
+pub mod membership;
 pub mod metrics;
 pub mod registry;
 pub mod server;
