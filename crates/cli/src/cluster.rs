@@ -137,15 +137,26 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
     })
 }
 
-fn spawn_worker(i: usize, dir: &std::path::Path, controller: &str, opts: &UpOptions) -> Result<Child> {
+fn spawn_worker(
+    i: usize,
+    dir: &std::path::Path,
+    controller: &str,
+    opts: &UpOptions,
+) -> Result<Child> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let exe = std::env::current_exe().context("locating the hearth binary")?;
     let mut cmd = Command::new(exe);
-    cmd.args(["worker", "--listen", "127.0.0.1:0", "--controller", controller])
-        .arg("--data-dir")
-        .arg(dir)
-        .env("HEARTH_WORKER_ID", format!("worker-{i}"))
-        .stdin(Stdio::null());
+    cmd.args([
+        "worker",
+        "--listen",
+        "127.0.0.1:0",
+        "--controller",
+        controller,
+    ])
+    .arg("--data-dir")
+    .arg(dir)
+    .env("HEARTH_WORKER_ID", format!("worker-{i}"))
+    .stdin(Stdio::null());
     if let Some(c) = &opts.config {
         cmd.arg("--config").arg(c);
     }

@@ -40,7 +40,9 @@ pub fn run(setup: &Setup, kind: BalanceKind) -> Result<Report, String> {
     let ids: Vec<WorkerId> = (0..setup.workers)
         .map(|i| b.join(0, &format!("worker-{i}")))
         .collect();
-    let mut loads: Vec<f64> = (0..setup.workers).map(|_| rng.gen_range(0.0..2.0)).collect();
+    let mut loads: Vec<f64> = (0..setup.workers)
+        .map(|_| rng.gen_range(0.0..2.0))
+        .collect();
     let keys: Vec<FunctionKey> = (0..setup.functions)
         .map(|i| FunctionKey::of(&format!("function-{i}")))
         .collect();
@@ -69,16 +71,29 @@ pub fn run(setup: &Setup, kind: BalanceKind) -> Result<Report, String> {
     let mut rejected = 0;
     let mut pending: std::collections::VecDeque<(WorkerId, FunctionKey)> =
         std::collections::VecDeque::with_capacity(IN_FLIGHT + 1);
-    let per_report = 1_000_000 / ARRIVAL_US / setup.workers as u64;
+    // Decisions between two reports, so that each worker reports about once a second.
+    let per_report = (1_000_000 / ARRIVAL_US / setup.workers as u64).max(1);
+    let mut until_report = 0;
     let mut next_reporter = 0;
     for n in 0..warmup + setup.decisions {
         let now = n as u64 * ARRIVAL_US;
-        if per_report == 0 || (n as u64) % per_report.max(1) == 0 {
-            // One worker reports per slot, so each reports about once a second.
+        until_report = if until_report == 0 {
+            per_report
+        } else {
+            until_report
+        } - 1;
+        if until_report == 0 {
             let w = next_reporter % ids.len();
             next_reporter += 1;
             loads[w] = (loads[w] + rng.gen_range(-0.3..0.3)).clamp(0.0, 7.0);
-            b.report(now, ids[w], WorkerLoad { load: loads[w], ..Default::default() });
+            b.report(
+                now,
+                ids[w],
+                WorkerLoad {
+                    load: loads[w],
+                    ..Default::default()
+                },
+            );
         }
         let u = rng.gen_range(0.0..total);
         let key = keys[cdf.partition_point(|c| *c < u).min(keys.len() - 1)];

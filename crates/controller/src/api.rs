@@ -42,7 +42,9 @@ pub fn router(c: Arc<Controller>) -> Router {
         .route("/v1/cluster/workers/{id}", put(report).delete(leave))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+        })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -129,7 +131,9 @@ async fn invoke(
             let id = c.invoke_async(&name, args)?;
             return Ok((
                 StatusCode::ACCEPTED,
-                Json(json!({"id": id, "status": "running", "url": format!("/v1/invocations/{id}")})),
+                Json(
+                    json!({"id": id, "status": "running", "url": format!("/v1/invocations/{id}")}),
+                ),
             )
                 .into_response());
         }
@@ -212,7 +216,9 @@ async fn report(
         ));
     }
     c.on_report(report, false)?;
-    Ok(Json(json!({"status_timeout_ms": c.config().status_timeout_ms})))
+    Ok(Json(
+        json!({"status_timeout_ms": c.config().status_timeout_ms}),
+    ))
 }
 
 /// `DELETE /v1/cluster/workers/{id}`: a worker leaves (graceful shutdown).

@@ -132,7 +132,9 @@ impl ControllerConfig {
         }
         for w in &self.workers {
             if !w.starts_with("http://") || w.len() <= "http://".len() {
-                return bad(format!("workers must look like http://HOST:PORT, got {w:?}"));
+                return bad(format!(
+                    "workers must look like http://HOST:PORT, got {w:?}"
+                ));
             }
         }
         if !(10..=60_000).contains(&self.status_interval_ms) {

@@ -215,12 +215,11 @@ impl Controller {
             .put(spec, code, false)
             .map_err(registry_error)?;
         if let Some(dir) = reg.code_dir.clone() {
-            let packed = tokio::task::spawn_blocking(move || {
-                hearth_worker::archive::pack_dir_base64(&dir)
-            })
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?
-            .map_err(|e| ApiError::internal(format!("packing the code: {e}")))?;
+            let packed =
+                tokio::task::spawn_blocking(move || hearth_worker::archive::pack_dir_base64(&dir))
+                    .await
+                    .map_err(|e| ApiError::internal(e.to_string()))?
+                    .map_err(|e| ApiError::internal(format!("packing the code: {e}")))?;
             self.code.insert(
                 reg.spec.name.clone(),
                 (reg.spec.version, Arc::new(json!({ "archive": packed }))),
@@ -265,7 +264,13 @@ impl Controller {
             for m in holders {
                 let res = me
                     .forwarder
-                    .send(Method::DELETE, &m.url, &path, Bytes::new(), Duration::from_secs(10))
+                    .send(
+                        Method::DELETE,
+                        &m.url,
+                        &path,
+                        Bytes::new(),
+                        Duration::from_secs(10),
+                    )
                     .await;
                 if let Err(e) = res {
                     tracing::warn!(worker = %m.name, error = %e, "could not delete the function on the worker");
@@ -291,10 +296,8 @@ impl Controller {
                 .map_err(|e| ApiError::internal(e.to_string()))?
                 .map_err(|e| ApiError::internal(format!("packing the code: {e}")))?;
         let code = Arc::new(json!({ "archive": packed }));
-        self.code.insert(
-            reg.spec.name.clone(),
-            (reg.spec.version, Arc::clone(&code)),
-        );
+        self.code
+            .insert(reg.spec.name.clone(), (reg.spec.version, Arc::clone(&code)));
         Ok(Some(code))
     }
 
@@ -463,11 +466,16 @@ impl Controller {
                     return Err(Attempt::Failed(ApiError::new(
                         StatusCode::GATEWAY_TIMEOUT,
                         "worker_timeout",
-                        format!("worker {}: {e}; the invocation may or may not have run (not retried)", m.name),
+                        format!(
+                            "worker {}: {e}; the invocation may or may not have run (not retried)",
+                            m.name
+                        ),
                     )));
                 }
             };
-            if answer.status == StatusCode::NOT_FOUND && error_code(&answer.body) == "unknown_function" {
+            if answer.status == StatusCode::NOT_FOUND
+                && error_code(&answer.body) == "unknown_function"
+            {
                 // The worker lost the function (e.g. a fresh data directory): it did not run.
                 m.forget(name);
                 continue;
@@ -567,7 +575,8 @@ impl Controller {
         let key = FunctionKey::of(name);
         let home = {
             let b = self.balancer.lock();
-            b.home(key).filter(|w| b.workers().get(*w).is_some_and(|s| s.up))
+            b.home(key)
+                .filter(|w| b.workers().get(*w).is_some_and(|s| s.up))
         };
         let worker = match home {
             Some(w) => w,
@@ -580,10 +589,12 @@ impl Controller {
         let m = self
             .member(worker)
             .ok_or_else(|| ApiError::internal("the chosen worker has no address"))?;
-        self.ensure_registered(&m, &reg).await.map_err(|e| match e {
-            Attempt::Failed(e) => e,
-            Attempt::NotStarted(why) => worker_failed(&m, &why),
-        })?;
+        self.ensure_registered(&m, &reg)
+            .await
+            .map_err(|e| match e {
+                Attempt::Failed(e) => e,
+                Attempt::NotStarted(why) => worker_failed(&m, &why),
+            })?;
         let body = Bytes::from(json!({ "count": count }).to_string());
         let timeout = Duration::from_millis(reg.spec.timeout_ms.max(60_000));
         let path = format!("/v1/functions/{name}/prewarm");
@@ -600,7 +611,11 @@ impl Controller {
             } else {
                 "prewarm_failed"
             };
-            return Err(ApiError::new(a.status, code, format!("worker {}: {msg}", m.name)));
+            return Err(ApiError::new(
+                a.status,
+                code,
+                format!("worker {}: {msg}", m.name),
+            ));
         }
         if let Some(obj) = v.as_object_mut() {
             obj.insert("worker".into(), json!(m.name));
@@ -707,7 +722,11 @@ impl Controller {
                     let e = functions
                         .entry(name.clone())
                         .or_insert_with(|| json!({"warm": 0, "running": 0, "starting": 0}));
-                    for (k, v) in [("warm", f.warm), ("running", f.running), ("starting", f.starting)] {
+                    for (k, v) in [
+                        ("warm", f.warm),
+                        ("running", f.running),
+                        ("starting", f.starting),
+                    ] {
                         e[k] = json!(e[k].as_u64().unwrap_or(0) + u64::from(v));
                     }
                 }
@@ -771,7 +790,7 @@ impl Controller {
 /// What the policy is told about a function at registration: its priority and, for `sim`
 /// functions, the cold and warm times the spec declares.
 fn function_info(spec: &FunctionSpec) -> FunctionInfo {
-    let us = |v: f64| (v > 0.0).then(|| (v * 1000.0) as u64);
+    let us = |v: f64| (v > 0.0).then_some((v * 1000.0) as u64);
     FunctionInfo {
         priority: spec.priority,
         warm_us: us(spec.sim_warm_ms),
@@ -900,7 +919,13 @@ async fn poll_static(c: std::sync::Weak<Controller>, url: String) {
         let interval = Duration::from_millis(ctl.config.status_interval_ms);
         let sent = ctl
             .forwarder
-            .send(Method::GET, &url, "/v1/status", Bytes::new(), interval.max(Duration::from_secs(1)))
+            .send(
+                Method::GET,
+                &url,
+                "/v1/status",
+                Bytes::new(),
+                interval.max(Duration::from_secs(1)),
+            )
             .await;
         match sent {
             Ok(a) if a.status.is_success() => {
@@ -910,7 +935,8 @@ async fn poll_static(c: std::sync::Weak<Controller>, url: String) {
                     incarnation += 1; // it restarted
                 }
                 last_uptime = uptime;
-                let report = StatusReport::from_status(&status, &url, &format!("static-{incarnation}"));
+                let report =
+                    StatusReport::from_status(&status, &url, &format!("static-{incarnation}"));
                 if let Err(e) = ctl.on_report(report, true) {
                     tracing::warn!(%url, error = %e, "unusable status from a static worker");
                 }

@@ -55,12 +55,12 @@ impl Default for Metrics {
             placements: Family::default(),
             forwarded: Family::default(),
             // 1 µs .. ~8 s, doubling.
-            route: Histogram::new(
-                prometheus_client::metrics::histogram::exponential_buckets(1e-6, 2.0, 24),
-            ),
-            overhead: Histogram::new(
-                prometheus_client::metrics::histogram::exponential_buckets(1e-5, 2.0, 24),
-            ),
+            route: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                1e-6, 2.0, 24,
+            )),
+            overhead: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                1e-5, 2.0, 24,
+            )),
             membership: Family::default(),
             worker_load: Family::default(),
             workers_up: Gauge::default(),

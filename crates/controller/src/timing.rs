@@ -20,7 +20,10 @@ fn split(body: &[u8]) -> Option<(usize, Map<String, Value>)> {
     if body[end] != b'}' {
         return None;
     }
-    let at = body.windows(TIMING_KEY.len()).rposition(|w| w == TIMING_KEY)? + TIMING_KEY.len();
+    let at = body
+        .windows(TIMING_KEY.len())
+        .rposition(|w| w == TIMING_KEY)?
+        + TIMING_KEY.len();
     let obj: Map<String, Value> = serde_json::from_slice(&body[at..end]).ok()?;
     Some((at, obj))
 }

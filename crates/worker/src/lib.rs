@@ -1,8 +1,8 @@
 //! The Hearth worker: the async shell around the sans-I/O core (DESIGN.md §1–§5).
 
 pub mod agent_client;
-pub mod archive;
 pub mod api;
+pub mod archive;
 pub mod backend;
 pub mod config;
 pub mod error;

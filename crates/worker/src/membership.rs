@@ -164,7 +164,9 @@ pub async fn run(
             break;
         }
         let report = StatusReport::from_status(&worker.status(), &url, &incarnation);
-        let body = serde_json::to_vec(&report).map(Bytes::from).unwrap_or_default();
+        let body = serde_json::to_vec(&report)
+            .map(Bytes::from)
+            .unwrap_or_default();
         let res = send(&client, Method::PUT, &endpoint, body, timeout).await;
         match res {
             Ok(s) if s.is_success() => {
@@ -189,9 +191,19 @@ pub async fn run(
             _ = stopping.wait_for(|s| *s) => break,
         }
     }
-    match send(&client, Method::DELETE, &endpoint, Bytes::new(), Duration::from_secs(1)).await {
+    match send(
+        &client,
+        Method::DELETE,
+        &endpoint,
+        Bytes::new(),
+        Duration::from_secs(1),
+    )
+    .await
+    {
         Ok(_) => tracing::info!(%controller, "left the controller"),
-        Err(e) => tracing::warn!(%controller, error = %e, "could not tell the controller we are leaving"),
+        Err(e) => {
+            tracing::warn!(%controller, error = %e, "could not tell the controller we are leaving")
+        }
     }
 }
 
@@ -212,7 +224,10 @@ mod tests {
         let r = StatusReport::from_status(&status, "http://127.0.0.1:1", "abc");
         assert_eq!(r.worker, "w1");
         assert_eq!(r.load.load, 0.5);
-        assert_eq!((r.load.queue_len, r.load.running, r.load.free_mb), (3, 5, 3968));
+        assert_eq!(
+            (r.load.queue_len, r.load.running, r.load.free_mb),
+            (3, 5, 3968)
+        );
         assert_eq!(r.cpus, 8.0);
         assert_eq!(r.functions["f"].running, 2);
     }

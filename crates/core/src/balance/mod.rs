@@ -433,7 +433,7 @@ impl Balancer {
         let noise_mean = self
             .popularity
             .is_popular(now, &iat)
-            .then(|| self.popularity.arrival_rate(&iat));
+            .then(|| self.popularity.arrival_rate());
         let routed = Routed {
             key: key.0,
             ratio,

@@ -8,8 +8,11 @@
 //! periodically off the per-decision path. A function is popular when its IAT is at or below
 //! the threshold.
 //!
-//! Two readings of the pseudo-code, documented in docs/cluster.md: every function's own IAT is
-//! kept (so any function, not only a sampled one, can be found popular; the sample only builds the
+//! Algorithm 2's λ ("1 / avg_iat, computed from Algorithm 1") is the reciprocal of the mean of
+//! the same IATs (finite ones), in seconds, recomputed with the threshold.
+//!
+//! Readings of the pseudo-code, documented in docs/cluster.md: every function's own IAT is kept
+//! (so any function, not only a sampled one, can be found popular; the sample only builds the
 //! percentile, as in SHARDS), and a function's IAT for the percentile is at least the time since
 //! its last access, so "have-been popular" functions age out.
 
@@ -57,6 +60,8 @@ pub struct Popularity {
     refresh: Micros,
     next_refresh: Micros,
     threshold: f64,
+    /// λ = 1 / the mean finite IAT (0 when there is none).
+    lambda: f64,
     scratch: Vec<f64>,
 }
 
@@ -70,6 +75,7 @@ impl Popularity {
             refresh: refresh.max(1),
             next_refresh: 0,
             threshold: f64::NEG_INFINITY,
+            lambda: 0.0,
             scratch: Vec::new(),
         }
     }
@@ -109,13 +115,9 @@ impl Popularity {
         e.is_finite() && e <= self.threshold
     }
 
-    /// λ for the noisy load of Algorithm 2: 1 / the function's IAT estimate.
-    pub fn arrival_rate(&self, iat: &Iat) -> f64 {
-        if iat.estimate.is_finite() {
-            1.0 / iat.estimate.max(1e-6)
-        } else {
-            0.0
-        }
+    /// λ for the noisy load of Algorithm 2: 1 / the average IAT.
+    pub fn arrival_rate(&self) -> f64 {
+        self.lambda
     }
 
     pub fn refresh_due(&self, now: Micros) -> bool {
@@ -128,7 +130,8 @@ impl Popularity {
 
     /// Algorithm 1, lines 14–15: the threshold is the p-th percentile (nearest rank) of the
     /// effective IATs of the sampled functions (`sampled`), or of all tracked functions (`all`)
-    /// when the sample is too small. Functions never accessed are not tracked.
+    /// when the sample is too small; λ is 1 / their finite mean. Functions never accessed are
+    /// not tracked.
     pub fn recompute<'a>(
         &mut self,
         now: Micros,
@@ -150,6 +153,15 @@ impl Popularity {
                     .map(|i| self.effective(now, i)),
             );
         }
+        let (sum, n) = scratch
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+        self.lambda = if n > 0 && sum > 0.0 {
+            n as f64 / sum
+        } else {
+            0.0
+        };
         self.threshold = if scratch.is_empty() {
             f64::NEG_INFINITY
         } else {
@@ -177,7 +189,6 @@ mod tests {
         assert!((i.estimate() - 5.0).abs() < 1e-9, "1 s / R(0.2) = 5");
         p.record(secs(11) + ms(200), &mut i);
         assert!((i.estimate() - 3.0).abs() < 1e-9, "(5 + 1) / 2");
-        assert!((p.arrival_rate(&i) - 1.0 / 3.0).abs() < 1e-9);
         // Silence raises the effective IAT: a have-been popular function ages out.
         assert!((p.effective(secs(21) + ms(200), &i) - 50.0).abs() < 1e-9);
     }
@@ -201,6 +212,11 @@ mod tests {
         assert_eq!(p.threshold(), e[1]);
         assert!(p.is_popular(secs(100), &fns[0]) && p.is_popular(secs(100), &fns[1]));
         assert!(!p.is_popular(secs(100), &fns[2]));
+        let mean = e.iter().sum::<f64>() / e.len() as f64;
+        assert!(
+            (p.arrival_rate() - 1.0 / mean).abs() < 1e-12,
+            "λ = 1 / mean IAT"
+        );
         // 90 functions seen once: the top 20 % now holds all ten with a finite IAT.
         let once: Vec<Iat> = (0..90)
             .map(|_| {
