@@ -460,11 +460,19 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
                     p(&r.overhead_us, 99.0)
                 );
                 println!(
-                    "  in worker  p50 {:>6}  p90 {:>6}  p99 {:>6}   (timing.overhead)",
+                    "  in server  p50 {:>6}  p90 {:>6}  p99 {:>6}   (timing.overhead: worker, + controller if any)",
                     p(&r.server_overhead_us, 50.0),
                     p(&r.server_overhead_us, 90.0),
                     p(&r.server_overhead_us, 99.0)
                 );
+                if !r.controller_us.is_empty() {
+                    println!(
+                        "  controller p50 {:>6}  p90 {:>6}  p99 {:>6}   (timing.controller, included above)",
+                        p(&r.controller_us, 50.0),
+                        p(&r.controller_us, 90.0),
+                        p(&r.controller_us, 99.0)
+                    );
+                }
                 println!(
                     "e2e µs       p50 {:>6}  p90 {:>6}  p99 {:>6}",
                     p(&r.e2e_us, 50.0),

@@ -54,7 +54,7 @@ impl Default for ControllerConfig {
             status_interval_ms: 1000,
             status_timeout_ms: 3000,
             connect_timeout_ms: 1000,
-            forward_grace_ms: 5000,
+            forward_grace_ms: 30_000,
             max_body_bytes: 6 * 1024 * 1024,
             max_code_bytes: 64 * 1024 * 1024,
             async_retention_s: 600,
