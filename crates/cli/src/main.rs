@@ -193,6 +193,9 @@ enum BenchCommand {
         /// Timed decisions per policy.
         #[arg(long, default_value_t = 200_000)]
         decisions: usize,
+        /// Mean initial worker load (normalized; higher makes the ring policies forward more).
+        #[arg(long, default_value_t = 1.0)]
+        mean_load: f64,
         /// Only this policy (default: all).
         #[arg(long)]
         balance: Option<BalanceKind>,
@@ -486,17 +489,22 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
             workers,
             functions,
             decisions,
+            mean_load,
             balance,
             json: as_json,
         } => {
             if workers == 0 || functions == 0 || decisions == 0 {
                 bail!("--workers, --functions and --decisions must be at least 1");
             }
+            if !(mean_load.is_finite() && mean_load >= 0.0) {
+                bail!("--mean-load must be a non-negative number");
+            }
             let kinds = balance.map_or(BalanceKind::ALL.to_vec(), |k| vec![k]);
             let setup = route_bench::Setup {
                 workers,
                 functions,
                 decisions,
+                mean_load,
             };
             route_bench::print(&setup, &kinds, as_json).map_err(anyhow::Error::msg)
         }

@@ -1,6 +1,6 @@
 //! `hearth bench route`: the cost of one routing decision of each balancing policy, measured on
 //! the core's `Balancer` alone (no I/O), with a synthetic cluster: `workers` workers reporting a
-//! drifting load once per virtual second, `functions` functions of three priority levels with
+//! drifting load (starting uniform in [0, 2 × mean_load]) once per virtual second, `functions` functions of three priority levels with
 //! cold/warm times, and Zipf(1)-popular arrivals every 50 µs of virtual time.
 
 use crate::stats::percentile;
@@ -19,6 +19,8 @@ pub struct Setup {
     pub workers: usize,
     pub functions: usize,
     pub decisions: usize,
+    /// Mean of the workers' initial loads (1.0 = every CPU busy).
+    pub mean_load: f64,
 }
 
 /// One policy's numbers.
@@ -40,8 +42,9 @@ pub fn run(setup: &Setup, kind: BalanceKind) -> Result<Report, String> {
     let ids: Vec<WorkerId> = (0..setup.workers)
         .map(|i| b.join(0, &format!("worker-{i}")))
         .collect();
+    let top = (2.0 * setup.mean_load).max(f64::MIN_POSITIVE);
     let mut loads: Vec<f64> = (0..setup.workers)
-        .map(|_| rng.gen_range(0.0..2.0))
+        .map(|_| rng.gen_range(0.0..top))
         .collect();
     let keys: Vec<FunctionKey> = (0..setup.functions)
         .map(|i| FunctionKey::of(&format!("function-{i}")))
@@ -167,8 +170,8 @@ pub fn print(setup: &Setup, kinds: &[BalanceKind], as_json: bool) -> Result<(), 
     let timer = timer_overhead_ns();
     if !as_json {
         println!(
-            "bench route: {} workers, {} functions, {} timed decisions per policy (timer overhead ≈ {timer} ns, included)",
-            setup.workers, setup.functions, setup.decisions
+            "bench route: {} workers (mean load {}), {} functions, {} timed decisions per policy (timer overhead ≈ {timer} ns, included)",
+            setup.workers, setup.mean_load, setup.functions, setup.decisions
         );
         println!(
             "{:<13} {:>8} {:>8} {:>8} {:>9} {:>8}   placements",
@@ -193,14 +196,15 @@ pub fn print(setup: &Setup, kinds: &[BalanceKind], as_json: bool) -> Result<(), 
         if r.rejected > 0 {
             places.push(format!("rejected {}", r.rejected));
         }
+        let v = |k: &str| n[k].as_f64().unwrap_or(0.0);
         println!(
             "{:<13} {:>8} {:>8} {:>8} {:>9} {:>8}   {}",
             kind.as_str(),
-            n["p50"],
-            n["p99"],
-            n["p99.9"],
-            n["max"],
-            n["mean"],
+            v("p50"),
+            v("p99"),
+            v("p99.9"),
+            v("max"),
+            v("mean"),
             places.join(", ")
         );
     }
@@ -217,6 +221,7 @@ mod tests {
             workers: 8,
             functions: 200,
             decisions: 2_000,
+            mean_load: 1.0,
         };
         for kind in BalanceKind::ALL {
             let r = run(&setup, kind).unwrap();

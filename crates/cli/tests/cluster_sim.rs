@@ -339,7 +339,7 @@ fn hearth_up_starts_a_controller_and_worker_processes_and_stops_them() {
         .tempdir()
         .unwrap();
     let data = tmp.path().join("up");
-    let mut up = Server::launch(
+    let mut up = Server::run_hearth(
         &[
             "up",
             "--workers",

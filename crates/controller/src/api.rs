@@ -10,10 +10,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use hearth_worker::api::{arguments, body_error, json_error, parse_registration};
+use hearth_worker::api::{
+    arguments, body_error, healthz, json_error, method_not_allowed, metrics_response,
+    no_such_endpoint, parse_registration, prewarm_count, InvokeQuery,
+};
 use hearth_worker::error::ApiError;
 use hearth_worker::membership::StatusReport;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,16 +44,8 @@ pub fn router(c: Arc<Controller>) -> Router {
         .route("/v1/cluster/workers/{id}", put(report).delete(leave))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .fallback(|| async {
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
-        })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "method not allowed on this endpoint",
-            )
-        })
+        .fallback(no_such_endpoint)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(c)
 }
 
@@ -109,13 +103,6 @@ async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct InvokeQuery {
-    #[serde(default, rename = "async")]
-    is_async: bool,
-}
-
 async fn invoke(
     State(c): State<Arc<Controller>>,
     Path(name): Path<String>,
@@ -157,32 +144,16 @@ fn answer(a: Answer) -> Response {
     resp
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PrewarmBody {
-    #[serde(default = "one")]
-    count: u32,
-}
-
-fn one() -> u32 {
-    1
-}
-
 async fn prewarm(
     State(c): State<Arc<Controller>>,
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let req: PrewarmBody = if body.iter().all(u8::is_ascii_whitespace) {
-        PrewarmBody { count: 1 }
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("invalid prewarm request: {e}")))?
-    };
-    if req.count == 0 || req.count > 1000 {
+    let count = prewarm_count(&body)?;
+    if count == 0 || count > 1000 {
         return Err(ApiError::bad_request("count must be between 1 and 1000"));
     }
-    c.prewarm(&name, req.count).await.map(Json)
+    c.prewarm(&name, count).await.map(Json)
 }
 
 async fn invocation(
@@ -233,18 +204,6 @@ async fn leave(
     }
 }
 
-async fn healthz() -> Json<Value> {
-    Json(json!({"status": "ok"}))
-}
-
 async fn metrics(State(c): State<Arc<Controller>>) -> Response {
-    let text = c.metrics.encode(&c.loads());
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    metrics_response(c.metrics.encode(&c.loads()))
 }

@@ -135,7 +135,8 @@ impl Controller {
             return Ok(());
         }
         let now = self.now();
-        let (id, was_up) = {
+        // Under the balancer's lock, so that no decision sees the worker without its address.
+        let (member, was_up) = {
             let mut b = self.balancer.lock();
             let was_up = b
                 .workers()
@@ -144,24 +145,24 @@ impl Controller {
                 .is_some_and(|w| w.up);
             let id = b.join(now, &report.worker);
             b.report(now, id, report.load);
-            (id, was_up)
-        };
-        let existing = self.members.get(&id.0).map(|m| Arc::clone(&m));
-        let member = match existing {
-            Some(m) if m.same_process(&report) && !m.is_gone() => m,
-            Some(m) if m.same_process(&report) => {
-                let m = Arc::new(m.rejoined());
-                self.members.insert(id.0, Arc::clone(&m));
-                m
-            }
-            old => {
-                if let Some(old) = old {
-                    old.mark_gone();
+            let existing = self.members.get(&id.0).map(|m| Arc::clone(&m));
+            let member = match existing {
+                Some(m) if m.same_process(&report) && !m.is_gone() => m,
+                Some(m) if m.same_process(&report) => {
+                    let m = Arc::new(m.rejoined());
+                    self.members.insert(id.0, Arc::clone(&m));
+                    m
                 }
-                let m = Arc::new(Member::new(id, &report, is_static));
-                self.members.insert(id.0, Arc::clone(&m));
-                m
-            }
+                old => {
+                    if let Some(old) = old {
+                        old.mark_gone();
+                    }
+                    let m = Arc::new(Member::new(id, &report, is_static));
+                    self.members.insert(id.0, Arc::clone(&m));
+                    m
+                }
+            };
+            (member, was_up)
         };
         if !was_up {
             tracing::info!(worker = %report.worker, url = %report.url, "worker joined");
@@ -448,7 +449,14 @@ impl Controller {
         let path = format!("/v1/functions/{name}/invoke");
         for _ in 0..2 {
             self.ensure_registered(m, reg).await?;
+            if m.is_gone() {
+                return Err(Attempt::NotStarted(format!(
+                    "worker {} left the cluster",
+                    m.name
+                )));
+            }
             let sent = tokio::select! {
+                biased;
                 r = self.forwarder.send(Method::POST, &m.url, &path, args.clone(), timeout) => r,
                 _ = m.gone() => {
                     return Err(Attempt::Failed(worker_failed(m, "it left the cluster (missed status deadlines or failed) while running the invocation")));

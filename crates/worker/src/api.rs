@@ -39,17 +39,35 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .route("/v1/status", get(status))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .fallback(|| async {
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
-        })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "method not allowed on this endpoint",
-            )
-        })
+        .fallback(no_such_endpoint)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(worker)
+}
+
+/// 404 for paths the API does not have.
+pub async fn no_such_endpoint() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+}
+
+/// Prometheus text with its content type (the controller's `/metrics`).
+pub fn metrics_response(text: String) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// 405 for methods a path does not take.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this endpoint",
+    )
 }
 
 /// A body that could not be read: 413 over the limit, else 400.
@@ -165,11 +183,12 @@ async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `?async=true` on an invocation.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct InvokeQuery {
+pub struct InvokeQuery {
     #[serde(default, rename = "async")]
-    is_async: bool,
+    pub is_async: bool,
 }
 
 /// Checks the arguments are JSON; an empty body means `{}`.
@@ -273,18 +292,23 @@ fn one() -> u32 {
     1
 }
 
+/// The `count` of a prewarm request; an empty body means 1.
+pub fn prewarm_count(body: &Bytes) -> Result<u32, ApiError> {
+    let req: PrewarmBody = if body.iter().all(u8::is_ascii_whitespace) {
+        PrewarmBody { count: 1 }
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid prewarm request: {e}")))?
+    };
+    Ok(req.count)
+}
+
 async fn prewarm(
     State(w): State<Arc<Worker>>,
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let req: PrewarmBody = if body.iter().all(u8::is_ascii_whitespace) {
-        PrewarmBody { count: 1 }
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("invalid prewarm request: {e}")))?
-    };
-    w.prewarm(&name, req.count).await.map(Json)
+    w.prewarm(&name, prewarm_count(&body)?).await.map(Json)
 }
 
 async fn invocation(
@@ -301,7 +325,8 @@ async fn status(State(w): State<Arc<Worker>>) -> Json<Value> {
     Json(w.status())
 }
 
-async fn healthz() -> Json<Value> {
+/// `GET /healthz`.
+pub async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 

@@ -25,11 +25,11 @@ impl Server {
 
     /// Starts a controller on an existing data directory (restart tests).
     pub fn start_controller_in(data_dir: &Path, balance: &str, env: &[(&str, &str)]) -> Server {
-        Server::launch(&["controller", "--balance", balance], data_dir, env)
+        Server::run_hearth(&["controller", "--balance", balance], data_dir, env)
     }
 
     /// Runs `hearth ARGS --listen 127.0.0.1:PORT --data-dir DATA_DIR` and waits for /healthz.
-    pub fn launch(args: &[&str], data_dir: &Path, env: &[(&str, &str)]) -> Server {
+    pub fn run_hearth(args: &[&str], data_dir: &Path, env: &[(&str, &str)]) -> Server {
         let port = super::free_port();
         let listen = format!("127.0.0.1:{port}");
         std::fs::create_dir_all(data_dir).unwrap();
