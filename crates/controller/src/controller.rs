@@ -24,7 +24,7 @@ use hearth_core::balance::{
 use hearth_core::{FunctionSpec, Micros};
 use hearth_worker::error::ApiError;
 use hearth_worker::invocations::AsyncInvocations;
-use hearth_worker::membership::{path_segment, StatusReport};
+use hearth_worker::membership::StatusReport;
 use hearth_worker::registry::{CodeSource, Registered, Registry, RegistryError};
 use hyper::Method;
 use parking_lot::Mutex;
@@ -955,9 +955,4 @@ async fn poll_static(c: std::sync::Weak<Controller>, url: String) {
         drop(ctl);
         tokio::time::sleep(interval).await;
     }
-}
-
-/// The path of a worker's membership resource (what a worker pushes to).
-pub fn worker_path(worker: &str) -> String {
-    format!("/v1/cluster/workers/{}", path_segment(worker))
 }
