@@ -24,8 +24,8 @@ for p in /proc/[0-9]*; do
         bad=1
     fi
 done
-if pgrep -af 'hearth worker .*hearth-test-' >&2; then
-    echo "leftover test workers (above)" >&2
+if pgrep -af 'hearth (worker|controller|up) .*hearth-test-' >&2; then
+    echo "leftover test workers or controllers (above)" >&2
     bad=1
 fi
 [ "$bad" = 0 ] && echo "leftovers: none (no test sandbox, cgroup, mount, agent or worker left behind)"

@@ -59,6 +59,8 @@ pub struct OverheadReport {
     pub e2e_us: Vec<u64>,
     /// The worker's own `timing.overhead`: its share of the client-observed overhead.
     pub server_overhead_us: Vec<u64>,
+    /// Through a controller: its own share (`timing.controller`); empty against a worker.
+    pub controller_us: Vec<u64>,
 }
 
 impl OverheadReport {
@@ -83,6 +85,7 @@ impl OverheadReport {
             "throughput": (self.throughput() * 10.0).round() / 10.0,
             "overhead_us": pct(&self.overhead_us),
             "server_overhead_us": pct(&self.server_overhead_us),
+            "controller_us": pct(&self.controller_us),
             "e2e_us": pct(&self.e2e_us),
         })
     }
@@ -94,6 +97,7 @@ struct ClientSamples {
     overhead: Vec<u64>,
     e2e: Vec<u64>,
     server: Vec<u64>,
+    controller: Vec<u64>,
     errors: usize,
     cold: usize,
 }
@@ -127,6 +131,9 @@ fn client_loop(
         }
         let exec = timing_field(&r.body, b"\"exec\":");
         s.server.push(timing_field(&r.body, b"\"overhead\":"));
+        if let Some(c) = optional_field(&r.body, b"\"controller\":") {
+            s.controller.push(c);
+        }
         s.e2e.push(us);
         s.overhead.push(us.saturating_sub(exec));
     }
@@ -170,6 +177,7 @@ pub fn closed_loop(
         overhead_us: Vec::new(),
         e2e_us: Vec::new(),
         server_overhead_us: Vec::new(),
+        controller_us: Vec::new(),
     };
     for h in handles {
         let c = h.join().map_err(|_| "client thread panicked")??;
@@ -177,12 +185,14 @@ pub fn closed_loop(
         report.overhead_us.extend(c.overhead);
         report.e2e_us.extend(c.e2e);
         report.server_overhead_us.extend(c.server);
+        report.controller_us.extend(c.controller);
         report.errors += c.errors;
         report.cold += c.cold;
     }
     report.overhead_us.sort_unstable();
     report.e2e_us.sort_unstable();
     report.server_overhead_us.sort_unstable();
+    report.controller_us.sort_unstable();
     Ok(report)
 }
 
@@ -198,6 +208,13 @@ pub fn timing_field(body: &[u8], key: &[u8]) -> u64 {
                 .fold(0u64, |acc, c| acc * 10 + u64::from(c - b'0'))
         })
         .unwrap_or(0)
+}
+
+/// Like [`timing_field`], but None when the key is absent.
+fn optional_field(body: &[u8], key: &[u8]) -> Option<u64> {
+    body.windows(key.len())
+        .rposition(|w| w == key)
+        .map(|_| timing_field(body, key))
 }
 
 /// Cold starts of a hello function: each round re-registers it (a new version is never served by

@@ -1,6 +1,5 @@
 //! Packs function code for registration.
 
-use base64::Engine;
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -23,39 +22,7 @@ pub fn pack(path: &Path) -> Result<(Value, Option<String>), String> {
             std::fs::read_to_string(path).map_err(|e| format!("--code {}: {e}", path.display()))?;
         return Ok((json!({"files": {name: text}}), Some(stem.to_string())));
     }
-    let mut tarball = Vec::new();
-    {
-        let gz = flate2::write::GzEncoder::new(&mut tarball, flate2::Compression::fast());
-        let mut b = tar::Builder::new(gz);
-        b.follow_symlinks(true);
-        add_dir(&mut b, path, Path::new(""))
-            .map_err(|e| format!("--code {}: {e}", path.display()))?;
-        b.into_inner()
-            .and_then(|gz| gz.finish())
-            .map_err(|e| format!("--code {}: {e}", path.display()))?;
-    }
-    let b64 = base64::engine::general_purpose::STANDARD.encode(&tarball);
+    let b64 = hearth_worker::archive::pack_dir_base64(path)
+        .map_err(|e| format!("--code {}: {e}", path.display()))?;
     Ok((json!({ "archive": b64 }), None))
-}
-
-fn add_dir<W: std::io::Write>(
-    b: &mut tar::Builder<W>,
-    dir: &Path,
-    rel: &Path,
-) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        if name == "__pycache__" || name == ".git" {
-            continue;
-        }
-        let path = entry.path();
-        let rel = rel.join(&name);
-        if path.is_dir() {
-            add_dir(b, &path, &rel)?;
-        } else if path.is_file() {
-            b.append_path_with_name(&path, &rel)?;
-        }
-    }
-    Ok(())
 }

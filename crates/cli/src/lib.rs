@@ -2,5 +2,7 @@
 
 pub mod bench;
 pub mod client;
+pub mod cluster;
 pub mod code;
+pub mod route_bench;
 pub mod stats;

@@ -3,7 +3,8 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use hearth_cli::client::{default_url, Client, Response};
-use hearth_cli::{bench, code, stats::percentile};
+use hearth_cli::{bench, cluster, code, route_bench, stats::percentile};
+use hearth_core::balance::BalanceKind;
 use hearth_core::{KeepAliveKind, QueueDiscipline};
 use hearth_worker::config::Concurrency;
 use hearth_worker::{BackendKind, WorkerConfig};
@@ -24,10 +25,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Start Hearth on this machine (single node: one worker serving the public API).
-    Up(ServerArgs),
+    /// Start Hearth on this machine (single node: one worker serving the public API; with
+    /// --workers N, a controller in front of N worker processes).
+    Up(UpArgs),
     /// Run a worker.
     Worker(ServerArgs),
+    /// Run a controller: the public API in front of workers that join it.
+    Controller(cluster::ControllerArgs),
     /// Manage functions.
     #[command(name = "fn", subcommand)]
     Function(FnCommand),
@@ -106,6 +110,21 @@ struct ServerArgs {
     /// CPUs to schedule for (default: the machine's; with --backend sim, simulated CPUs).
     #[arg(long)]
     cpus: Option<u32>,
+    /// Join this controller (http://HOST:PORT) and push status to it.
+    #[arg(long)]
+    controller: Option<String>,
+}
+
+#[derive(Args)]
+struct UpArgs {
+    #[command(flatten)]
+    server: ServerArgs,
+    /// Start a controller and this many worker processes (separate ports and data directories).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// The controller's balancing policy (with --workers).
+    #[arg(long)]
+    balance: Option<BalanceKind>,
 }
 
 #[derive(Subcommand)]
@@ -123,6 +142,9 @@ enum FnCommand {
         memory: u64,
         #[arg(long, default_value_t = 1.0)]
         cpus: f64,
+        /// Priority level (higher is more important; k-ch-rlu gives each level a pool).
+        #[arg(long)]
+        priority: Option<i32>,
         /// e.g. 30s, 500ms.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         timeout: Duration,
@@ -176,6 +198,24 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Cost of one routing decision per balancing policy (no server needed).
+    Route {
+        #[arg(long, default_value_t = 64)]
+        workers: usize,
+        #[arg(long, default_value_t = 10_000)]
+        functions: usize,
+        /// Timed decisions per policy.
+        #[arg(long, default_value_t = 200_000)]
+        decisions: usize,
+        /// Mean initial worker load (normalized; higher makes the ring policies forward more).
+        #[arg(long, default_value_t = 1.0)]
+        mean_load: f64,
+        /// Only this policy (default: all).
+        #[arg(long)]
+        balance: Option<BalanceKind>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Cold starts of a hello function: sandbox + agent + import.
     Cold {
         #[command(flatten)]
@@ -209,7 +249,23 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Up(args) | Command::Worker(args) => serve(args),
+        Command::Up(UpArgs {
+            server,
+            workers: Some(n),
+            balance,
+        }) => cluster::up(
+            cluster::UpOptions {
+                config: server.config,
+                listen: server.listen,
+                data_dir: server.data_dir,
+                backend: server.backend,
+                memory_mb: server.memory_mb,
+                balance,
+            },
+            n,
+        ),
+        Command::Up(UpArgs { server, .. }) | Command::Worker(server) => serve(server),
+        Command::Controller(args) => cluster::controller(args),
         Command::Function(cmd) => function(cmd),
         Command::Invoke {
             name,
@@ -298,6 +354,9 @@ fn serve(args: ServerArgs) -> Result<()> {
     if let Some(c) = args.cpus {
         config.cpus = c;
     }
+    if let Some(c) = args.controller {
+        config.controller = Some(c);
+    }
     config.check()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -317,6 +376,7 @@ fn function(cmd: FnCommand) -> Result<()> {
             handler,
             memory,
             cpus,
+            priority,
             timeout,
             env,
             sim_warm_ms,
@@ -336,6 +396,9 @@ fn function(cmd: FnCommand) -> Result<()> {
                 if let Some(m) = module.filter(|_| !handler.contains('.')) {
                     body["handler"] = json!(format!("{m}.{handler}"));
                 }
+            }
+            if let Some(p) = priority {
+                body["priority"] = json!(p);
             }
             if let Some(v) = sim_warm_ms {
                 body["sim_warm_ms"] = json!(v);
@@ -426,11 +489,19 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
                     p(&r.overhead_us, 99.0)
                 );
                 println!(
-                    "  in worker  p50 {:>6}  p90 {:>6}  p99 {:>6}   (timing.overhead)",
+                    "  in server  p50 {:>6}  p90 {:>6}  p99 {:>6}   (timing.overhead: worker, + controller if any)",
                     p(&r.server_overhead_us, 50.0),
                     p(&r.server_overhead_us, 90.0),
                     p(&r.server_overhead_us, 99.0)
                 );
+                if !r.controller_us.is_empty() {
+                    println!(
+                        "  controller p50 {:>6}  p90 {:>6}  p99 {:>6}   (timing.controller, included above)",
+                        p(&r.controller_us, 50.0),
+                        p(&r.controller_us, 90.0),
+                        p(&r.controller_us, 99.0)
+                    );
+                }
                 println!(
                     "e2e µs       p50 {:>6}  p90 {:>6}  p99 {:>6}",
                     p(&r.e2e_us, 50.0),
@@ -439,6 +510,29 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
                 );
             }
             Ok(())
+        }
+        BenchCommand::Route {
+            workers,
+            functions,
+            decisions,
+            mean_load,
+            balance,
+            json: as_json,
+        } => {
+            if workers == 0 || functions == 0 || decisions == 0 {
+                bail!("--workers, --functions and --decisions must be at least 1");
+            }
+            if !(mean_load.is_finite() && mean_load >= 0.0) {
+                bail!("--mean-load must be a non-negative number");
+            }
+            let kinds = balance.map_or(BalanceKind::ALL.to_vec(), |k| vec![k]);
+            let setup = route_bench::Setup {
+                workers,
+                functions,
+                decisions,
+                mean_load,
+            };
+            route_bench::print(&setup, &kinds, as_json).map_err(anyhow::Error::msg)
         }
         BenchCommand::Cold {
             url,

@@ -4,6 +4,7 @@
 //! the current time and events and returns actions. Nothing in this crate reads a clock, sleeps,
 //! spawns, locks or does I/O, so the real worker and the simulator drive the very same code.
 
+pub mod balance;
 pub mod bypass;
 pub mod characteristics;
 pub mod engine;

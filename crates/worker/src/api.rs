@@ -39,20 +39,39 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .route("/v1/status", get(status))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .fallback(|| async {
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
-        })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "method not allowed on this endpoint",
-            )
-        })
+        .fallback(no_such_endpoint)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(worker)
 }
 
-fn body_error(rej: BytesRejection, limit: usize) -> ApiError {
+/// 404 for paths the API does not have.
+pub async fn no_such_endpoint() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+}
+
+/// Prometheus text with its content type (the controller's `/metrics`).
+pub fn metrics_response(text: String) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// 405 for methods a path does not take.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this endpoint",
+    )
+}
+
+/// A body that could not be read: 413 over the limit, else 400.
+pub fn body_error(rej: BytesRejection, limit: usize) -> ApiError {
     if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::too_large(limit)
     } else {
@@ -60,7 +79,8 @@ fn body_error(rej: BytesRejection, limit: usize) -> ApiError {
     }
 }
 
-fn json_error(rej: JsonRejection, limit: usize) -> ApiError {
+/// A JSON body that could not be read: 413 over the limit, else 400.
+pub fn json_error(rej: JsonRejection, limit: usize) -> ApiError {
     if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::too_large(limit)
     } else {
@@ -74,7 +94,23 @@ async fn register(
     Path(name): Path<String>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Json(mut body) = body.map_err(|r| json_error(r, w.config().max_code_bytes))?;
+    let Json(body) = body.map_err(|r| json_error(r, w.config().max_code_bytes))?;
+    let (spec, code) = parse_registration(&name, body)?;
+    let (reg, created) = w.register(spec, code)?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(json!(*reg.spec))).into_response())
+}
+
+/// A registration body (the spec's fields plus `code`) for the function `name`, validated.
+/// The controller reads registrations with the same rules.
+pub fn parse_registration(
+    name: &str,
+    mut body: Value,
+) -> Result<(FunctionSpec, Option<CodeSource>), ApiError> {
     let obj = body
         .as_object_mut()
         .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
@@ -87,7 +123,7 @@ async fn register(
         })?),
     };
     if let Some(other) = obj.get("name") {
-        if other.as_str() != Some(name.as_str()) {
+        if other.as_str() != Some(name) {
             return Err(ApiError::bad_request(
                 "the body's name differs from the URL's",
             ));
@@ -99,13 +135,7 @@ async fn register(
         .map_err(|e| ApiError::bad_request(format!("invalid function spec: {e}")))?;
     spec.validate()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let (reg, created) = w.register(spec, code)?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(json!(*reg.spec))).into_response())
+    Ok((spec, code))
 }
 
 async fn list(State(w): State<Arc<Worker>>) -> Json<Value> {
@@ -158,15 +188,16 @@ async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `?async=true` on an invocation.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct InvokeQuery {
+pub struct InvokeQuery {
     #[serde(default, rename = "async")]
-    is_async: bool,
+    pub is_async: bool,
 }
 
 /// Checks the arguments are JSON; an empty body means `{}`.
-fn arguments(body: &Bytes) -> Result<Bytes, ApiError> {
+pub fn arguments(body: &Bytes) -> Result<Bytes, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Bytes::from_static(b"{}"));
     }
@@ -270,18 +301,23 @@ fn one() -> u32 {
     1
 }
 
+/// The `count` of a prewarm request; an empty body means 1.
+pub fn prewarm_count(body: &Bytes) -> Result<u32, ApiError> {
+    let req: PrewarmBody = if body.iter().all(u8::is_ascii_whitespace) {
+        PrewarmBody { count: 1 }
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid prewarm request: {e}")))?
+    };
+    Ok(req.count)
+}
+
 async fn prewarm(
     State(w): State<Arc<Worker>>,
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let req: PrewarmBody = if body.iter().all(u8::is_ascii_whitespace) {
-        PrewarmBody { count: 1 }
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("invalid prewarm request: {e}")))?
-    };
-    w.prewarm(&name, req.count).await.map(Json)
+    w.prewarm(&name, prewarm_count(&body)?).await.map(Json)
 }
 
 async fn invocation(
@@ -298,7 +334,8 @@ async fn status(State(w): State<Arc<Worker>>) -> Json<Value> {
     Json(w.status())
 }
 
-async fn healthz() -> Json<Value> {
+/// `GET /healthz`.
+pub async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 

@@ -164,6 +164,12 @@ pub struct WorkerConfig {
     pub low_latency: bool,
     pub low_latency_quiet_ms: u64,
     pub runc: RuncConfig,
+    /// A controller to join (`http://HOST:PORT`); the worker pushes its status there.
+    pub controller: Option<String>,
+    /// How often the status is pushed to the controller.
+    pub status_interval_ms: u64,
+    /// The URL the controller forwards invocations to; defaults to `http://` + the bound address.
+    pub advertise_url: Option<String>,
 }
 
 impl Default for WorkerConfig {
@@ -193,6 +199,9 @@ impl Default for WorkerConfig {
             low_latency: true,
             low_latency_quiet_ms: 1000,
             runc: RuncConfig::default(),
+            controller: None,
+            status_interval_ms: 1000,
+            advertise_url: None,
         }
     }
 }
@@ -234,6 +243,9 @@ const CONFIG_KEYS: &[&str] = &[
     "low_latency",
     "low_latency_quiet_ms",
     "runc",
+    "controller",
+    "status_interval_ms",
+    "advertise_url",
 ];
 
 /// `HEARTH_*` variables with other uses (client URL, log filter, test switches).
@@ -339,6 +351,22 @@ impl WorkerConfig {
             return bad("hist.max_cov must be >= 0".into());
         }
         self.regulator()?;
+        for (key, url) in [
+            ("controller", &self.controller),
+            ("advertise_url", &self.advertise_url),
+        ] {
+            if let Some(u) = url {
+                if !u.starts_with("http://") || u.len() <= "http://".len() {
+                    return bad(format!("{key} must look like http://HOST:PORT, got {u:?}"));
+                }
+            }
+        }
+        if !(10..=60_000).contains(&self.status_interval_ms) {
+            return bad(format!(
+                "status_interval_ms must be between 10 and 60000, got {}",
+                self.status_interval_ms
+            ));
+        }
         Ok(())
     }
 

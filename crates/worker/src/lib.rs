@@ -2,11 +2,13 @@
 
 pub mod agent_client;
 pub mod api;
+pub mod archive;
 pub mod backend;
 pub mod config;
 pub mod error;
 pub mod invocations;
 pub mod latency;
+pub mod membership;
 pub mod metrics;
 pub mod registry;
 pub mod server;

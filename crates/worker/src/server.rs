@@ -41,12 +41,15 @@ pub async fn serve(
     config: WorkerConfig,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let mut config = config;
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .map_err(|e| ServeError::Bind(config.listen.clone(), e))?;
+    let addr = listener.local_addr()?;
+    // Port 0 asks for any free port: name the worker after the one it got.
+    config.listen = addr.to_string();
     let grace = Duration::from_secs(config.shutdown_grace_s);
     let worker = Worker::start(config).await?;
-    let addr = listener.local_addr()?;
     tracing::info!(
         %addr,
         worker = worker.id(),
@@ -56,6 +59,21 @@ pub async fn serve(
     );
     let app = crate::api::router(Arc::clone(&worker));
     let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
+    let membership = worker.config().controller.clone().map(|controller| {
+        let url = worker
+            .config()
+            .advertise_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}"));
+        let interval = Duration::from_millis(worker.config().status_interval_ms);
+        tokio::spawn(crate::membership::run(
+            Arc::clone(&worker),
+            controller,
+            url,
+            interval,
+            stopping_rx.clone(),
+        ))
+    });
     let w2 = Arc::clone(&worker);
     tokio::spawn(async move {
         stop.await;
@@ -89,6 +107,9 @@ pub async fn serve(
             tracing::warn!("grace period over with requests still running");
             serve_task.abort();
         }
+    }
+    if let Some(m) = membership {
+        let _ = tokio::time::timeout(Duration::from_secs(2), m).await;
     }
     worker.shutdown(grace).await;
     Ok(())

@@ -1,6 +1,8 @@
 //! Test harness: runs the real `hearth` binary as a worker on a free loopback port.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use hearth_cli::client::{Client, Response};
 use serde_json::Value;
 use std::path::{Path, PathBuf};

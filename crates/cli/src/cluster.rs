@@ -1,0 +1,216 @@
+//! `hearth controller` and `hearth up --workers N`: a controller in front of worker processes.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use hearth_controller::ControllerConfig;
+use hearth_core::balance::BalanceKind;
+use hearth_worker::BackendKind;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `hearth controller` flags.
+#[derive(Args)]
+pub struct ControllerArgs {
+    /// TOML config file (every key can also be set as HEARTH_<KEY>).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on, e.g. 127.0.0.1:7878.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Where the registry and function code live.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Balancing policy: round-robin, random, least-loaded, ch, ch-bl, ch-rlu, k-ch-rlu.
+    #[arg(long)]
+    pub balance: Option<BalanceKind>,
+}
+
+/// Runs a controller until SIGTERM or Ctrl-C.
+pub fn controller(args: ControllerArgs) -> Result<()> {
+    let mut config = ControllerConfig::load(args.config.as_deref())?;
+    if let Some(l) = args.listen {
+        config.listen = l;
+    }
+    if let Some(d) = args.data_dir {
+        config.data_dir = d;
+    }
+    if let Some(b) = args.balance {
+        config.balance = b;
+    }
+    config.check()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(hearth_controller::server::serve(
+        config,
+        hearth_worker::server::shutdown_signal(),
+        None,
+    ))?;
+    Ok(())
+}
+
+/// What `hearth up --workers N` was given.
+pub struct UpOptions {
+    /// Worker config file, passed to every worker.
+    pub config: Option<PathBuf>,
+    /// The controller's address (the public API).
+    pub listen: Option<String>,
+    /// Controller data in `<data_dir>/controller`, worker i's in `<data_dir>/workers/worker-i`.
+    pub data_dir: Option<PathBuf>,
+    pub backend: Option<BackendKind>,
+    pub memory_mb: Option<u64>,
+    pub balance: Option<BalanceKind>,
+}
+
+/// Starts a controller here and `n` worker processes that join it; stops them all on SIGTERM
+/// or Ctrl-C.
+pub fn up(opts: UpOptions, n: usize) -> Result<()> {
+    if n == 0 {
+        bail!("--workers must be at least 1");
+    }
+    let mut config = ControllerConfig::load(None)?;
+    if let Some(l) = &opts.listen {
+        config.listen = l.clone();
+    }
+    let data_dir = opts
+        .data_dir
+        .clone()
+        .unwrap_or_else(hearth_worker::config::default_data_dir);
+    config.data_dir = data_dir.join("controller");
+    if let Some(b) = opts.balance {
+        config.balance = b;
+    }
+    config.check()?;
+    let listen: SocketAddr = config.listen.parse().context("--listen")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(hearth_controller::server::serve(
+            config,
+            async {
+                let _ = stop_rx.await;
+            },
+            Some(ready_tx),
+        ));
+        let Ok(bound) = ready_rx.await else {
+            return match server.await {
+                Ok(Err(e)) => Err(e.into()),
+                _ => Err(anyhow::anyhow!("the controller did not start")),
+            };
+        };
+        let host = if listen.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else {
+            bound.ip().to_string()
+        };
+        let controller_url = format!("http://{host}:{}", bound.port());
+        let mut workers = Vec::new();
+        for i in 1..=n {
+            let dir = data_dir.join("workers").join(format!("worker-{i}"));
+            match spawn_worker(i, &dir, &controller_url, &opts) {
+                Ok(child) => workers.push(child),
+                Err(e) => {
+                    stop_workers(&mut workers);
+                    let _ = stop_tx.send(());
+                    let _ = server.await;
+                    return Err(e);
+                }
+            }
+        }
+        tracing::info!(workers = n, url = %controller_url, "cluster up: controller and workers started");
+        tokio::select! {
+            _ = hearth_worker::server::shutdown_signal() => {}
+            _ = watch_workers(&mut workers) => {}
+        }
+        // Workers first, so that they can say goodbye to the controller.
+        stop_workers(&mut workers);
+        let _ = stop_tx.send(());
+        match server.await {
+            Ok(res) => res.map_err(anyhow::Error::from),
+            Err(e) => Err(anyhow::anyhow!("controller task: {e}")),
+        }
+    })
+}
+
+fn spawn_worker(
+    i: usize,
+    dir: &std::path::Path,
+    controller: &str,
+    opts: &UpOptions,
+) -> Result<Child> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let exe = std::env::current_exe().context("locating the hearth binary")?;
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "worker",
+        "--listen",
+        "127.0.0.1:0",
+        "--controller",
+        controller,
+    ])
+    .arg("--data-dir")
+    .arg(dir)
+    .env("HEARTH_WORKER_ID", format!("worker-{i}"))
+    .stdin(Stdio::null());
+    if let Some(c) = &opts.config {
+        cmd.arg("--config").arg(c);
+    }
+    if let Some(b) = opts.backend {
+        cmd.args(["--backend", &b.to_string()]);
+    }
+    if let Some(m) = opts.memory_mb {
+        cmd.args(["--memory-mb", &m.to_string()]);
+    }
+    // A worker must not outlive `hearth up`, even if it is killed.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().with_context(|| format!("starting worker-{i}"))
+}
+
+/// Resolves when a worker exits on its own (the cluster is then incomplete: stop it all).
+async fn watch_workers(workers: &mut [Child]) {
+    loop {
+        for (i, w) in workers.iter_mut().enumerate() {
+            if let Ok(Some(status)) = w.try_wait() {
+                tracing::error!(worker = i + 1, %status, "a worker exited; stopping the cluster");
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// SIGTERM to every worker, then waits (SIGKILL after 60 s).
+fn stop_workers(workers: &mut [Child]) {
+    for w in workers.iter() {
+        unsafe {
+            libc::kill(w.id() as i32, libc::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for w in workers.iter_mut() {
+        loop {
+            match w.try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if Instant::now() > deadline => {
+                    let _ = w.kill();
+                    let _ = w.wait();
+                    break;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! A controller in front of `sim` workers, all real processes: the same public API as a worker,
+//! routing, async invocations, a worker killed mid-run, rejoining, static membership, restarts
+//! and `hearth up --workers N`.
+
+mod common;
+
+use common::cluster::{home, join, patient_client, sim_fn, wait_members, wait_until, workers_up};
+use common::{wait_invocation, Server};
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+fn ids(workers: &[&Server]) -> Vec<String> {
+    workers.iter().map(|w| w.worker_id()).collect()
+}
+
+#[test]
+fn the_controller_serves_the_worker_api_and_keeps_functions_on_their_home_worker() {
+    // CH-BL: under the bound a function always runs on its home (CH-RLU would also spread a
+    // function this hot: it is the most popular one).
+    let c = Server::start_controller("ch-bl", &[]);
+    let workers = [
+        join(&c, None, &[]),
+        join(&c, None, &[]),
+        join(&c, None, &[]),
+    ];
+    wait_members(&c, &ids(&workers.iter().collect::<Vec<_>>()));
+    assert_eq!(c.status()["role"], "controller");
+    assert_eq!(c.status()["backend"], "sim");
+
+    let r = c.put_fn("f", sim_fn(1, 20));
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(
+        c.put_fn("f", sim_fn(1, 20)).status,
+        200,
+        "an update answers 200"
+    );
+    let h = home(&c, "f");
+    for i in 0..5 {
+        let r = c.invoke("f", r#"{"n": 1}"#);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(
+            v["worker"],
+            h.as_str(),
+            "under the bound, f stays on its home worker"
+        );
+        assert_eq!(v["cold"], i == 0);
+        let t = &v["timing"];
+        let ctl = t["controller"]
+            .as_u64()
+            .expect("the controller adds its own time");
+        assert!(t["overhead"].as_u64().unwrap() >= ctl);
+        assert_eq!(
+            t["e2e"].as_u64().unwrap(),
+            t["queue"].as_u64().unwrap()
+                + t["init"].as_u64().unwrap()
+                + t["exec"].as_u64().unwrap()
+                + t["overhead"].as_u64().unwrap()
+        );
+    }
+    // Registered on a worker before its first invocation there, and only there.
+    for w in &workers {
+        let got = w.client().get("/v1/functions/f").unwrap().status;
+        assert_eq!(
+            got,
+            if w.worker_id() == h { 200 } else { 404 },
+            "{}",
+            w.worker_id()
+        );
+    }
+    // Functions spread over the ring.
+    let mut used = BTreeSet::new();
+    for i in 0..20 {
+        let name = format!("g{i}");
+        assert_eq!(c.put_fn(&name, sim_fn(0, 0)).status, 201);
+        let r = c.invoke(&name, "{}");
+        assert_eq!(r.status, 200, "{}", r.text());
+        used.insert(r.json()["worker"].as_str().unwrap().to_string());
+    }
+    assert!(used.len() >= 2, "20 functions all landed on {used:?}");
+
+    // Errors are the worker's.
+    let r = c.invoke("nope", "{}");
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (404, json!("unknown_function"))
+    );
+    assert_eq!(c.invoke("f", "{oops").status, 400);
+    assert_eq!(c.put_fn("bad", json!({"memory_mb": 1})).status, 400);
+    let r = c
+        .client()
+        .post("/v1/functions/f/prewarm", br#"{"count": 2}"#)
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        (r.json()["ready"].clone(), r.json()["worker"].clone()),
+        (json!(2), json!(h))
+    );
+    let list = c.client().get("/v1/functions").unwrap().json();
+    assert_eq!(list["functions"].as_array().unwrap().len(), 21);
+    let metrics = c.client().get("/metrics").unwrap().text();
+    assert!(
+        metrics.contains("hearth_controller_invocations_total{outcome=\"ok\"}"),
+        "{metrics}"
+    );
+
+    // Deleting at the controller deletes on the worker too.
+    assert_eq!(c.client().delete("/v1/functions/f").unwrap().status, 204);
+    assert_eq!(c.invoke("f", "{}").status, 404);
+    let hw = workers.iter().find(|w| w.worker_id() == h).unwrap();
+    wait_until("the home worker forgets f", Duration::from_secs(10), || {
+        hw.client().get("/v1/functions/f").unwrap().status == 404
+    });
+}
+
+#[test]
+fn round_robin_takes_the_workers_in_turn() {
+    let c = Server::start_controller("round-robin", &[]);
+    let (a, b) = (join(&c, None, &[]), join(&c, None, &[]));
+    wait_members(&c, &ids(&[&a, &b]));
+    assert_eq!(c.put_fn("f", sim_fn(0, 0)).status, 201);
+    let got: Vec<String> = (0..4)
+        .map(|_| {
+            c.invoke("f", "{}").json()["worker"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_ne!(got[0], got[1]);
+    assert_eq!((&got[0], &got[1]), (&got[2], &got[3]));
+}
+
+#[test]
+fn async_invocations_are_accepted_and_answered_by_the_controller() {
+    let c = Server::start_controller("ch-rlu", &[]);
+    let (a, b) = (join(&c, None, &[]), join(&c, None, &[]));
+    wait_members(&c, &ids(&[&a, &b]));
+    assert_eq!(c.put_fn("f", sim_fn(50, 0)).status, 201);
+    let r = c
+        .client()
+        .post("/v1/functions/f/invoke?async=true", br#"{"x": 1}"#)
+        .unwrap();
+    assert_eq!(r.status, 202, "{}", r.text());
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let v = wait_invocation(&c, &id);
+    assert_eq!(v["status"], "succeeded", "{v}");
+    assert_eq!(v["http_status"], 200);
+    assert_eq!(v["worker"], home(&c, "f").as_str());
+    assert_eq!(v["result"]["simulated"], true);
+    let r = c.client().get("/v1/invocations/nope").unwrap();
+    assert_eq!(r.status, 404);
+    let r = c
+        .client()
+        .post("/v1/functions/missing/invoke?async=true", b"{}")
+        .unwrap();
+    assert_eq!(r.status, 404);
+}
+
+#[test]
+fn a_worker_killed_mid_run_fails_its_invocations_clearly_and_the_rest_go_elsewhere() {
+    // A long status deadline: here the controller notices failures by the connections alone.
+    let c = Server::start_controller("ch", &[("HEARTH_STATUS_TIMEOUT_MS", "60000")]);
+    let mut workers = [
+        join(&c, None, &[]),
+        join(&c, None, &[]),
+        join(&c, None, &[]),
+    ];
+    wait_members(&c, &ids(&workers.iter().collect::<Vec<_>>()));
+    assert_eq!(c.put_fn("slow", sim_fn(3_000, 0)).status, 201);
+    let h = home(&c, "slow");
+    let victim = workers.iter().position(|w| w.worker_id() == h).unwrap();
+
+    let mut sync_client = patient_client(&c);
+    let sync_call = std::thread::spawn(move || {
+        sync_client
+            .post("/v1/functions/slow/invoke", b"{}")
+            .expect("an answer, not a hang")
+    });
+    let r = c
+        .client()
+        .post("/v1/functions/slow/invoke?async=true", b"{}")
+        .unwrap();
+    assert_eq!(r.status, 202);
+    let async_id = r.json()["id"].as_str().unwrap().to_string();
+    wait_until(
+        "both invocations run on the home worker",
+        Duration::from_secs(10),
+        || workers[victim].status()["functions"]["slow"]["running"] == 2,
+    );
+    workers[victim].kill();
+
+    let r = sync_call.join().unwrap();
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "worker_failed");
+    assert_eq!(r.json()["error"]["worker"], h.as_str());
+    let v = wait_invocation(&c, &async_id);
+    assert_eq!(
+        v["status"], "failed",
+        "an accepted invocation ends with an error record: {v}"
+    );
+    assert_eq!(v["error"]["code"], "worker_failed");
+    assert!(
+        !workers_up(&c).contains(&h),
+        "the failed worker left the ring"
+    );
+
+    // Its functions now go to the next worker on the ring.
+    assert_eq!(c.put_fn("quick", sim_fn(0, 0)).status, 201);
+    let r = c.invoke("slow", "{}");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_ne!(r.json()["worker"], h.as_str());
+
+    // A worker that dies idle: the next invocation cannot connect, so it provably never
+    // started and is retried once on the next worker.
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != victim).collect();
+    let mut target = None;
+    for i in 0..40 {
+        let name = format!("q{i}");
+        assert_eq!(c.put_fn(&name, sim_fn(0, 0)).status, 201);
+        let hq = home(&c, &name);
+        if hq == workers[survivors[0]].worker_id() {
+            assert_eq!(c.invoke(&name, "{}").status, 200);
+            target = Some(name);
+            break;
+        }
+    }
+    let q = target.expect("some function lives on the first survivor");
+    workers[survivors[0]].kill();
+    std::thread::sleep(Duration::from_millis(100));
+    let r = patient_client(&c)
+        .post(&format!("/v1/functions/{q}/invoke"), b"{}")
+        .unwrap();
+    assert_eq!(r.status, 200, "retried on the next worker: {}", r.text());
+    assert_eq!(
+        r.json()["worker"],
+        workers[survivors[1]].worker_id().as_str()
+    );
+}
+
+#[test]
+fn a_silent_worker_leaves_the_ring_and_rejoins_when_it_comes_back() {
+    let c = Server::start_controller(
+        "ch-rlu",
+        &[
+            ("HEARTH_STATUS_TIMEOUT_MS", "600"),
+            ("HEARTH_STATUS_INTERVAL_MS", "100"),
+        ],
+    );
+    let tmp = tempfile::Builder::new()
+        .prefix("hearth-test-")
+        .tempdir()
+        .unwrap();
+    let a_dir = tmp.path().join("a");
+    let a_env = [("HEARTH_WORKER_ID", "test-rejoin-a")];
+    let mut a = join(&c, Some(&a_dir), &a_env);
+    let b = join(&c, None, &[]);
+    wait_members(&c, &ids(&[&a, &b]));
+    // A function that lives on a.
+    let name = (0..40)
+        .map(|i| format!("f{i}"))
+        .find(|n| {
+            assert_eq!(c.put_fn(n, sim_fn(0, 0)).status, 201);
+            home(&c, n) == "test-rejoin-a"
+        })
+        .expect("some function lives on a");
+    assert_eq!(c.invoke(&name, "{}").json()["worker"], "test-rejoin-a");
+
+    a.kill();
+    wait_members(&c, &[b.worker_id()]);
+    let r = c.invoke(&name, "{}");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["worker"],
+        b.worker_id().as_str(),
+        "remapped while a is away"
+    );
+
+    // a comes back (another port, same id and data): it rejoins and gets its functions back.
+    let a = join(&c, Some(&a_dir), &a_env);
+    wait_members(&c, &ids(&[&a, &b]));
+    let r = c.invoke(&name, "{}");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["worker"], "test-rejoin-a");
+}
+
+#[test]
+fn static_workers_are_polled_and_the_registry_survives_a_controller_restart() {
+    let w = Server::start("sim", &[]);
+    let tmp = tempfile::Builder::new()
+        .prefix("hearth-test-")
+        .tempdir()
+        .unwrap();
+    let data = tmp.path().join("controller");
+    let static_list = format!("[\"{}\"]", w.url);
+    let env = [
+        ("HEARTH_WORKERS", static_list.as_str()),
+        ("HEARTH_STATUS_INTERVAL_MS", "100"),
+    ];
+    {
+        let c = Server::start_controller_in(&data, "ch-rlu", &env);
+        wait_members(&c, &[w.worker_id()]);
+        assert_eq!(c.status()["workers"][0]["static"], true);
+        let r = c.put_fn("kept", json!({"sim_warm_ms": 1, "priority": 3}));
+        assert_eq!(r.status, 201, "{}", r.text());
+        assert_eq!(c.invoke("kept", "{}").status, 200);
+    }
+    let c = Server::start_controller_in(&data, "ch-rlu", &env);
+    let r = c.client().get("/v1/functions/kept").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["priority"], 3);
+    wait_members(&c, &[w.worker_id()]);
+    let r = c.invoke("kept", "{}");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["worker"], w.worker_id().as_str());
+}
+
+#[test]
+fn no_workers_is_a_503_and_bad_reports_are_refused() {
+    let c = Server::start_controller("least-loaded", &[]);
+    assert_eq!(c.put_fn("f", sim_fn(0, 0)).status, 201);
+    let r = c.invoke("f", "{}");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "no_workers");
+    assert!(r.header("retry-after").is_some());
+    let r = c
+        .client()
+        .put("/v1/cluster/workers/x", b"{\"worker\": 1}")
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(workers_up(&c).is_empty());
+}
+
+#[test]
+fn hearth_up_starts_a_controller_and_worker_processes_and_stops_them() {
+    let tmp = tempfile::Builder::new()
+        .prefix("hearth-test-")
+        .tempdir()
+        .unwrap();
+    let data = tmp.path().join("up");
+    let mut up = Server::run_hearth(
+        &[
+            "up",
+            "--workers",
+            "2",
+            "--backend",
+            "sim",
+            "--balance",
+            "ch-bl",
+        ],
+        &data,
+        &[("HEARTH_STATUS_INTERVAL_MS", "100")],
+    );
+    wait_until("both workers joined", Duration::from_secs(20), || {
+        workers_up(&up).len() == 2
+    });
+    assert_eq!(up.status()["balance"], "ch-bl");
+    assert_eq!(up.put_fn("f", sim_fn(0, 0)).status, 201);
+    let r = up.invoke("f", "{}");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(data.join("workers/worker-1").is_dir() && data.join("workers/worker-2").is_dir());
+    assert!(up.terminate().success(), "{}", up.log_text());
+    let pattern = data.to_string_lossy().to_string();
+    wait_until(
+        "the worker processes are gone",
+        Duration::from_secs(10),
+        || {
+            !std::process::Command::new("pgrep")
+                .args(["-f", &pattern])
+                .status()
+                .unwrap()
+                .success()
+        },
+    );
+}

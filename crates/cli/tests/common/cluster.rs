@@ -1,0 +1,144 @@
+//! Cluster harness: a real `hearth controller` and `sim` workers that join it, as processes.
+
+use super::Server;
+use hearth_cli::client::Client;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How often test workers push status.
+pub const STATUS_INTERVAL_MS: &str = "100";
+
+impl Server {
+    /// Starts a controller with `balance` and extra `HEARTH_*` settings in a fresh directory.
+    pub fn start_controller(balance: &str, env: &[(&str, &str)]) -> Server {
+        let tmp = tempfile::Builder::new()
+            .prefix("hearth-test-")
+            .tempdir()
+            .unwrap();
+        let data_dir = tmp.path().join("controller");
+        let mut s = Server::start_controller_in(&data_dir, balance, env);
+        s._tmp = Some(tmp);
+        s
+    }
+
+    /// Starts a controller on an existing data directory (restart tests).
+    pub fn start_controller_in(data_dir: &Path, balance: &str, env: &[(&str, &str)]) -> Server {
+        Server::run_hearth(&["controller", "--balance", balance], data_dir, env)
+    }
+
+    /// Runs `hearth ARGS --listen 127.0.0.1:PORT --data-dir DATA_DIR` and waits for /healthz.
+    pub fn run_hearth(args: &[&str], data_dir: &Path, env: &[(&str, &str)]) -> Server {
+        let port = super::free_port();
+        let listen = format!("127.0.0.1:{port}");
+        std::fs::create_dir_all(data_dir).unwrap();
+        let log = data_dir.with_extension(format!("{port}.log"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hearth"));
+        cmd.args(args)
+            .args(["--listen", &listen])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("HEARTH_SHUTDOWN_GRACE_S", "10")
+            .env("HEARTH_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn hearth");
+        let mut s = Server {
+            url: format!("http://{listen}"),
+            data_dir: data_dir.to_path_buf(),
+            child: Some(child),
+            _tmp: None,
+            log,
+        };
+        s.wait_ready();
+        s
+    }
+
+    /// SIGKILL: a crash, with no goodbye to the controller.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The worker's id as it reports it.
+    pub fn worker_id(&self) -> String {
+        self.status()["worker"].as_str().unwrap().to_string()
+    }
+}
+
+/// A sim worker (with `env` on top) that joins `controller`, in `data_dir` if given.
+pub fn join(controller: &Server, data_dir: Option<&Path>, env: &[(&str, &str)]) -> Server {
+    let mut all = vec![
+        ("HEARTH_CONTROLLER", controller.url.as_str()),
+        ("HEARTH_STATUS_INTERVAL_MS", STATUS_INTERVAL_MS),
+    ];
+    all.extend_from_slice(env);
+    match data_dir {
+        Some(d) => Server::start_in("sim", d, &all),
+        None => Server::start("sim", &all),
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds; panics with `what` after `timeout`.
+pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The ids of the workers the controller has up.
+pub fn workers_up(controller: &Server) -> Vec<String> {
+    let mut up: Vec<String> = controller.status()["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["up"] == true)
+        .map(|w| w["worker"].as_str().unwrap().to_string())
+        .collect();
+    up.sort();
+    up
+}
+
+/// Waits until exactly `ids` are up.
+pub fn wait_members(controller: &Server, ids: &[String]) {
+    let mut want = ids.to_vec();
+    want.sort();
+    wait_until(
+        &format!("workers {want:?} are up"),
+        Duration::from_secs(20),
+        || workers_up(controller) == want,
+    );
+}
+
+/// The worker the policy calls the function's home.
+pub fn home(controller: &Server, function: &str) -> String {
+    let v = controller
+        .client()
+        .get(&format!("/v1/functions/{function}"))
+        .unwrap()
+        .json();
+    v["balancing"]["home"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A client that gives up after 30 s, so a hang fails the test instead of stalling it.
+pub fn patient_client(s: &Server) -> Client {
+    Client::new(&s.url)
+        .unwrap()
+        .with_timeout(Some(Duration::from_secs(30)))
+}
+
+pub fn sim_fn(warm_ms: u64, cold_ms: u64) -> Value {
+    serde_json::json!({"sim_warm_ms": warm_ms, "sim_cold_ms": cold_ms, "memory_mb": 64})
+}

@@ -1,0 +1,209 @@
+//! The controller's HTTP API: the workers' public API (DESIGN.md §4), so a client cannot tell a
+//! cluster from a single worker, plus the membership endpoints workers push to.
+
+use crate::controller::Controller;
+use crate::forward::Answer;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use hearth_worker::api::{
+    arguments, body_error, healthz, json_error, method_not_allowed, metrics_response,
+    no_such_endpoint, parse_registration, prewarm_count, InvokeQuery,
+};
+use hearth_worker::error::ApiError;
+use hearth_worker::membership::StatusReport;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The controller's router.
+pub fn router(c: Arc<Controller>) -> Router {
+    let max_body = c.config().max_body_bytes;
+    let max_code = c.config().max_code_bytes;
+    Router::new()
+        .route(
+            "/v1/functions/{name}",
+            put(register)
+                .layer(DefaultBodyLimit::max(max_code))
+                .get(show)
+                .delete(remove),
+        )
+        .route("/v1/functions", get(list))
+        .route(
+            "/v1/functions/{name}/invoke",
+            post(invoke).layer(DefaultBodyLimit::max(max_body)),
+        )
+        .route("/v1/functions/{name}/prewarm", post(prewarm))
+        .route("/v1/invocations/{id}", get(invocation))
+        .route("/v1/status", get(status))
+        .route("/v1/cluster/workers", get(workers))
+        .route("/v1/cluster/workers/{id}", put(report).delete(leave))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .fallback(no_such_endpoint)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(c)
+}
+
+async fn register(
+    State(c): State<Arc<Controller>>,
+    Path(name): Path<String>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(body) = body.map_err(|r| json_error(r, c.config().max_code_bytes))?;
+    let (spec, code) = parse_registration(&name, body)?;
+    let (reg, created) = c.register(spec, code).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(json!(*reg.spec))).into_response())
+}
+
+async fn list(State(c): State<Arc<Controller>>) -> Json<Value> {
+    let fns: Vec<Value> = c
+        .registry()
+        .list()
+        .into_iter()
+        .map(|r| {
+            let mut v = json!(*r.spec);
+            v["pool"] = c.sandboxes(&r.spec.name)["pool"].clone();
+            v
+        })
+        .collect();
+    Json(json!({ "functions": fns }))
+}
+
+async fn show(
+    State(c): State<Arc<Controller>>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let r = c
+        .registry()
+        .get(&name)
+        .ok_or_else(|| ApiError::unknown_function(&name))?;
+    let mut v = json!(*r.spec);
+    let s = c.sandboxes(&name);
+    v["pool"] = s["pool"].clone();
+    v["workers"] = s["workers"].clone();
+    v["balancing"] = c.balancing(&name);
+    Ok(Json(v))
+}
+
+async fn remove(
+    State(c): State<Arc<Controller>>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    c.unregister(&name)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn invoke(
+    State(c): State<Arc<Controller>>,
+    Path(name): Path<String>,
+    query: Result<Query<InvokeQuery>, QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let t0 = Instant::now();
+    let result = async {
+        let Query(q) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
+        let body = body.map_err(|r| body_error(r, c.config().max_body_bytes))?;
+        let args = arguments(&body)?;
+        if q.is_async {
+            let id = c.invoke_async(&name, args)?;
+            return Ok((
+                StatusCode::ACCEPTED,
+                Json(
+                    json!({"id": id, "status": "running", "url": format!("/v1/invocations/{id}")}),
+                ),
+            )
+                .into_response());
+        }
+        Ok(answer(c.invoke(&name, args, t0).await?))
+    }
+    .await;
+    result.unwrap_or_else(|e: ApiError| e.into_response())
+}
+
+/// A worker's answer, passed through.
+fn answer(a: Answer) -> Response {
+    let mut resp = (
+        a.status,
+        [(header::CONTENT_TYPE, "application/json")],
+        a.body,
+    )
+        .into_response();
+    if let Some(v) = a.retry_after {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    resp
+}
+
+async fn prewarm(
+    State(c): State<Arc<Controller>>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let count = prewarm_count(&body)?;
+    if count == 0 || count > 1000 {
+        return Err(ApiError::bad_request("count must be between 1 and 1000"));
+    }
+    c.prewarm(&name, count).await.map(Json)
+}
+
+async fn invocation(
+    State(c): State<Arc<Controller>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    c.invocations
+        .get(&id)
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("invocation", &id))
+}
+
+async fn status(State(c): State<Arc<Controller>>) -> Json<Value> {
+    Json(c.status())
+}
+
+async fn workers(State(c): State<Arc<Controller>>) -> Json<Value> {
+    Json(json!({ "workers": c.status()["workers"] }))
+}
+
+/// `PUT /v1/cluster/workers/{id}`: a worker's status push (the first one joins it).
+async fn report(
+    State(c): State<Arc<Controller>>,
+    Path(id): Path<String>,
+    body: Result<Json<StatusReport>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(report) = body.map_err(|r| json_error(r, 1 << 20))?;
+    if report.worker != id {
+        return Err(ApiError::bad_request(
+            "the report's worker differs from the URL's",
+        ));
+    }
+    c.on_report(report, false)?;
+    Ok(Json(
+        json!({"status_timeout_ms": c.config().status_timeout_ms}),
+    ))
+}
+
+/// `DELETE /v1/cluster/workers/{id}`: a worker leaves (graceful shutdown).
+async fn leave(
+    State(c): State<Arc<Controller>>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if c.on_leave(&id) {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found("live worker", &id))
+    }
+}
+
+async fn metrics(State(c): State<Arc<Controller>>) -> Response {
+    metrics_response(c.metrics.encode(&c.loads()))
+}

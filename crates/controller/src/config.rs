@@ -1,0 +1,207 @@
+//! Controller configuration: a TOML file, overridden by `HEARTH_*` environment variables,
+//! overridden by command-line flags (the worker's scheme, with the controller's keys).
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use hearth_core::balance::{BalanceKind, BalanceParams};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Everything a controller needs to run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// Address of the public API (and of the workers' status pushes).
+    pub listen: String,
+    /// The registry database and function code.
+    pub data_dir: PathBuf,
+    /// The balancing policy.
+    pub balance: BalanceKind,
+    /// Its parameters (`[balance_params]`).
+    pub balance_params: BalanceParams,
+    /// Workers polled by the controller (`http://HOST:PORT`), besides those that join by pushing.
+    pub workers: Vec<String>,
+    /// How often static workers are polled; pushing workers choose their own interval.
+    pub status_interval_ms: u64,
+    /// A worker not heard from for this long leaves the ring.
+    pub status_timeout_ms: u64,
+    /// Connecting to a worker may take this long before it counts as down.
+    pub connect_timeout_ms: u64,
+    /// A forwarded invocation may take its function's timeout plus this before the controller
+    /// gives up on the worker (504): the worker enforces the timeout itself, so only a stuck
+    /// worker hits this.
+    pub forward_grace_ms: u64,
+    /// Largest accepted invocation body.
+    pub max_body_bytes: usize,
+    /// Largest accepted registration body.
+    pub max_code_bytes: usize,
+    /// How long results of async invocations are kept after they finish.
+    pub async_retention_s: u64,
+    /// Most async invocations kept before new ones are refused with 429.
+    pub async_max_records: usize,
+    /// On SIGTERM, how long in-flight invocations may take to finish.
+    pub shutdown_grace_s: u64,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            listen: "127.0.0.1:7878".into(),
+            data_dir: hearth_worker::config::default_data_dir().join("controller"),
+            balance: BalanceKind::ChRlu,
+            balance_params: BalanceParams::default(),
+            workers: Vec::new(),
+            status_interval_ms: 1000,
+            status_timeout_ms: 3000,
+            connect_timeout_ms: 1000,
+            forward_grace_ms: 30_000,
+            max_body_bytes: 6 * 1024 * 1024,
+            max_code_bytes: 64 * 1024 * 1024,
+            async_retention_s: 600,
+            async_max_records: 100_000,
+            shutdown_grace_s: 30,
+        }
+    }
+}
+
+/// Top-level keys, the only `HEARTH_*` variables the controller reads.
+const CONFIG_KEYS: &[&str] = &[
+    "listen",
+    "data_dir",
+    "balance",
+    "balance_params",
+    "workers",
+    "status_interval_ms",
+    "status_timeout_ms",
+    "connect_timeout_ms",
+    "forward_grace_ms",
+    "max_body_bytes",
+    "max_code_bytes",
+    "async_retention_s",
+    "async_max_records",
+    "shutdown_grace_s",
+];
+
+fn is_config_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    CONFIG_KEYS.iter().any(|k| {
+        key == *k
+            || key
+                .strip_prefix(k)
+                .is_some_and(|rest| rest.starts_with("__"))
+    })
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {0}: not found")]
+    Missing(PathBuf),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ControllerConfig {
+    /// Defaults ← TOML file (if any) ← `HEARTH_*` environment (nested keys with `__`, e.g.
+    /// `HEARTH_BALANCE_PARAMS__B_MAX`).
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(ControllerConfig::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::Missing(path.into()));
+            }
+            fig = fig.merge(Toml::file(path));
+        }
+        let fig = fig.merge(
+            Env::prefixed("HEARTH_")
+                .filter(|k| is_config_key(k.as_str()))
+                .split("__"),
+        );
+        let config: ControllerConfig = fig
+            .extract()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Refuses settings that cannot work.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return bad(format!("listen must be IP:PORT, got {:?}", self.listen));
+        }
+        for w in &self.workers {
+            if !w.starts_with("http://") || w.len() <= "http://".len() {
+                return bad(format!(
+                    "workers must look like http://HOST:PORT, got {w:?}"
+                ));
+            }
+        }
+        if !(10..=60_000).contains(&self.status_interval_ms) {
+            return bad(format!(
+                "status_interval_ms must be between 10 and 60000, got {}",
+                self.status_interval_ms
+            ));
+        }
+        if self.status_timeout_ms < self.status_interval_ms {
+            return bad(format!(
+                "status_timeout_ms ({}) must be at least status_interval_ms ({})",
+                self.status_timeout_ms, self.status_interval_ms
+            ));
+        }
+        if self.connect_timeout_ms == 0 || self.max_body_bytes == 0 || self.max_code_bytes == 0 {
+            return bad(
+                "connect_timeout_ms, max_body_bytes and max_code_bytes must be positive".into(),
+            );
+        }
+        self.balance_params
+            .check()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn policy_and_parameters_come_from_file_and_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "balance = \"k-ch-rlu\"\nworkers = [\"http://127.0.0.1:9001\"]\n\
+             [balance_params]\nb = 1.5\npool_b_max = [6.0, 10.0]\n",
+        )
+        .unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HEARTH_BALANCE_PARAMS__MAX_CHAIN_LEN", "2");
+            let c = ControllerConfig::load(Some(&path)).map_err(|e| e.to_string())?;
+            assert_eq!(c.balance, BalanceKind::KChRlu);
+            assert_eq!(c.balance_params.b, 1.5);
+            assert_eq!(c.balance_params.b_max, 6.0);
+            assert_eq!(c.balance_params.max_chain_len, 2);
+            assert_eq!(c.balance_params.pool_b_max, vec![6.0, 10.0]);
+            assert_eq!(c.workers, vec!["http://127.0.0.1:9001".to_string()]);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn bad_policies_and_parameters_are_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        for (text, needle) in [
+            ("balance = \"fastest\"\n", "fastest"),
+            ("[balance_params]\nb_max = -1\n", "b_max"),
+            ("[balance_params]\nbee = 1\n", "bee"),
+            ("workers = [\"127.0.0.1:1\"]\n", "workers"),
+            ("status_timeout_ms = 10\n", "status_timeout_ms"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let err = ControllerConfig::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+}

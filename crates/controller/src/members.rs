@@ -1,0 +1,100 @@
+//! The controller's side of membership: where each worker is, which functions it already has,
+//! and a signal that fires when it leaves so that invocations waiting on it end at once.
+
+use dashmap::DashMap;
+use hearth_core::balance::WorkerId;
+use hearth_worker::membership::StatusReport;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::watch;
+
+/// One incarnation of a worker, as the controller knows it.
+pub struct Member {
+    pub id: WorkerId,
+    pub name: String,
+    pub url: String,
+    pub incarnation: String,
+    /// Polled by the controller (from its config) rather than pushing.
+    pub is_static: bool,
+    /// Functions registered on this incarnation: name → the controller's version.
+    registered: Arc<DashMap<String, u64>>,
+    /// Serializes registrations on this worker, so concurrent first invocations register once.
+    pub registering: Arc<tokio::sync::Mutex<()>>,
+    gone: watch::Sender<bool>,
+    last: Mutex<Option<(StatusReport, Instant)>>,
+}
+
+impl Member {
+    pub fn new(id: WorkerId, report: &StatusReport, is_static: bool) -> Self {
+        Member {
+            id,
+            name: report.worker.clone(),
+            url: report.url.trim_end_matches('/').to_string(),
+            incarnation: report.incarnation.clone(),
+            is_static,
+            registered: Arc::new(DashMap::new()),
+            registering: Arc::new(tokio::sync::Mutex::new(())),
+            gone: watch::channel(false).0,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// The same incarnation coming back after it was marked gone: what it has registered is
+    /// still there, but it gets a fresh leave signal.
+    pub fn rejoined(&self) -> Self {
+        Member {
+            id: self.id,
+            name: self.name.clone(),
+            url: self.url.clone(),
+            incarnation: self.incarnation.clone(),
+            is_static: self.is_static,
+            registered: Arc::clone(&self.registered),
+            registering: Arc::clone(&self.registering),
+            gone: watch::channel(false).0,
+            last: Mutex::new(self.last.lock().clone()),
+        }
+    }
+
+    pub fn same_process(&self, report: &StatusReport) -> bool {
+        self.incarnation == report.incarnation && self.url == report.url.trim_end_matches('/')
+    }
+
+    pub fn has(&self, function: &str, version: u64) -> bool {
+        self.registered.get(function).is_some_and(|v| *v == version)
+    }
+
+    pub fn registered_as(&self, function: &str, version: u64) {
+        self.registered.insert(function.to_string(), version);
+    }
+
+    /// Forgets a function (deleted, or the worker lost it); true if it was registered.
+    pub fn forget(&self, function: &str) -> bool {
+        self.registered.remove(function).is_some()
+    }
+
+    /// Fires the leave signal.
+    pub fn mark_gone(&self) {
+        self.gone.send_replace(true);
+    }
+
+    pub fn is_gone(&self) -> bool {
+        *self.gone.borrow()
+    }
+
+    /// Resolves once the worker has left.
+    pub fn gone(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.gone.subscribe();
+        async move {
+            let _ = rx.wait_for(|g| *g).await;
+        }
+    }
+
+    pub fn set_report(&self, report: StatusReport) {
+        *self.last.lock() = Some((report, Instant::now()));
+    }
+
+    pub fn report(&self) -> Option<(StatusReport, Instant)> {
+        self.last.lock().clone()
+    }
+}

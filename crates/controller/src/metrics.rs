@@ -1,0 +1,137 @@
+//! Prometheus metrics of the controller (`GET /metrics`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PlacementLabel {
+    pub how: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabel {
+    pub worker: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabel {
+    pub event: &'static str,
+}
+
+/// Every metric the controller exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Invocations by how they ended at the controller.
+    pub invocations: Family<OutcomeLabel, Counter>,
+    /// Invocations by how the policy placed them.
+    pub placements: Family<PlacementLabel, Counter>,
+    /// Invocations forwarded, by worker.
+    pub forwarded: Family<WorkerLabel, Counter>,
+    /// Routing decision time (lock + policy).
+    pub route: Histogram,
+    /// The controller's own share of a successful invocation.
+    pub overhead: Histogram,
+    /// Membership changes.
+    pub membership: Family<EventLabel, Counter>,
+    /// Reported load per live worker, set at scrape time.
+    pub worker_load: Family<WorkerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub workers_up: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("hearth_controller");
+        let m = Metrics {
+            invocations: Family::default(),
+            placements: Family::default(),
+            forwarded: Family::default(),
+            // 1 µs .. ~8 s, doubling.
+            route: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                1e-6, 2.0, 24,
+            )),
+            overhead: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                1e-5, 2.0, 24,
+            )),
+            membership: Family::default(),
+            worker_load: Family::default(),
+            workers_up: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "invocations",
+            "Invocations by outcome (ok, error answered by a worker, worker_failed, rejected, no_workers)",
+            m.invocations.clone(),
+        );
+        registry.register(
+            "placements",
+            "Routing decisions by placement (home, forwarded, least_loaded, overflow, direct)",
+            m.placements.clone(),
+        );
+        registry.register(
+            "forwarded",
+            "Invocations forwarded, by worker",
+            m.forwarded.clone(),
+        );
+        registry.register(
+            "route_seconds",
+            "Time to take a routing decision",
+            m.route.clone(),
+        );
+        registry.register(
+            "overhead_seconds",
+            "The controller's share of an invocation: its end-to-end time minus the worker's",
+            m.overhead.clone(),
+        );
+        registry.register(
+            "membership_events",
+            "Workers joining and leaving (join, leave, expired, failed)",
+            m.membership.clone(),
+        );
+        registry.register(
+            "worker_load",
+            "Normalized load each live worker last reported",
+            m.worker_load.clone(),
+        );
+        registry.register("workers_up", "Live workers", m.workers_up.clone());
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    pub fn outcome(&self, outcome: &'static str) {
+        self.invocations
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    pub fn event(&self, event: &'static str) {
+        self.membership.get_or_create(&EventLabel { event }).inc();
+    }
+
+    /// Text exposition; `loads` are the live workers' reported loads.
+    pub fn encode(&self, loads: &[(String, f64)]) -> String {
+        self.worker_load.clear();
+        for (worker, load) in loads {
+            self.worker_load
+                .get_or_create(&WorkerLabel {
+                    worker: worker.clone(),
+                })
+                .set(*load);
+        }
+        self.workers_up.set(loads.len() as i64);
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+}
