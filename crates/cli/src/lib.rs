@@ -3,4 +3,7 @@
 pub mod bench;
 pub mod client;
 pub mod code;
+pub mod load;
+pub mod report_cmd;
 pub mod stats;
+pub mod trace_cmd;

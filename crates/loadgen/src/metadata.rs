@@ -216,8 +216,10 @@ mod tests {
 
     #[test]
     fn reads_iluvatar_metadata() {
-        let m = read("func_name,cold_dur_ms,warm_dur_ms,mem_mb,mean_iat\n4137b8c22f,10672,23,94,797.2\n")
-            .unwrap();
+        let m = read(
+            "func_name,cold_dur_ms,warm_dur_ms,mem_mb,mean_iat\n4137b8c22f,10672,23,94,797.2\n",
+        )
+        .unwrap();
         let f = m.get("4137b8c22f").unwrap();
         assert_eq!((f.warm_ms, f.cold_ms, f.mem_mb), (23.0, 10672.0, 94.0));
     }
@@ -225,15 +227,27 @@ mod tests {
     #[test]
     fn malformed_metadata_is_refused_with_the_reason() {
         let cases = [
-            ("function,warm_ms,mem_mb\nf,1,1\n", "missing column `cold_ms`"),
+            (
+                "function,warm_ms,mem_mb\nf,1,1\n",
+                "missing column `cold_ms`",
+            ),
             ("function,warm_ms,cold_ms,mem_mb\nf,-1,0,1\n", "warm_ms"),
             ("function,warm_ms,cold_ms,mem_mb\nf,1,0,x\n", "line 2"),
-            ("function,warm_ms,cold_ms,mem_mb,args\nf,1,0,1,[1]\n", "JSON object"),
-            ("function,warm_ms,cold_ms,mem_mb\nf,1,0,1\nf,2,0,1\n", "twice"),
+            (
+                "function,warm_ms,cold_ms,mem_mb,args\nf,1,0,1,[1]\n",
+                "JSON object",
+            ),
+            (
+                "function,warm_ms,cold_ms,mem_mb\nf,1,0,1\nf,2,0,1\n",
+                "twice",
+            ),
         ];
         for (text, needle) in cases {
             let err = read(text).unwrap_err().to_string();
-            assert!(err.contains(needle), "{text:?}: {err} should mention {needle}");
+            assert!(
+                err.contains(needle),
+                "{text:?}: {err} should mention {needle}"
+            );
         }
     }
 }

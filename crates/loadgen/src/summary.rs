@@ -182,7 +182,11 @@ impl Summary {
             .collect();
         let stretches: Vec<f64> = ok_rows
             .iter()
-            .filter_map(|r| reference.get(&r.function).map(|w| r.e2e_us as f64 / 1000.0 / w))
+            .filter_map(|r| {
+                reference
+                    .get(&r.function)
+                    .map(|w| r.e2e_us as f64 / 1000.0 / w)
+            })
             .collect();
         let lags: Vec<u64> = rows.iter().map(ResultRow::lag_us).collect();
         let mut functions = Self::per_function(rows, reference);

@@ -177,7 +177,10 @@ mod tests {
         ];
         for (text, needle) in cases {
             let err = Trace::read(&write(&dir, text)).unwrap_err().to_string();
-            assert!(err.contains(needle), "{text:?}: {err} should mention {needle}");
+            assert!(
+                err.contains(needle),
+                "{text:?}: {err} should mention {needle}"
+            );
             assert!(err.contains("t.csv"), "{err} should name the file");
         }
         let err = Trace::read(&dir.path().join("missing.csv"))

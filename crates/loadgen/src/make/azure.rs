@@ -69,10 +69,7 @@ fn reader(path: &Path) -> Result<(csv::Reader<std::fs::File>, csv::StringRecord)
     let mut r = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
         .from_reader(f);
-    let h = r
-        .headers()
-        .map_err(|e| LoadgenError::csv(path, e))?
-        .clone();
+    let h = r.headers().map_err(|e| LoadgenError::csv(path, e))?.clone();
     Ok((r, h))
 }
 
@@ -92,7 +89,11 @@ fn number(path: &Path, rec: &csv::StringRecord, i: usize, what: &str) -> Result<
         .ok()
         .filter(|v| v.is_finite() && *v >= 0.0)
         .ok_or_else(|| {
-            LoadgenError::invalid(path, line, format!("{what}: not a non-negative number: {text:?}"))
+            LoadgenError::invalid(
+                path,
+                line,
+                format!("{what}: not a non-negative number: {text:?}"),
+            )
         })
 }
 
@@ -179,7 +180,11 @@ fn read_memory(path: &Path) -> Result<(HashMap<String, f64>, bool)> {
     let key = column(
         path,
         &h,
-        if by_function { "HashFunction" } else { "HashApp" },
+        if by_function {
+            "HashFunction"
+        } else {
+            "HashApp"
+        },
         "memory",
     )?;
     let mem = column(path, &h, "AverageAllocatedMb", "memory")?;

@@ -38,17 +38,61 @@ pub struct Proxy {
 /// Warm times measured with `python3` on the 2-core development VM (median of 5, outside a
 /// sandbox); sizes chosen to cover 0.4 ms – 8 s.
 pub const PROXIES: &[Proxy] = &[
-    Proxy { sample: "matmul", args: r#"{"n":20}"#, warm_ms: 0.4 },
-    Proxy { sample: "float_operation", args: r#"{"n":10000}"#, warm_ms: 1.8 },
-    Proxy { sample: "matmul", args: r#"{"n":60}"#, warm_ms: 7.2 },
-    Proxy { sample: "json_dumps_loads", args: r#"{"n":200,"k":20}"#, warm_ms: 11.4 },
-    Proxy { sample: "pyaes", args: r#"{"n":8192}"#, warm_ms: 18.3 },
-    Proxy { sample: "zlib_compression", args: r#"{"size":262144}"#, warm_ms: 34.5 },
-    Proxy { sample: "pyaes", args: r#"{"n":65536}"#, warm_ms: 87.5 },
-    Proxy { sample: "json_dumps_loads", args: r#"{"n":1000,"k":50}"#, warm_ms: 156.0 },
-    Proxy { sample: "zlib_compression", args: r#"{"size":4194304}"#, warm_ms: 595.0 },
-    Proxy { sample: "float_operation", args: r#"{"n":10000000}"#, warm_ms: 1700.0 },
-    Proxy { sample: "float_operation", args: r#"{"n":50000000}"#, warm_ms: 8500.0 },
+    Proxy {
+        sample: "matmul",
+        args: r#"{"n":20}"#,
+        warm_ms: 0.4,
+    },
+    Proxy {
+        sample: "float_operation",
+        args: r#"{"n":10000}"#,
+        warm_ms: 1.8,
+    },
+    Proxy {
+        sample: "matmul",
+        args: r#"{"n":60}"#,
+        warm_ms: 7.2,
+    },
+    Proxy {
+        sample: "json_dumps_loads",
+        args: r#"{"n":200,"k":20}"#,
+        warm_ms: 11.4,
+    },
+    Proxy {
+        sample: "pyaes",
+        args: r#"{"n":8192}"#,
+        warm_ms: 18.3,
+    },
+    Proxy {
+        sample: "zlib_compression",
+        args: r#"{"size":262144}"#,
+        warm_ms: 34.5,
+    },
+    Proxy {
+        sample: "pyaes",
+        args: r#"{"n":65536}"#,
+        warm_ms: 87.5,
+    },
+    Proxy {
+        sample: "json_dumps_loads",
+        args: r#"{"n":1000,"k":50}"#,
+        warm_ms: 156.0,
+    },
+    Proxy {
+        sample: "zlib_compression",
+        args: r#"{"size":4194304}"#,
+        warm_ms: 595.0,
+    },
+    Proxy {
+        sample: "float_operation",
+        args: r#"{"n":10000000}"#,
+        warm_ms: 1700.0,
+    },
+    Proxy {
+        sample: "float_operation",
+        args: r#"{"n":50000000}"#,
+        warm_ms: 8500.0,
+    },
 ];
 
 /// The proxy whose warm time is closest to `ms` on a log scale (ratios matter, not differences).
@@ -75,8 +119,7 @@ pub fn map(f: &SourceFunction, name: String, mapping: Mapping) -> FunctionMeta {
             cold_ms,
             mem_mb,
             sample: BUSY.into(),
-            args: json!({"ms": f.avg_ms, "mb": (mem_mb - PYTHON_BASELINE_MB).max(0.0)})
-                .to_string(),
+            args: json!({"ms": f.avg_ms, "mb": (mem_mb - PYTHON_BASELINE_MB).max(0.0)}).to_string(),
             source: f.id.clone(),
         },
         Mapping::FunctionBench => {
@@ -144,7 +187,10 @@ mod tests {
         let mut taken = Default::default();
         let a = function_name("1779fd3337dd353e424d", &mut taken);
         let b = function_name("1779fd3337dd353e4xxx", &mut taken);
-        assert_eq!((a.as_str(), b.as_str()), ("fn-1779fd3337", "fn-1779fd3337-2"));
+        assert_eq!(
+            (a.as_str(), b.as_str()),
+            ("fn-1779fd3337", "fn-1779fd3337-2")
+        );
         assert!(crate::trace::check_function_name(&a).is_ok());
     }
 }

@@ -168,10 +168,14 @@ pub fn from_azure(o: &AzureOptions) -> Result<Made> {
     let mut invocations = Vec::new();
     for f in &chosen {
         let name = mapping::function_name(&f.id, &mut taken);
-        invocations.extend(expand_minutes(&f.per_minute).into_iter().map(|at_us| Invocation {
-            at_us,
-            function: name.clone(),
-        }));
+        invocations.extend(
+            expand_minutes(&f.per_minute)
+                .into_iter()
+                .map(|at_us| Invocation {
+                    at_us,
+                    function: name.clone(),
+                }),
+        );
         metadata.insert(mapping::map(f, name, o.mapping));
     }
     let minutes = chosen.iter().map(|f| f.per_minute.len()).max().unwrap_or(0);
@@ -227,8 +231,8 @@ pub fn synthetic(
         ));
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let arrivals = synthetic::arrivals(shape, span, fns.count, &mut rng)
-        .map_err(LoadgenError::Config)?;
+    let arrivals =
+        synthetic::arrivals(shape, span, fns.count, &mut rng).map_err(LoadgenError::Config)?;
     let mut names: Vec<String> = (0..fns.count).map(|i| format!("syn-{i}")).collect();
     let mut metadata = Metadata::default();
     for (i, name) in names.iter().enumerate() {

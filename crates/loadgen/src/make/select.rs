@@ -24,9 +24,8 @@ impl FromStr for Selection {
         if s == "all" {
             return Ok(Selection::All);
         }
-        let err = || {
-            format!("expected all, random:N, representative:N or rare:N (N ≥ 1), got {s:?}")
-        };
+        let err =
+            || format!("expected all, random:N, representative:N or rare:N (N ≥ 1), got {s:?}");
         let (kind, n) = s.split_once(':').ok_or_else(err)?;
         let n: usize = n.parse().ok().filter(|n| *n > 0).ok_or_else(err)?;
         match kind {
@@ -129,8 +128,16 @@ mod tests {
                 .count();
             assert_eq!(n, 2, "quartile {lo}..={hi}: {rep:?}");
         }
-        let a = select(all.clone(), Selection::Random(5), &mut ChaCha8Rng::seed_from_u64(1));
-        let b = select(all.clone(), Selection::Random(5), &mut ChaCha8Rng::seed_from_u64(1));
+        let a = select(
+            all.clone(),
+            Selection::Random(5),
+            &mut ChaCha8Rng::seed_from_u64(1),
+        );
+        let b = select(
+            all.clone(),
+            Selection::Random(5),
+            &mut ChaCha8Rng::seed_from_u64(1),
+        );
         assert_eq!(a, b, "the same seed picks the same functions");
         assert_eq!(select(all, Selection::All, &mut rng).len(), 39);
     }

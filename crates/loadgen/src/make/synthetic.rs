@@ -87,12 +87,7 @@ impl Shape {
 
 /// Arrival instants (µs) of a Poisson process whose rate follows `rate_at`, over `[0, span)`,
 /// by thinning a process at the maximum rate.
-fn thinned(
-    rng: &mut impl Rng,
-    span: f64,
-    max_rate: f64,
-    rate_at: impl Fn(f64) -> f64,
-) -> Vec<u64> {
+fn thinned(rng: &mut impl Rng, span: f64, max_rate: f64, rate_at: impl Fn(f64) -> f64) -> Vec<u64> {
     let mut out = Vec::new();
     let mut t = 0.0;
     loop {
@@ -155,11 +150,23 @@ mod tests {
     #[test]
     fn poisson_has_its_rate_and_is_reproducible() {
         let s = Shape::Poisson { rate: 200.0 };
-        let a = arrivals(&s, Duration::from_secs(50), 4, &mut ChaCha8Rng::seed_from_u64(3)).unwrap();
+        let a = arrivals(
+            &s,
+            Duration::from_secs(50),
+            4,
+            &mut ChaCha8Rng::seed_from_u64(3),
+        )
+        .unwrap();
         // 10,000 expected; a Poisson count is within ±4% with overwhelming probability.
         assert!((9600..=10400).contains(&a.len()), "{}", a.len());
         assert!(a.iter().all(|(_, f)| *f < 4));
-        let b = arrivals(&s, Duration::from_secs(50), 4, &mut ChaCha8Rng::seed_from_u64(3)).unwrap();
+        let b = arrivals(
+            &s,
+            Duration::from_secs(50),
+            4,
+            &mut ChaCha8Rng::seed_from_u64(3),
+        )
+        .unwrap();
         assert_eq!(a, b);
     }
 
@@ -191,7 +198,9 @@ mod tests {
         let a = arrivals(&burst, Duration::from_secs(10), 3, &mut rng).unwrap();
         let bursty: Vec<_> = a.iter().filter(|(_, f)| *f == 3).collect();
         assert!(bursty.len() > 800, "{}", bursty.len());
-        assert!(bursty.iter().all(|(t, _)| (5_000_000..7_000_000).contains(t)));
+        assert!(bursty
+            .iter()
+            .all(|(t, _)| (5_000_000..7_000_000).contains(t)));
     }
 
     #[test]

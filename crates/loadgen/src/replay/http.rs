@@ -125,10 +125,7 @@ impl Pool {
     }
 
     fn put_back(&self, s: Sender) {
-        self.idle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(s);
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(s);
     }
 
     /// POSTs `body` to `path` on an idle (or new) connection.
@@ -195,7 +192,12 @@ mod tests {
     #[test]
     fn urls_must_be_http_host_port() {
         assert!(super::parse_url("http://127.0.0.1:7878/").is_ok());
-        for bad in ["127.0.0.1:7878", "http://", "http://127.0.0.1:7878/v1", "https://x:1"] {
+        for bad in [
+            "127.0.0.1:7878",
+            "http://",
+            "http://127.0.0.1:7878/v1",
+            "https://x:1",
+        ] {
             let err = super::parse_url(bad).unwrap_err().to_string();
             assert!(err.contains("expected http://HOST:PORT"), "{bad}: {err}");
         }

@@ -2,8 +2,8 @@
 //! instants) and closed loop (clients that wait for each answer). The only networked part of the
 //! crate; everything it produces is [`ResultRow`]s.
 
-pub mod closed_loop;
 mod clock;
+pub mod closed_loop;
 pub mod http;
 pub mod open_loop;
 
@@ -205,7 +205,13 @@ mod tests {
         assert_eq!(row.outcome, Outcome::Ok);
         assert!(row.cold && row.cold_reason == "new" && row.worker == "w1");
         assert_eq!(
-            (row.queue_us, row.init_us, row.exec_us, row.overhead_us, row.server_e2e_us),
+            (
+                row.queue_us,
+                row.init_us,
+                row.exec_us,
+                row.overhead_us,
+                row.server_e2e_us
+            ),
             (Some(1), Some(2), Some(3), Some(4), Some(10))
         );
         assert!(row.e2e_us >= 3000);
