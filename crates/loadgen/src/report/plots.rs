@@ -12,7 +12,9 @@ const SIZE: (u32, u32) = (1400, 820);
 const FONT: &str = "sans-serif";
 
 fn fmt_ms(v: f64) -> String {
-    if v >= 100.0 {
+    if v == 0.0 {
+        "0".into()
+    } else if v >= 100.0 {
         format!("{v:.0}")
     } else if v >= 1.0 {
         format!("{v:.1}")
@@ -20,6 +22,19 @@ fn fmt_ms(v: f64) -> String {
         format!("{v:.2}")
     } else {
         format!("{v:.3}")
+    }
+}
+
+/// Labels of a log axis only at 1, 2 and 5 × 10^k, so they never crowd.
+fn log_label(v: f64) -> String {
+    let mantissa = v / 10f64.powf(v.log10().floor());
+    if [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .any(|m| (mantissa - m).abs() < 1e-6)
+    {
+        fmt_ms(v)
+    } else {
+        String::new()
     }
 }
 
@@ -66,8 +81,9 @@ pub fn latency_cdf(path: &Path, title: &str, series: &[(String, Vec<u64>)]) -> R
             .configure_mesh()
             .x_desc("end-to-end latency (ms, log scale): from the scheduled send to the answer")
             .y_desc("fraction of invocations")
-            .x_label_formatter(&|v| fmt_ms(*v))
+            .x_label_formatter(&|v| log_label(*v))
             .y_label_formatter(&|v| format!("{v:.1}"))
+            .light_line_style(TRANSPARENT)
             .label_style((FONT, 18))
             .axis_desc_style((FONT, 20))
             .draw()?;
@@ -105,8 +121,8 @@ const PARTS: [(&str, RGBColor); 5] = [
     ("queue (in the worker)", RGBColor(255, 127, 14)),
     ("init (cold start)", RGBColor(214, 39, 40)),
     ("exec (the handler)", RGBColor(31, 119, 180)),
-    ("overhead (the worker's own)", RGBColor(148, 103, 189)),
-    ("client + network + send lag", RGBColor(127, 127, 127)),
+    ("overhead (the worker)", RGBColor(148, 103, 189)),
+    ("client, network, send lag", RGBColor(127, 127, 127)),
 ];
 
 fn parts(f: &FunctionSummary) -> [f64; 5] {
@@ -136,20 +152,32 @@ pub fn breakdown(path: &Path, title: &str, functions: &[&FunctionSummary]) -> Re
     let height = (200 + 44 * n as u32).max(500);
     png(path, (SIZE.0, height), |root: &Area| -> DrawResult {
         let root = root.titled(title, (FONT, 28))?;
+        let (legend, root) = root.split_vertically(44);
+        let mut x = 280;
+        for (part, c) in PARTS {
+            legend.draw(&Rectangle::new([(x, 14), (x + 18, 32)], c.filled()))?;
+            legend.draw(&Text::new(part, (x + 26, 13), (FONT, 18)))?;
+            x += 26
+                + legend
+                    .estimate_text_size(part, &TextStyle::from((FONT, 18).into_font()))?
+                    .0 as i32
+                + 30;
+        }
         let (left, right) = root.split_horizontally(SIZE.0 * 62 / 100);
         let label = |v: &SegmentValue<usize>| match v {
             SegmentValue::CenterOf(i) => names.get(*i).cloned().unwrap_or_default(),
             _ => String::new(),
         };
-        for (panel, (area, percent)) in [(&left, false), (&right, true)].into_iter().enumerate() {
+        for (area, percent) in [(&left, false), (&right, true)] {
             let x_max = if percent { 100.0 } else { max_total * 1.05 };
             let mut chart = ChartBuilder::on(area)
                 .margin(16)
                 .x_label_area_size(60)
                 .y_label_area_size(if percent { 10 } else { 260 })
-                .build_cartesian_2d(0.0..x_max, (0..n).into_segmented())?;
+                .build_cartesian_2d(0.0..x_max, (0..n - 1).into_segmented())?;
             let mut mesh = chart.configure_mesh();
             mesh.disable_y_mesh()
+                .light_line_style(TRANSPARENT)
                 .x_desc(if percent {
                     "share of the mean end-to-end latency (%)"
                 } else {
@@ -164,7 +192,7 @@ pub fn breakdown(path: &Path, title: &str, functions: &[&FunctionSummary]) -> Re
                 mesh.y_label_formatter(&label);
             }
             mesh.draw()?;
-            for (k, (part, c)) in PARTS.iter().enumerate() {
+            for (k, (_, c)) in PARTS.iter().enumerate() {
                 let bars = fns.iter().enumerate().map(|(i, f)| {
                     let p = parts(f);
                     let total = p.iter().sum::<f64>().max(1e-12);
@@ -181,22 +209,7 @@ pub fn breakdown(path: &Path, title: &str, functions: &[&FunctionSummary]) -> Re
                     r.set_margin(6, 6, 0, 0);
                     r
                 });
-                let s = chart.draw_series(bars)?;
-                if panel == 0 {
-                    let c = *c;
-                    s.label(*part).legend(move |(x, y)| {
-                        Rectangle::new([(x, y - 7), (x + 18, y + 7)], c.filled())
-                    });
-                }
-            }
-            if panel == 0 {
-                chart
-                    .configure_series_labels()
-                    .position(SeriesLabelPosition::LowerRight)
-                    .background_style(WHITE.mix(0.9))
-                    .border_style(BLACK)
-                    .label_font((FONT, 17))
-                    .draw()?;
+                chart.draw_series(bars)?;
             }
         }
         Ok(())
@@ -284,7 +297,8 @@ pub fn over_time(path: &Path, title: &str, bin_s: f64, runs: &[Timeline]) -> Res
             .configure_mesh()
             .x_desc(format!("time since the start (s), {} bins", fmt_bin(bin_s)))
             .y_desc("end-to-end latency (ms, log)")
-            .y_label_formatter(&|v| fmt_ms(*v))
+            .y_label_formatter(&|v| log_label(*v))
+            .light_line_style(TRANSPARENT)
             .label_style((FONT, 17))
             .axis_desc_style((FONT, 19))
             .draw()?;
