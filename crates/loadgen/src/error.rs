@@ -5,13 +5,11 @@ use std::path::{Path, PathBuf};
 /// A workload file or generation error, always naming the file (and line) at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadgenError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: {source}")]
-    Csv { path: PathBuf, source: csv::Error },
+    // The cause is part of the message (not a `source`), so it is printed once in any format.
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
+    #[error("{path}: {err}")]
+    Csv { path: PathBuf, err: csv::Error },
     #[error("{path}, line {line}: {message}")]
     Invalid {
         path: PathBuf,
@@ -32,14 +30,14 @@ impl LoadgenError {
     pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
         LoadgenError::Io {
             path: path.to_path_buf(),
-            source,
+            err: source,
         }
     }
 
     pub(crate) fn csv(path: &Path, source: csv::Error) -> Self {
         LoadgenError::Csv {
             path: path.to_path_buf(),
-            source,
+            err: source,
         }
     }
 

@@ -43,13 +43,13 @@ impl AzureFiles {
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or_default();
-        let (durations, memory) = if name.contains("_inv") {
-            (name.replace("_inv", "_run"), name.replace("_inv", "_mem"))
-        } else if name.contains("invocation") {
+        let (durations, memory) = if name.contains("invocation") {
             (
                 name.replace("invocation", "duration"),
                 name.replace("invocation", "memory"),
             )
+        } else if name.contains("_inv") {
+            (name.replace("_inv", "_run"), name.replace("_inv", "_mem"))
         } else {
             return Err(LoadgenError::file(
                 invocations,
@@ -246,4 +246,65 @@ pub fn read(
         ));
     }
     Ok((out, notes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn companion_files_follow_either_layout() {
+        let f = AzureFiles::beside(Path::new("d/100_inv.csv")).unwrap();
+        assert_eq!(f.durations, Path::new("d/100_run.csv"));
+        assert_eq!(f.memory, Path::new("d/100_mem.csv"));
+        let f = AzureFiles::beside(Path::new("d/exp_sim_invocation_traces_0.csv")).unwrap();
+        assert_eq!(f.durations, Path::new("d/exp_sim_duration_traces_0.csv"));
+        assert_eq!(f.memory, Path::new("d/exp_sim_memory_traces_0.csv"));
+        assert!(AzureFiles::beside(Path::new("d/trace.csv")).is_err());
+    }
+
+    #[test]
+    fn freyr_layout_reads_minutes_and_per_function_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(
+            d.join("inv.csv"),
+            "HashFunction,Trigger,1,2,3\n0,timer,1,0,1\n1,http,x,2,0\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("dur.csv"),
+            "HashFunction,Average,Count,Minimum,Maximum\n0,336,287,23.0,4084.0\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("mem.csv"),
+            "HashFunction,SampleCount,AverageAllocatedMb\n0,20985,189\n",
+        )
+        .unwrap();
+        let files = AzureFiles {
+            invocations: d.join("inv.csv"),
+            durations: d.join("dur.csv"),
+            memory: d.join("mem.csv"),
+        };
+        let err = read(&files, 0, 3).unwrap_err().to_string();
+        assert!(
+            err.contains("inv.csv, line 3") && err.contains("\"x\""),
+            "{err}"
+        );
+        let (fns, notes) = read(&files, 1, 2).unwrap();
+        // Function 1 has no duration row; the window starts at the second minute.
+        assert_eq!(fns.len(), 1);
+        assert_eq!(fns[0].per_minute, vec![0, 1]);
+        assert_eq!(
+            (fns[0].avg_ms, fns[0].max_ms, fns[0].mem_mb),
+            (336.0, 4084.0, Some(189.0))
+        );
+        assert!(
+            notes[0].contains("1 functions have no duration row"),
+            "{notes:?}"
+        );
+        let err = read(&files, 3, 1).unwrap_err().to_string();
+        assert!(err.contains("past its end"), "{err}");
+    }
 }

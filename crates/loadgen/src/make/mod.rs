@@ -158,7 +158,7 @@ pub fn from_azure(o: &AzureOptions) -> Result<Made> {
     notes.insert(
         0,
         format!(
-            "chose {} of {available} functions ({:?}); functions invoked fewer than 2 times in the window are never chosen",
+            "chose {} of {available} functions ({}); functions invoked fewer than 2 times in the window are never chosen",
             chosen.len(),
             o.selection
         ),

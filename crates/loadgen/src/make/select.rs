@@ -18,6 +18,17 @@ pub enum Selection {
     Rare(usize),
 }
 
+impl std::fmt::Display for Selection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Selection::All => write!(f, "all"),
+            Selection::Random(n) => write!(f, "random:{n}"),
+            Selection::Representative(n) => write!(f, "representative:{n}"),
+            Selection::Rare(n) => write!(f, "rare:{n}"),
+        }
+    }
+}
+
 impl FromStr for Selection {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

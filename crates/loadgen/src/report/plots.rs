@@ -14,7 +14,7 @@ const FONT: &str = "sans-serif";
 fn fmt_ms(v: f64) -> String {
     if v == 0.0 {
         "0".into()
-    } else if v >= 100.0 {
+    } else if v >= 100.0 || (v >= 1.0 && v.fract() == 0.0) {
         format!("{v:.0}")
     } else if v >= 1.0 {
         format!("{v:.1}")
@@ -156,7 +156,7 @@ pub fn breakdown(path: &Path, title: &str, functions: &[&FunctionSummary]) -> Re
         let mut x = 280;
         for (part, c) in PARTS {
             legend.draw(&Rectangle::new([(x, 14), (x + 18, 32)], c.filled()))?;
-            legend.draw(&Text::new(part, (x + 26, 13), (FONT, 18)))?;
+            legend.draw(&Text::new(part, (x + 26, 15), (FONT, 18)))?;
             x += 26
                 + legend
                     .estimate_text_size(part, &TextStyle::from((FONT, 18).into_font()))?
