@@ -141,6 +141,7 @@ fn register(client: &mut Client, f: &FunctionMeta, sim: bool, functions_dir: &Pa
     Ok(())
 }
 
+/// Prewarming is best effort: a worker without room for the sandboxes says so, and the run goes on.
 fn prewarm(client: &mut Client, function: &str, count: u32) -> Result<()> {
     let body = json!({ "count": count }).to_string();
     let r = client.post(
@@ -148,9 +149,35 @@ fn prewarm(client: &mut Client, function: &str, count: u32) -> Result<()> {
         body.as_bytes(),
     )?;
     if r.status >= 300 {
-        bail!("prewarming {function}: {} {}", r.status, r.text());
+        let v = r.json();
+        let why = v["error"]["message"]
+            .as_str()
+            .map_or_else(|| r.text(), str::to_string);
+        eprintln!(
+            "warning: prewarming {count} sandbox(es) of {function}: {} {why}",
+            r.status
+        );
     }
     Ok(())
+}
+
+/// Prewarms every function at once, so the wait is the longest cold start, not their sum.
+fn prewarm_all(url: &str, counts: &[(&str, u32)]) -> Result<()> {
+    let total: u32 = counts.iter().map(|(_, n)| n).sum();
+    eprintln!(
+        "prewarming {total} sandboxes of {} functions (Little's law: rate × warm time each)…",
+        counts.len()
+    );
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = counts
+            .iter()
+            .map(|&(f, n)| scope.spawn(move || prewarm(&mut Client::new(url)?, f, n)))
+            .collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a prewarm thread panicked"))?
+        })
+    })
 }
 
 /// Streams rows into the results file and keeps them for the summary.
@@ -303,15 +330,19 @@ fn trace(a: TraceArgs) -> Result<()> {
     let mut client = Client::new(&a.common.url)?;
     let sim = backend(&mut client)? == "sim";
     let mut calls = HashMap::new();
-    for (f, rate) in &rates {
+    for f in rates.keys() {
         let m = meta.get(f).context("checked above")?;
         if !a.no_register {
             register(&mut client, m, sim, &a.common.functions_dir)?;
         }
-        if a.prewarm {
-            prewarm(&mut client, f, m.prewarm_count(*rate))?;
-        }
         calls.insert(f.to_string(), Call::new(f, &m.invocation_args()));
+    }
+    if a.prewarm {
+        let counts: Vec<(&str, u32)> = rates
+            .iter()
+            .filter_map(|(f, r)| meta.get(f).map(|m| (*f, m.prewarm_count(*r))))
+            .collect();
+        prewarm_all(&a.common.url, &counts)?;
     }
     let concurrency = meta.expected_concurrency(rates.iter().map(|(f, r)| (*f, *r)));
     let cfg = open_loop::OpenLoop {

@@ -97,13 +97,12 @@ fn number(path: &Path, rec: &csv::StringRecord, i: usize, what: &str) -> Result<
         })
 }
 
+/// One row of an invocations file: HashFunction, HashApp (when present), per-minute counts.
+type CountsRow = (String, Option<String>, Vec<u32>);
+
 /// Per-minute counts of each function, `HashFunction` then `minute_N` (or `N`) columns, cut to
 /// `minutes` starting at `from_minute`. Also returns each function's HashApp when present.
-fn read_invocations(
-    path: &Path,
-    from_minute: usize,
-    minutes: usize,
-) -> Result<Vec<(String, Option<String>, Vec<u32>)>> {
+fn read_invocations(path: &Path, from_minute: usize, minutes: usize) -> Result<Vec<CountsRow>> {
     let (mut r, h) = reader(path)?;
     let id = column(path, &h, "HashFunction", "invocations")?;
     let app = h.iter().position(|c| c == "HashApp");

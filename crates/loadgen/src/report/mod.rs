@@ -24,8 +24,11 @@ fn three(l: &Latency) -> String {
 }
 
 /// Metrics as rows, runs as columns.
+/// A table row: its name and how to compute its cell for a run.
+type Metric = (&'static str, Box<dyn Fn(&Summary) -> String>);
+
 pub fn summary_table(summaries: &[Summary]) -> String {
-    let rows: Vec<(&str, Box<dyn Fn(&Summary) -> String>)> = vec![
+    let rows: Vec<Metric> = vec![
         ("invocations", Box::new(|s| s.invocations.to_string())),
         (
             "answered / dropped (429) / errors",
@@ -76,7 +79,7 @@ pub fn summary_table(summaries: &[Summary]) -> String {
     ];
     let cells: Vec<Vec<String>> = rows
         .iter()
-        .map(|(_, f)| summaries.iter().map(|s| f(s)).collect())
+        .map(|(_, f)| summaries.iter().map(f).collect())
         .collect();
     let name_w = rows
         .iter()

@@ -318,7 +318,7 @@ pub fn over_time(path: &Path, title: &str, bin_s: f64, runs: &[Timeline]) -> Res
                     r.latency.iter().map(|p| (p.0, p.1)),
                     8,
                     5,
-                    c.stroke_width(2).into(),
+                    c.stroke_width(2),
                 ))?
                 .label(format!("{}: p50 (dashed)", r.label))
                 .legend(move |(x, y)| {
@@ -361,7 +361,7 @@ pub fn over_time(path: &Path, title: &str, bin_s: f64, runs: &[Timeline]) -> Res
                         r.rate.iter().map(|p| (p.0, p.2)),
                         4,
                         4,
-                        c.stroke_width(2).into(),
+                        c.stroke_width(2),
                     ))?
                     .label(format!("{}: refused or failed (dotted)", r.label))
                     .legend(move |(x, y)| {
