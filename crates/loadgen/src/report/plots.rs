@@ -5,6 +5,7 @@ use super::canvas::{color, png, Area, DrawResult};
 use crate::error::Result;
 use crate::results::{Outcome, ResultRow};
 use crate::summary::{percentile, FunctionSummary};
+use plotters::coord::CoordTranslate;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -36,6 +37,22 @@ fn log_label(v: f64) -> String {
     } else {
         String::new()
     }
+}
+
+/// The series' legend in a framed box at `pos`.
+fn legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, CT>,
+    pos: SeriesLabelPosition,
+    font_size: u32,
+) -> DrawResult {
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font((FONT, font_size))
+        .draw()?;
+    Ok(())
 }
 
 /// At most ~2,000 points of a CDF, keeping every point of the top 1 % so the tail is exact.
@@ -105,13 +122,7 @@ pub fn latency_cdf(path: &Path, title: &str, series: &[(String, Vec<u64>)]) -> R
                     PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(3))
                 });
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .label_font((FONT, 18))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight, 18)?;
         Ok(())
     })
 }
@@ -325,13 +336,7 @@ pub fn over_time(path: &Path, title: &str, bin_s: f64, runs: &[Timeline]) -> Res
                     PathElement::new(vec![(x, y), (x + 10, y)], c.stroke_width(2))
                 });
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .label_font((FONT, 16))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight, 16)?;
         let mut chart = ChartBuilder::on(&bottom)
             .margin(16)
             .x_label_area_size(50)
@@ -369,13 +374,7 @@ pub fn over_time(path: &Path, title: &str, bin_s: f64, runs: &[Timeline]) -> Res
                     });
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .label_font((FONT, 16))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight, 16)?;
         Ok(())
     })
 }
