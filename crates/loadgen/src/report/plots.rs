@@ -7,6 +7,7 @@ use crate::results::{Outcome, ResultRow};
 use crate::summary::{percentile, FunctionSummary};
 use plotters::coord::CoordTranslate;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
 
 const SIZE: (u32, u32) = (1400, 820);
@@ -37,6 +38,25 @@ fn log_label(v: f64) -> String {
     } else {
         String::new()
     }
+}
+
+/// A line (dashed when `dash` gives dash and gap lengths) with its legend entry.
+fn line<'a, CT: CoordTranslate<From = (f64, f64)>>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, CT>,
+    points: impl IntoIterator<Item = (f64, f64), IntoIter: Clone>,
+    style: ShapeStyle,
+    dash: Option<(u32, u32)>,
+    label: String,
+) -> DrawResult {
+    let series = match dash {
+        None => chart.draw_series(LineSeries::new(points, style))?,
+        Some((size, gap)) => chart.draw_series(DashedLineSeries::new(points, size, gap, style))?,
+    };
+    let len = if dash.is_some() { 10 } else { 24 };
+    series
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + len, y)], style));
+    Ok(())
 }
 
 /// The series' legend in a framed box at `pos`.
@@ -110,17 +130,13 @@ pub fn latency_cdf(path: &Path, title: &str, series: &[(String, Vec<u64>)]) -> R
                 let us: Vec<u64> = ms.iter().map(|m| (m * 1000.0) as u64).collect();
                 fmt_ms(percentile(&us, q) as f64 / 1000.0)
             };
-            chart
-                .draw_series(LineSeries::new(cdf_points(ms), c.stroke_width(3)))?
-                .label(format!(
-                    "{label}: n={}, p50 {} ms, p99 {} ms",
-                    ms.len(),
-                    p(50.0),
-                    p(99.0)
-                ))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(3))
-                });
+            let label = format!(
+                "{label}: n={}, p50 {} ms, p99 {} ms",
+                ms.len(),
+                p(50.0),
+                p(99.0)
+            );
+            line(&mut chart, cdf_points(ms), c.stroke_width(3), None, label)?;
         }
         legend(&mut chart, SeriesLabelPosition::LowerRight, 18)?;
         Ok(())
@@ -180,7 +196,8 @@ pub fn breakdown(path: &Path, title: &str, functions: &[&FunctionSummary]) -> Re
             _ => String::new(),
         };
         for (area, percent) in [(&left, false), (&right, true)] {
-            let x_max = if percent { 100.0 } else { max_total * 1.05 };
+            // Room on the right of the longest bar for its value.
+            let x_max = if percent { 100.0 } else { max_total * 1.18 };
             let mut chart = ChartBuilder::on(area)
                 .margin(16)
                 .x_label_area_size(60)
@@ -189,6 +206,7 @@ pub fn breakdown(path: &Path, title: &str, functions: &[&FunctionSummary]) -> Re
             let mut mesh = chart.configure_mesh();
             mesh.disable_y_mesh()
                 .light_line_style(TRANSPARENT)
+                .y_labels(n + 1)
                 .x_desc(if percent {
                     "share of the mean end-to-end latency (%)"
                 } else {
@@ -221,6 +239,18 @@ pub fn breakdown(path: &Path, title: &str, functions: &[&FunctionSummary]) -> Re
                     r
                 });
                 chart.draw_series(bars)?;
+            }
+            if !percent {
+                // The total as text, so bars too short to see on a shared axis still read.
+                chart.draw_series(fns.iter().enumerate().map(|(i, f)| {
+                    let total = parts(f).iter().sum::<f64>();
+                    Text::new(
+                        format!(" {} ms", fmt_ms(total)),
+                        (total, SegmentValue::CenterOf(i)),
+                        TextStyle::from((FONT, 15).into_font())
+                            .pos(Pos::new(HPos::Left, VPos::Center)),
+                    )
+                }))?;
             }
         }
         Ok(())
@@ -315,26 +345,17 @@ pub fn over_time(path: &Path, title: &str, bin_s: f64, runs: &[Timeline]) -> Res
             .draw()?;
         for (i, r) in runs.iter().enumerate() {
             let c = color(i);
-            chart
-                .draw_series(LineSeries::new(
-                    r.latency.iter().map(|p| (p.0, p.2)),
-                    c.stroke_width(3),
-                ))?
-                .label(format!("{}: p99", r.label))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(3))
-                });
-            chart
-                .draw_series(DashedLineSeries::new(
-                    r.latency.iter().map(|p| (p.0, p.1)),
-                    8,
-                    5,
-                    c.stroke_width(2),
-                ))?
-                .label(format!("{}: p50 (dashed)", r.label))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 10, y)], c.stroke_width(2))
-                });
+            let p99 = r.latency.iter().map(|p| (p.0, p.2));
+            line(
+                &mut chart,
+                p99,
+                c.stroke_width(3),
+                None,
+                format!("{}: p99", r.label),
+            )?;
+            let p50 = r.latency.iter().map(|p| (p.0, p.1));
+            let label = format!("{}: p50 (dashed)", r.label);
+            line(&mut chart, p50, c.stroke_width(2), Some((8, 5)), label)?;
         }
         legend(&mut chart, SeriesLabelPosition::UpperRight, 16)?;
         let mut chart = ChartBuilder::on(&bottom)
@@ -351,27 +372,13 @@ pub fn over_time(path: &Path, title: &str, bin_s: f64, runs: &[Timeline]) -> Res
             .draw()?;
         for (i, r) in runs.iter().enumerate() {
             let c = color(i);
-            chart
-                .draw_series(LineSeries::new(
-                    r.rate.iter().map(|p| (p.0, p.1)),
-                    c.stroke_width(2),
-                ))?
-                .label(format!("{}: answered", r.label))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(2))
-                });
+            let answered = r.rate.iter().map(|p| (p.0, p.1));
+            let label = format!("{}: answered", r.label);
+            line(&mut chart, answered, c.stroke_width(2), None, label)?;
             if any_failed {
-                chart
-                    .draw_series(DashedLineSeries::new(
-                        r.rate.iter().map(|p| (p.0, p.2)),
-                        4,
-                        4,
-                        c.stroke_width(2),
-                    ))?
-                    .label(format!("{}: refused or failed (dotted)", r.label))
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 8, y)], c.stroke_width(2))
-                    });
+                let failed = r.rate.iter().map(|p| (p.0, p.2));
+                let label = format!("{}: refused or failed (dotted)", r.label);
+                line(&mut chart, failed, c.stroke_width(2), Some((4, 4)), label)?;
             }
         }
         legend(&mut chart, SeriesLabelPosition::UpperRight, 16)?;
