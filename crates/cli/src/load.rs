@@ -33,9 +33,10 @@ pub struct Common {
     /// Most connections, so most invocations in flight, at once.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
-    /// An invocation with no answer by then is recorded as an error.
-    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
-    timeout: Duration,
+    /// An invocation with no answer by then is recorded as an error (default: a minute more
+    /// than the longest function timeout registered from the metadata, at least 120 s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
     /// Where the sample functions named by the metadata live (registered with the runc backend).
     #[arg(long, default_value = "functions")]
     functions_dir: PathBuf,
@@ -93,11 +94,25 @@ pub fn run(cmd: LoadCommand) -> Result<()> {
     }
 }
 
-fn target(c: &Common) -> Target {
+/// The function timeout registered for `f`: generous, since the sim backend and a loaded machine
+/// stretch cold starts and runs.
+fn function_timeout_ms(f: &FunctionMeta) -> u64 {
+    (4.0 * (f.warm_ms + f.cold_ms)).clamp(30_000.0, 900_000.0) as u64
+}
+
+/// Where to send; unless `--timeout` says otherwise, the client outwaits every function's own
+/// timeout, so a slow invocation is the server's 504 rather than a client give-up.
+fn target<'a>(c: &Common, functions: impl IntoIterator<Item = &'a FunctionMeta>) -> Target {
+    let longest_ms = functions
+        .into_iter()
+        .map(function_timeout_ms)
+        .max()
+        .unwrap_or(0);
+    let default = Duration::from_millis(longest_ms + 60_000).max(Duration::from_secs(120));
     Target {
         url: c.url.clone(),
         max_connections: c.max_connections,
-        request_timeout: c.timeout,
+        request_timeout: c.timeout.unwrap_or(default),
     }
 }
 
@@ -113,7 +128,7 @@ fn backend(client: &mut Client) -> Result<String> {
 /// Registers `f` as its metadata says: `sim_*` times for the sim backend, the sample's code for
 /// real sandboxes.
 fn register(client: &mut Client, f: &FunctionMeta, sim: bool, functions_dir: &Path) -> Result<()> {
-    let timeout_ms = (4.0 * (f.warm_ms + f.cold_ms)).clamp(30_000.0, 900_000.0) as u64;
+    let timeout_ms = function_timeout_ms(f);
     let mut spec = json!({
         "memory_mb": f.memory_mb(),
         "timeout_ms": timeout_ms,
@@ -287,7 +302,7 @@ fn closed(a: ClosedArgs) -> Result<()> {
         ));
     }
     let cfg = closed_loop::ClosedLoop {
-        target: target(&a.common),
+        target: target(&a.common, meta.iter().flat_map(|m| m.functions.values())),
         clients: a.clients,
         duration: a.duration,
         think: a.think,
@@ -346,7 +361,7 @@ fn trace(a: TraceArgs) -> Result<()> {
     }
     let concurrency = meta.expected_concurrency(rates.iter().map(|(f, r)| (*f, *r)));
     let cfg = open_loop::OpenLoop {
-        target: target(&a.common),
+        target: target(&a.common, meta.functions.values()),
         preopen: ((2.0 * concurrency).ceil() as usize + 4).min(a.common.max_connections),
         lead: Duration::from_millis(200),
     };
