@@ -162,8 +162,10 @@ fn slug(label: &str) -> String {
         .collect()
 }
 
-/// A bin width giving ≤ 300 bins over the runs: 1 s, or more for long runs, 0.1 s for short ones.
+/// A bin width giving ≤ 300 bins over the runs (0.1 s for short runs, whole seconds otherwise)
+/// and, on average, at least 10 invocations per bin so a bin's p99 means something.
 fn bin_width(runs: &[Run]) -> f64 {
+    let rows = runs.iter().map(|r| r.rows.len()).max().unwrap_or(1).max(1);
     let span_s = runs
         .iter()
         .flat_map(|r| {
@@ -172,10 +174,11 @@ fn bin_width(runs: &[Run]) -> f64 {
             lo.zip(hi).map(|(a, b)| (b - a) as f64 / 1e6)
         })
         .fold(0.0, f64::max);
-    if span_s < 30.0 {
-        0.1f64.max(span_s / 300.0)
+    let width = (span_s / 300.0).max(10.0 * span_s / rows as f64);
+    if width < 1.0 {
+        (width * 10.0).ceil().max(1.0) / 10.0
     } else {
-        (span_s / 300.0).ceil().max(1.0)
+        width.ceil()
     }
 }
 
