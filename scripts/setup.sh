@@ -9,6 +9,8 @@ command -v runc >/dev/null 2>&1 || need_apt+=(runc)
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 [ -x /usr/bin/python3 ] || need_apt+=(python3)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
+# The font of `hearth report`'s plots.
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing ${need_apt[*]}" >&2
     apt-get update -qq

@@ -4,5 +4,8 @@ pub mod bench;
 pub mod client;
 pub mod cluster;
 pub mod code;
+pub mod load;
+pub mod report_cmd;
 pub mod route_bench;
 pub mod stats;
+pub mod trace_cmd;

@@ -72,6 +72,14 @@ enum Command {
     /// Benchmarks that print numbers.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Generate load (closed loop, or a trace replayed open loop); one CSV row per invocation.
+    #[command(subcommand)]
+    Load(hearth_cli::load::LoadCommand),
+    /// Make workload traces from the Azure traces or synthetic shapes.
+    #[command(subcommand)]
+    Trace(hearth_cli::trace_cmd::TraceCommand),
+    /// Summarize results files, compare runs, and plot them.
+    Report(hearth_cli::report_cmd::ReportArgs),
 }
 
 #[derive(Args, Clone)]
@@ -297,6 +305,9 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Status { url } => print_response(client(&url)?.get("/v1/status")?),
         Command::Bench(b) => bench_cmd(b),
+        Command::Load(c) => hearth_cli::load::run(c),
+        Command::Trace(c) => hearth_cli::trace_cmd::run(c),
+        Command::Report(a) => hearth_cli::report_cmd::run(a),
     }
 }
 

@@ -514,3 +514,53 @@ fn deleting_a_function_while_it_runs_removes_its_sandboxes_after() {
         "its code is removed too"
     );
 }
+
+#[test]
+fn a_trace_replays_against_real_sandboxes() {
+    if !runc_available() {
+        return;
+    }
+    let s = Server::start("runc", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.csv");
+    std::fs::write(
+        &trace,
+        "time_ms,function\n0,spin\n0,floats\n300,spin\n320,floats\n600,spin\n",
+    )
+    .unwrap();
+    // `spin` is busy with the trace's time and memory; `floats` a FunctionBench-like sample.
+    std::fs::write(
+        dir.path().join("t.meta.csv"),
+        "function,warm_ms,cold_ms,mem_mb,sample,args\nspin,30,0,64,,\n\
+         floats,1.8,0,64,float_operation,\"{\"\"n\"\":10000}\"\n",
+    )
+    .unwrap();
+    let out = dir.path().join("r.csv");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["load", "trace"])
+        .arg(&trace)
+        .args(["--url", &s.url, "--functions-dir"])
+        .arg(repo().join("functions"))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let rows = hearth_loadgen::read_results(&out).unwrap();
+    assert_eq!(rows.len(), 5);
+    for r in &rows {
+        assert_eq!(r.outcome, hearth_loadgen::Outcome::Ok, "{r:?}");
+        if r.function == "spin" {
+            // busy spun for the trace's 30 ms inside the sandbox.
+            assert!(r.exec_us.unwrap() >= 30_000, "{r:?}");
+        }
+    }
+    // The first invocation of each function (ids 0 and 1, both at 0 ms) started its sandbox.
+    for r in rows.iter().filter(|r| r.id < 2) {
+        assert!(r.cold && r.init_us.unwrap() > 0, "{r:?}");
+    }
+}
