@@ -121,7 +121,7 @@ impl Worker {
             BackendKind::Runc => Backend::Runc(
                 crate::backend::runc::RuncBackend::new(config.runc.clone(), &data_dir, &id).await?,
             ),
-            BackendKind::Sim => Backend::Sim(crate::backend::sim::SimBackend),
+            BackendKind::Sim => Backend::Sim(crate::backend::sim::SimBackend::new()),
         };
         backend.cleanup_all().await;
         let engine = WorkerEngine::new(EngineConfig {

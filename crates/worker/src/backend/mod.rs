@@ -84,7 +84,7 @@ impl Backend {
     ) -> Result<AgentReply, SandboxError> {
         match (self, sandbox) {
             (Backend::Runc(b), Sandbox::Runc(s)) => b.invoke(s, args).await,
-            (Backend::Sim(_), Sandbox::Sim(s)) => Ok(s.invoke().await),
+            (Backend::Sim(b), Sandbox::Sim(s)) => Ok(b.invoke(s).await),
             _ => Err(SandboxError::Crashed("sandbox of another backend".into())),
         }
     }
