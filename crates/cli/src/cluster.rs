@@ -62,6 +62,8 @@ pub struct UpOptions {
     pub backend: Option<BackendKind>,
     pub memory_mb: Option<u64>,
     pub balance: Option<BalanceKind>,
+    /// Scheduling flags for every worker (`--queue`, `--keepalive`, `--concurrency`, `--cpus`).
+    pub worker_args: Vec<String>,
 }
 
 /// Starts a controller here and `n` worker processes that join it; stops them all on SIGTERM
@@ -166,6 +168,7 @@ fn spawn_worker(
     if let Some(m) = opts.memory_mb {
         cmd.args(["--memory-mb", &m.to_string()]);
     }
+    cmd.args(&opts.worker_args);
     // A worker must not outlive `hearth up`, even if it is killed.
     unsafe {
         use std::os::unix::process::CommandExt;

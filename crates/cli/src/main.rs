@@ -263,6 +263,7 @@ fn run(cli: Cli) -> Result<()> {
             balance,
         }) => cluster::up(
             cluster::UpOptions {
+                worker_args: worker_policy_args(&server),
                 config: server.config,
                 listen: server.listen,
                 data_dir: server.data_dir,
@@ -309,6 +310,26 @@ fn run(cli: Cli) -> Result<()> {
         Command::Trace(c) => hearth_cli::trace_cmd::run(c),
         Command::Report(a) => hearth_cli::report_cmd::run(a),
     }
+}
+
+/// The scheduling flags `hearth up --workers N` hands to every worker it starts.
+fn worker_policy_args(s: &ServerArgs) -> Vec<String> {
+    let mut a = Vec::new();
+    if let Some(q) = s.queue {
+        a.extend(["--queue".to_string(), q.to_string()]);
+    }
+    if let Some(k) = s.keepalive {
+        a.extend(["--keepalive".to_string(), k.to_string()]);
+    }
+    match &s.concurrency {
+        Some(Concurrency::Limit(n)) => a.extend(["--concurrency".to_string(), n.to_string()]),
+        Some(Concurrency::Named(n)) => a.extend(["--concurrency".to_string(), n.clone()]),
+        None => {}
+    }
+    if let Some(c) = s.cpus {
+        a.extend(["--cpus".to_string(), c.to_string()]);
+    }
+    a
 }
 
 fn client(url: &UrlArg) -> Result<Client> {

@@ -348,6 +348,12 @@ fn hearth_up_starts_a_controller_and_worker_processes_and_stops_them() {
             "sim",
             "--balance",
             "ch-bl",
+            "--queue",
+            "sjf",
+            "--keepalive",
+            "gdsf",
+            "--concurrency",
+            "3",
         ],
         &data,
         &[("HEARTH_STATUS_INTERVAL_MS", "100")],
@@ -356,6 +362,25 @@ fn hearth_up_starts_a_controller_and_worker_processes_and_stops_them() {
         workers_up(&up).len() == 2
     });
     assert_eq!(up.status()["balance"], "ch-bl");
+    // Every worker runs with the scheduling flags given to `hearth up`.
+    for w in up.status()["workers"].as_array().unwrap() {
+        let url = w["url"].as_str().unwrap();
+        let st = hearth_cli::client::Client::new(url)
+            .unwrap()
+            .get("/v1/status")
+            .unwrap()
+            .json();
+        let p = &st["policies"];
+        assert_eq!(
+            (
+                p["queue"].as_str(),
+                p["keepalive"].as_str(),
+                p["regulator"].as_str()
+            ),
+            (Some("sjf"), Some("gdsf"), Some("fixed(3)")),
+            "{st}"
+        );
+    }
     assert_eq!(up.put_fn("f", sim_fn(0, 0)).status, 201);
     let r = up.invoke("f", "{}");
     assert_eq!(r.status, 200, "{}", r.text());
