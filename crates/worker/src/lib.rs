@@ -6,6 +6,7 @@ pub mod archive;
 pub mod backend;
 pub mod config;
 pub mod error;
+pub mod in_flight;
 pub mod invocations;
 pub mod latency;
 pub mod membership;
