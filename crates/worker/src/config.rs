@@ -1,12 +1,13 @@
 //! Worker configuration: a TOML file, overridden by `HEARTH_*` environment variables, overridden
 //! by command-line flags.
 
-use figment::providers::{Env, Format, Serialized, Toml};
-use figment::Figment;
 use hearth_core::policy::hist::HistConfig;
 use hearth_core::{AimdConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+
+pub use crate::config_loader::ConfigError;
+use crate::config_loader::EnvKeys;
 
 /// The concurrency limit: a number of invocations, or `aimd` (0: the worker's CPUs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -251,58 +252,16 @@ const CONFIG_KEYS: &[&str] = &[
 /// `HEARTH_*` variables with other uses (client URL, log filter, test switches).
 const NON_CONFIG_VARS: &[&str] = &["url", "log", "require_runc"];
 
-fn is_config_key(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    CONFIG_KEYS.iter().any(|k| {
-        key == *k
-            || key
-                .strip_prefix(k)
-                .is_some_and(|rest| rest.starts_with("__"))
-    })
-}
-
-/// A configuration that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("config file {path}: {source}")]
-    File {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{0}")]
-    Invalid(String),
-}
+const ENV_KEYS: EnvKeys = EnvKeys {
+    keys: CONFIG_KEYS,
+    warn_unknown_except: Some(NON_CONFIG_VARS),
+};
 
 impl WorkerConfig {
     /// Defaults ← TOML file (if any) ← `HEARTH_*` environment (nested keys with `__`, e.g.
     /// `HEARTH_RUNC__UID`).
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut fig = Figment::from(Serialized::defaults(WorkerConfig::default()));
-        if let Some(path) = file {
-            if !path.exists() {
-                return Err(ConfigError::File {
-                    path: path.into(),
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "not found"),
-                });
-            }
-            fig = fig.merge(Toml::file(path));
-        }
-        let fig = fig.merge(
-            Env::prefixed("HEARTH_")
-                .filter(|k| is_config_key(k.as_str()))
-                .split("__"),
-        );
-        for (name, _) in std::env::vars() {
-            if let Some(key) = name.strip_prefix("HEARTH_") {
-                let key = key.to_ascii_lowercase();
-                if !is_config_key(&key) && !NON_CONFIG_VARS.contains(&key.as_str()) {
-                    tracing::warn!(variable = %name, "ignoring unknown HEARTH_ variable");
-                }
-            }
-        }
-        let config: WorkerConfig = fig
-            .extract()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let config: WorkerConfig = crate::config_loader::load(file, ENV_KEYS)?;
         config.check()?;
         Ok(config)
     }
