@@ -14,6 +14,7 @@ pub mod membership;
 pub mod metrics;
 pub mod registry;
 pub mod server;
+pub mod serving;
 pub mod worker;
 
 pub use config::{BackendKind, WorkerConfig};
