@@ -2,6 +2,7 @@
 //! overridden by command-line flags (the worker's scheme, with the controller's keys).
 
 use hearth_core::balance::{BalanceKind, BalanceParams};
+use hearth_worker::config_checks;
 use hearth_worker::config_loader::EnvKeys;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -94,30 +95,17 @@ impl ControllerConfig {
     /// Defaults ← TOML file (if any) ← `HEARTH_*` environment (nested keys with `__`, e.g.
     /// `HEARTH_BALANCE_PARAMS__B_MAX`).
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let config: ControllerConfig = hearth_worker::config_loader::load(file, ENV_KEYS)?;
-        config.check()?;
-        Ok(config)
+        hearth_worker::config_loader::load(file, ENV_KEYS, Self::check)
     }
 
     /// Refuses settings that cannot work.
     pub fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.listen.parse::<std::net::SocketAddr>().is_err() {
-            return bad(format!("listen must be IP:PORT, got {:?}", self.listen));
-        }
+        config_checks::listen(&self.listen)?;
         for w in &self.workers {
-            if !w.starts_with("http://") || w.len() <= "http://".len() {
-                return bad(format!(
-                    "workers must look like http://HOST:PORT, got {w:?}"
-                ));
-            }
+            config_checks::http_url("workers", w)?;
         }
-        if !(10..=60_000).contains(&self.status_interval_ms) {
-            return bad(format!(
-                "status_interval_ms must be between 10 and 60000, got {}",
-                self.status_interval_ms
-            ));
-        }
+        config_checks::status_interval_ms(self.status_interval_ms)?;
         if self.status_timeout_ms < self.status_interval_ms {
             return bad(format!(
                 "status_timeout_ms ({}) must be at least status_interval_ms ({})",

@@ -6,6 +6,7 @@ use hearth_core::{AimdConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, R
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+use crate::config_checks;
 pub use crate::config_loader::ConfigError;
 use crate::config_loader::EnvKeys;
 
@@ -261,17 +262,13 @@ impl WorkerConfig {
     /// Defaults ← TOML file (if any) ← `HEARTH_*` environment (nested keys with `__`, e.g.
     /// `HEARTH_RUNC__UID`).
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let config: WorkerConfig = crate::config_loader::load(file, ENV_KEYS)?;
-        config.check()?;
-        Ok(config)
+        crate::config_loader::load(file, ENV_KEYS, Self::check)
     }
 
     /// Refuses settings that cannot work.
     pub fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.listen.parse::<std::net::SocketAddr>().is_err() {
-            return bad(format!("listen must be IP:PORT, got {:?}", self.listen));
-        }
+        config_checks::listen(&self.listen)?;
         if self.memory_mb < 16 {
             return bad(format!(
                 "memory_mb must be at least 16, got {}",
@@ -315,18 +312,10 @@ impl WorkerConfig {
             ("advertise_url", &self.advertise_url),
         ] {
             if let Some(u) = url {
-                if !u.starts_with("http://") || u.len() <= "http://".len() {
-                    return bad(format!("{key} must look like http://HOST:PORT, got {u:?}"));
-                }
+                config_checks::http_url(key, u)?;
             }
         }
-        if !(10..=60_000).contains(&self.status_interval_ms) {
-            return bad(format!(
-                "status_interval_ms must be between 10 and 60000, got {}",
-                self.status_interval_ms
-            ));
-        }
-        Ok(())
+        config_checks::status_interval_ms(self.status_interval_ms)
     }
 
     /// CPUs the worker schedules for.

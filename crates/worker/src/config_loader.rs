@@ -44,9 +44,13 @@ impl EnvKeys {
     }
 }
 
-/// Defaults ← TOML file (if any) ← `HEARTH_*` environment (nested keys split on `__`). The
-/// caller checks the values.
-pub fn load<T>(file: Option<&Path>, env: EnvKeys) -> Result<T, ConfigError>
+/// Defaults ← TOML file (if any) ← `HEARTH_*` environment (nested keys split on `__`), then
+/// `check`ed.
+pub fn load<T>(
+    file: Option<&Path>,
+    env: EnvKeys,
+    check: impl FnOnce(&T) -> Result<(), ConfigError>,
+) -> Result<T, ConfigError>
 where
     T: Default + Serialize + DeserializeOwned,
 {
@@ -75,8 +79,11 @@ where
             }
         }
     }
-    fig.extract()
-        .map_err(|e| ConfigError::Invalid(e.to_string()))
+    let config: T = fig
+        .extract()
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    check(&config)?;
+    Ok(config)
 }
 
 #[cfg(test)]
@@ -105,6 +112,7 @@ mod tests {
         let err = load::<std::collections::BTreeMap<String, u32>>(
             Some(Path::new("/nonexistent/hearth.toml")),
             env,
+            |_| Ok(()),
         )
         .unwrap_err();
         assert_eq!(

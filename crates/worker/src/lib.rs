@@ -5,6 +5,7 @@ pub mod api;
 pub mod archive;
 pub mod backend;
 pub mod config;
+pub mod config_checks;
 pub mod config_loader;
 pub mod error;
 pub mod in_flight;
