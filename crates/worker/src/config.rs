@@ -445,18 +445,23 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
     fn unknown_keys_and_bad_values_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.toml");
-        std::fs::write(&path, "memroy_mb = 5\n").unwrap();
-        let err = WorkerConfig::load(Some(&path)).unwrap_err().to_string();
-        assert!(err.contains("memroy_mb"), "{err}");
-        std::fs::write(&path, "listen = \"nowhere\"\n").unwrap();
-        let err = WorkerConfig::load(Some(&path)).unwrap_err().to_string();
-        assert!(err.contains("listen"), "{err}");
-        let err = WorkerConfig::load(Some(&dir.path().join("missing.toml")))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("missing.toml"), "{err}");
+        // In a jail, so that another test's HEARTH_* variables cannot leak in meanwhile.
+        figment::Jail::expect_with(|_| {
+            std::fs::write(&path, "memroy_mb = 5\n").unwrap();
+            let err = WorkerConfig::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains("memroy_mb"), "{err}");
+            std::fs::write(&path, "listen = \"nowhere\"\n").unwrap();
+            let err = WorkerConfig::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains("listen"), "{err}");
+            let err = WorkerConfig::load(Some(&dir.path().join("missing.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("missing.toml"), "{err}");
+            Ok(())
+        });
     }
 }
