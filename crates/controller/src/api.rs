@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use hearth_worker::api::{
-    accepted, invocation_record, invoke_request, json_error, metrics_response, parse_registration,
-    prewarm_count, registered, with_common_endpoints, InvokeQuery,
+    accepted, invocation_record, invoke_request, json_error, metrics_response, prewarm_count,
+    registered, registration_request, with_common_endpoints, InvokeQuery,
 };
 use hearth_worker::error::ApiError;
 use hearth_worker::membership::StatusReport;
@@ -51,8 +51,7 @@ async fn register(
     Path(name): Path<String>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Json(body) = body.map_err(|r| json_error(r, c.config().max_code_bytes))?;
-    let (spec, code) = parse_registration(&name, body)?;
+    let (spec, code) = registration_request(&name, body, c.config().max_code_bytes)?;
     let (reg, created) = c.register(spec, code).await?;
     Ok(registered(&reg.spec, created))
 }

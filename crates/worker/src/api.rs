@@ -81,7 +81,7 @@ async fn method_not_allowed() -> ApiError {
 }
 
 /// A body that could not be read: 413 over the limit, else 400.
-pub fn body_error(rej: BytesRejection, limit: usize) -> ApiError {
+fn body_error(rej: BytesRejection, limit: usize) -> ApiError {
     if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::too_large(limit)
     } else {
@@ -104,8 +104,7 @@ async fn register(
     Path(name): Path<String>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Json(body) = body.map_err(|r| json_error(r, w.config().max_code_bytes))?;
-    let (spec, code) = parse_registration(&name, body)?;
+    let (spec, code) = registration_request(&name, body, w.config().max_code_bytes)?;
     let (reg, created) = w.register(spec, code)?;
     Ok(registered(&reg.spec, created))
 }
@@ -120,9 +119,19 @@ pub fn registered(spec: &FunctionSpec, created: bool) -> Response {
     (status, Json(json!(spec))).into_response()
 }
 
+/// A registration request for the function `name`, read and validated: 413 for a body over
+/// `max_code`, 400 for anything else wrong. The controller reads registrations with the same rules.
+pub fn registration_request(
+    name: &str,
+    body: Result<Json<Value>, JsonRejection>,
+    max_code: usize,
+) -> Result<(FunctionSpec, Option<CodeSource>), ApiError> {
+    let Json(body) = body.map_err(|r| json_error(r, max_code))?;
+    parse_registration(name, body)
+}
+
 /// A registration body (the spec's fields plus `code`) for the function `name`, validated.
-/// The controller reads registrations with the same rules.
-pub fn parse_registration(
+fn parse_registration(
     name: &str,
     mut body: Value,
 ) -> Result<(FunctionSpec, Option<CodeSource>), ApiError> {
