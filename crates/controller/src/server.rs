@@ -13,13 +13,11 @@ pub type ServeError = serving::ServeError<StartError>;
 /// Serves the controller API until `stop` resolves, then lets in-flight invocations finish
 /// (up to the grace period). `ready` gets the bound address once the API is up.
 pub async fn serve(
-    config: ControllerConfig,
+    mut config: ControllerConfig,
     stop: impl Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<std::net::SocketAddr>>,
 ) -> Result<(), ServeError> {
-    let mut config = config;
-    let (listener, addr) = serving::bind(&config.listen).await?;
-    config.listen = addr.to_string();
+    let (listener, addr) = serving::bind(&mut config.listen).await?;
     let grace = Duration::from_secs(config.shutdown_grace_s);
     let controller = Controller::start(config).await.map_err(ServeError::Start)?;
     tracing::info!(

@@ -14,13 +14,11 @@ pub type ServeError = serving::ServeError<StartError>;
 
 /// Serves the worker API until `stop` resolves, then drains and removes every sandbox.
 pub async fn serve(
-    config: WorkerConfig,
+    mut config: WorkerConfig,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let mut config = config;
-    let (listener, addr) = serving::bind(&config.listen).await?;
-    // Port 0 asks for any free port: name the worker after the one it got.
-    config.listen = addr.to_string();
+    // Port 0 asks for any free port: the worker is named after the one it got.
+    let (listener, addr) = serving::bind(&mut config.listen).await?;
     let grace = Duration::from_secs(config.shutdown_grace_s);
     let worker = Worker::start(config).await.map_err(ServeError::Start)?;
     tracing::info!(

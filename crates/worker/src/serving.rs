@@ -40,15 +40,16 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Binds `listen` (`IP:PORT`); also returns the address it got, since port 0 asks for any free
-/// one.
+/// Binds `listen` (`IP:PORT`) and rewrites it to the address it got, since port 0 asks for any
+/// free one: the service then knows and reports its real address.
 pub async fn bind<S: std::error::Error + 'static>(
-    listen: &str,
+    listen: &mut String,
 ) -> Result<(TcpListener, SocketAddr), ServeError<S>> {
-    let listener = TcpListener::bind(listen)
+    let listener = TcpListener::bind(listen.as_str())
         .await
-        .map_err(|e| ServeError::Bind(listen.to_string(), e))?;
+        .map_err(|e| ServeError::Bind(listen.clone(), e))?;
     let addr = listener.local_addr()?;
+    *listen = addr.to_string();
     Ok((listener, addr))
 }
 
