@@ -214,15 +214,9 @@ impl Controller {
             .put(spec, code, false)
             .map_err(registry_error)?;
         if let Some(dir) = reg.code_dir.clone() {
-            let packed =
-                tokio::task::spawn_blocking(move || hearth_worker::archive::pack_dir_base64(&dir))
-                    .await
-                    .map_err(|e| ApiError::internal(e.to_string()))?
-                    .map_err(|e| ApiError::internal(format!("packing the code: {e}")))?;
-            self.code.insert(
-                reg.spec.name.clone(),
-                (reg.spec.version, Arc::new(json!({ "archive": packed }))),
-            );
+            let code = pack_code(dir).await?;
+            self.code
+                .insert(reg.spec.name.clone(), (reg.spec.version, code));
         }
         if let Some(old) = previous.as_ref().and_then(|p| p.code_dir.as_deref()) {
             if reg.code_dir.as_deref() != Some(old) {
@@ -289,12 +283,7 @@ impl Controller {
         let Some(dir) = reg.code_dir.clone() else {
             return Ok(None);
         };
-        let packed =
-            tokio::task::spawn_blocking(move || hearth_worker::archive::pack_dir_base64(&dir))
-                .await
-                .map_err(|e| ApiError::internal(e.to_string()))?
-                .map_err(|e| ApiError::internal(format!("packing the code: {e}")))?;
-        let code = Arc::new(json!({ "archive": packed }));
+        let code = pack_code(dir).await?;
         self.code
             .insert(reg.spec.name.clone(), (reg.spec.version, Arc::clone(&code)));
         Ok(Some(code))
@@ -790,6 +779,16 @@ fn function_info(spec: &FunctionSpec) -> FunctionInfo {
         warm_us: us(spec.sim_warm_ms),
         cold_us: us(spec.sim_cold_ms).map(|c| c + us(spec.sim_warm_ms).unwrap_or(0)),
     }
+}
+
+/// A function's code directory packed as the `code` of a registration on a worker (off the
+/// async threads: it reads and compresses files).
+async fn pack_code(dir: PathBuf) -> Result<Arc<Value>, ApiError> {
+    let packed = tokio::task::spawn_blocking(move || hearth_worker::archive::pack_dir_base64(&dir))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::internal(format!("packing the code: {e}")))?;
+    Ok(Arc::new(json!({ "archive": packed })))
 }
 
 fn finite_or_null(v: f64) -> Value {
