@@ -1,4 +1,5 @@
-//! The public HTTP API (DESIGN.md §4), served by axum.
+//! The public HTTP API (DESIGN.md §4), served by axum. The controller serves the same API, so the
+//! request-reading and answer helpers here are public and shared with it.
 
 use crate::error::ApiError;
 use crate::invocations::AsyncInvocations;
