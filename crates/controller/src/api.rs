@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use hearth_worker::api::{
-    arguments, body_error, healthz, json_error, method_not_allowed, metrics_response,
-    no_such_endpoint, parse_registration, prewarm_count, InvokeQuery,
+    accepted, invocation_record, invoke_request, json_error, metrics_response, prewarm_count,
+    registered, registration_request, with_common_endpoints, InvokeQuery,
 };
 use hearth_worker::error::ApiError;
 use hearth_worker::membership::StatusReport;
@@ -24,7 +24,7 @@ use std::time::Instant;
 pub fn router(c: Arc<Controller>) -> Router {
     let max_body = c.config().max_body_bytes;
     let max_code = c.config().max_code_bytes;
-    Router::new()
+    let routes = Router::new()
         .route(
             "/v1/functions/{name}",
             put(register)
@@ -42,11 +42,8 @@ pub fn router(c: Arc<Controller>) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/cluster/workers", get(workers))
         .route("/v1/cluster/workers/{id}", put(report).delete(leave))
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .fallback(no_such_endpoint)
-        .method_not_allowed_fallback(method_not_allowed)
-        .with_state(c)
+        .route("/metrics", get(metrics));
+    with_common_endpoints(routes).with_state(c)
 }
 
 async fn register(
@@ -54,15 +51,9 @@ async fn register(
     Path(name): Path<String>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Json(body) = body.map_err(|r| json_error(r, c.config().max_code_bytes))?;
-    let (spec, code) = parse_registration(&name, body)?;
+    let (spec, code) = registration_request(&name, body, c.config().max_code_bytes)?;
     let (reg, created) = c.register(spec, code).await?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(json!(*reg.spec))).into_response())
+    Ok(registered(&reg.spec, created))
 }
 
 async fn list(State(c): State<Arc<Controller>>) -> Json<Value> {
@@ -111,18 +102,9 @@ async fn invoke(
 ) -> Response {
     let t0 = Instant::now();
     let result = async {
-        let Query(q) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
-        let body = body.map_err(|r| body_error(r, c.config().max_body_bytes))?;
-        let args = arguments(&body)?;
+        let (q, args) = invoke_request(query, body, c.config().max_body_bytes)?;
         if q.is_async {
-            let id = c.invoke_async(&name, args)?;
-            return Ok((
-                StatusCode::ACCEPTED,
-                Json(
-                    json!({"id": id, "status": "running", "url": format!("/v1/invocations/{id}")}),
-                ),
-            )
-                .into_response());
+            return Ok(accepted(&c.invoke_async(&name, args)?));
         }
         Ok(answer(c.invoke(&name, args, t0).await?))
     }
@@ -160,10 +142,7 @@ async fn invocation(
     State(c): State<Arc<Controller>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    c.invocations
-        .get(&id)
-        .map(Json)
-        .ok_or_else(|| ApiError::not_found("invocation", &id))
+    invocation_record(&c.invocations, &id)
 }
 
 async fn status(State(c): State<Arc<Controller>>) -> Json<Value> {

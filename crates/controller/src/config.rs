@@ -1,11 +1,13 @@
 //! Controller configuration: a TOML file, overridden by `HEARTH_*` environment variables,
 //! overridden by command-line flags (the worker's scheme, with the controller's keys).
 
-use figment::providers::{Env, Format, Serialized, Toml};
-use figment::Figment;
 use hearth_core::balance::{BalanceKind, BalanceParams};
+use hearth_worker::config_checks;
+use hearth_worker::config_loader::EnvKeys;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+
+pub use hearth_worker::config_loader::ConfigError;
 
 /// Everything a controller needs to run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,67 +84,28 @@ const CONFIG_KEYS: &[&str] = &[
     "shutdown_grace_s",
 ];
 
-fn is_config_key(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    CONFIG_KEYS.iter().any(|k| {
-        key == *k
-            || key
-                .strip_prefix(k)
-                .is_some_and(|rest| rest.starts_with("__"))
-    })
-}
-
-/// A configuration that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("config file {0}: not found")]
-    Missing(PathBuf),
-    #[error("{0}")]
-    Invalid(String),
-}
+/// Unknown `HEARTH_*` variables are not warned about: `hearth up` runs the controller in a
+/// process whose environment also carries its workers' settings.
+const ENV_KEYS: EnvKeys = EnvKeys {
+    keys: CONFIG_KEYS,
+    warn_unknown_except: None,
+};
 
 impl ControllerConfig {
     /// Defaults ← TOML file (if any) ← `HEARTH_*` environment (nested keys with `__`, e.g.
     /// `HEARTH_BALANCE_PARAMS__B_MAX`).
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut fig = Figment::from(Serialized::defaults(ControllerConfig::default()));
-        if let Some(path) = file {
-            if !path.exists() {
-                return Err(ConfigError::Missing(path.into()));
-            }
-            fig = fig.merge(Toml::file(path));
-        }
-        let fig = fig.merge(
-            Env::prefixed("HEARTH_")
-                .filter(|k| is_config_key(k.as_str()))
-                .split("__"),
-        );
-        let config: ControllerConfig = fig
-            .extract()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        config.check()?;
-        Ok(config)
+        hearth_worker::config_loader::load(file, ENV_KEYS, Self::check)
     }
 
     /// Refuses settings that cannot work.
     pub fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.listen.parse::<std::net::SocketAddr>().is_err() {
-            return bad(format!("listen must be IP:PORT, got {:?}", self.listen));
-        }
+        config_checks::listen(&self.listen)?;
         for w in &self.workers {
-            if !w.starts_with("http://") || w.len() <= "http://".len() {
-                return bad(format!(
-                    "workers must look like http://HOST:PORT, got {w:?}"
-                ));
-            }
+            config_checks::http_url("workers", w)?;
         }
-        if !(10..=60_000).contains(&self.status_interval_ms) {
-            return bad(format!(
-                "status_interval_ms must be between 10 and 60000, got {}",
-                self.status_interval_ms
-            ));
-        }
+        config_checks::status_interval_ms(self.status_interval_ms)?;
         if self.status_timeout_ms < self.status_interval_ms {
             return bad(format!(
                 "status_timeout_ms ({}) must be at least status_interval_ms ({})",

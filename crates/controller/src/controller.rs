@@ -23,6 +23,7 @@ use hearth_core::balance::{
 };
 use hearth_core::{FunctionSpec, Micros};
 use hearth_worker::error::ApiError;
+use hearth_worker::in_flight::InFlightTracker;
 use hearth_worker::invocations::AsyncInvocations;
 use hearth_worker::membership::StatusReport;
 use hearth_worker::registry::{CodeSource, Registered, Registry, RegistryError};
@@ -30,10 +31,9 @@ use hyper::Method;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 
 /// Errors of [`Controller::start`].
 #[derive(Debug, thiserror::Error)]
@@ -67,8 +67,7 @@ pub struct Controller {
     pub invocations: AsyncInvocations,
     pub metrics: Metrics,
     shutting_down: AtomicBool,
-    in_flight: AtomicUsize,
-    in_flight_done: Notify,
+    in_flight: InFlightTracker,
 }
 
 impl Controller {
@@ -98,8 +97,7 @@ impl Controller {
             members: DashMap::new(),
             metrics: Metrics::default(),
             shutting_down: AtomicBool::new(false),
-            in_flight: AtomicUsize::new(0),
-            in_flight_done: Notify::new(),
+            in_flight: InFlightTracker::new(),
         });
         tokio::spawn(sweep(Arc::downgrade(&c)));
         for url in c.config.workers.clone() {
@@ -216,15 +214,9 @@ impl Controller {
             .put(spec, code, false)
             .map_err(registry_error)?;
         if let Some(dir) = reg.code_dir.clone() {
-            let packed =
-                tokio::task::spawn_blocking(move || hearth_worker::archive::pack_dir_base64(&dir))
-                    .await
-                    .map_err(|e| ApiError::internal(e.to_string()))?
-                    .map_err(|e| ApiError::internal(format!("packing the code: {e}")))?;
-            self.code.insert(
-                reg.spec.name.clone(),
-                (reg.spec.version, Arc::new(json!({ "archive": packed }))),
-            );
+            let code = pack_code(dir).await?;
+            self.code
+                .insert(reg.spec.name.clone(), (reg.spec.version, code));
         }
         if let Some(old) = previous.as_ref().and_then(|p| p.code_dir.as_deref()) {
             if reg.code_dir.as_deref() != Some(old) {
@@ -291,12 +283,7 @@ impl Controller {
         let Some(dir) = reg.code_dir.clone() else {
             return Ok(None);
         };
-        let packed =
-            tokio::task::spawn_blocking(move || hearth_worker::archive::pack_dir_base64(&dir))
-                .await
-                .map_err(|e| ApiError::internal(e.to_string()))?
-                .map_err(|e| ApiError::internal(format!("packing the code: {e}")))?;
-        let code = Arc::new(json!({ "archive": packed }));
+        let code = pack_code(dir).await?;
         self.code
             .insert(reg.spec.name.clone(), (reg.spec.version, Arc::clone(&code)));
         Ok(Some(code))
@@ -352,18 +339,13 @@ impl Controller {
 
     // ---- invocations ----
 
-    fn in_flight(&self) -> InFlight<'_> {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(self)
-    }
-
     /// One invocation of `name` with JSON `args`; `t0` is when the request arrived. The answer
     /// is the worker's (success or error), or the controller's own error.
     pub async fn invoke(&self, name: &str, args: Bytes, t0: Instant) -> Result<Answer, ApiError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(shutting_down());
         }
-        let _guard = self.in_flight();
+        let _guard = self.in_flight.enter();
         let reg = self
             .registry
             .get(name)
@@ -745,7 +727,7 @@ impl Controller {
             "backend": backend,
             "uptime_s": self.epoch.elapsed().as_secs(),
             "shutting_down": self.shutting_down.load(Ordering::Acquire),
-            "in_flight": self.in_flight.load(Ordering::Acquire),
+            "in_flight": self.in_flight.count(),
             "async_running": self.invocations.running(),
             "balance": b.kind().as_str(),
             "balance_params": b.params(),
@@ -779,18 +761,11 @@ impl Controller {
     pub async fn drain(&self, grace: Duration) {
         self.begin_shutdown();
         let deadline = tokio::time::Instant::now() + grace;
-        while self.in_flight.load(Ordering::Acquire) > 0 {
-            let notified = self.in_flight_done.notified();
-            if self.in_flight.load(Ordering::Acquire) == 0 {
-                break;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                tracing::warn!(
-                    in_flight = self.in_flight.load(Ordering::Acquire),
-                    "grace period over with invocations still running"
-                );
-                break;
-            }
+        if !self.in_flight.wait_idle(deadline).await {
+            tracing::warn!(
+                in_flight = self.in_flight.count(),
+                "grace period over with invocations still running"
+            );
         }
     }
 }
@@ -804,6 +779,16 @@ fn function_info(spec: &FunctionSpec) -> FunctionInfo {
         warm_us: us(spec.sim_warm_ms),
         cold_us: us(spec.sim_cold_ms).map(|c| c + us(spec.sim_warm_ms).unwrap_or(0)),
     }
+}
+
+/// A function's code directory packed as the `code` of a registration on a worker (off the
+/// async threads: it reads and compresses files).
+async fn pack_code(dir: PathBuf) -> Result<Arc<Value>, ApiError> {
+    let packed = tokio::task::spawn_blocking(move || hearth_worker::archive::pack_dir_base64(&dir))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::internal(format!("packing the code: {e}")))?;
+    Ok(Arc::new(json!({ "archive": packed })))
 }
 
 fn finite_or_null(v: f64) -> Value {
@@ -857,17 +842,6 @@ fn error_message(body: &[u8]) -> String {
         .ok()
         .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
         .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(300).collect())
-}
-
-/// Counts an invocation in flight until dropped.
-struct InFlight<'a>(&'a Controller);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.in_flight_done.notify_waiters();
-        }
-    }
 }
 
 /// An accepted async invocation's record: always finished, with an error if its task ends

@@ -1,5 +1,6 @@
 //! Prometheus metrics of the controller (`GET /metrics`).
 
+use hearth_worker::metrics::{doubling_buckets, encode_text, registered};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -49,60 +50,54 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("hearth_controller");
-        let m = Metrics {
-            invocations: Family::default(),
-            placements: Family::default(),
-            forwarded: Family::default(),
-            // 1 µs .. ~8 s, doubling.
-            route: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-                1e-6, 2.0, 24,
-            )),
-            overhead: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-                1e-5, 2.0, 24,
-            )),
-            membership: Family::default(),
-            worker_load: Family::default(),
-            workers_up: Gauge::default(),
-            registry: Registry::default(),
-        };
-        registry.register(
-            "invocations",
-            "Invocations by outcome (ok, error answered by a worker, worker_failed, rejected, no_workers)",
-            m.invocations.clone(),
-        );
-        registry.register(
-            "placements",
-            "Routing decisions by placement (home, forwarded, least_loaded, overflow, direct)",
-            m.placements.clone(),
-        );
-        registry.register(
-            "forwarded",
-            "Invocations forwarded, by worker",
-            m.forwarded.clone(),
-        );
-        registry.register(
-            "route_seconds",
-            "Time to take a routing decision",
-            m.route.clone(),
-        );
-        registry.register(
-            "overhead_seconds",
-            "The controller's share of an invocation: its end-to-end time minus the worker's",
-            m.overhead.clone(),
-        );
-        registry.register(
-            "membership_events",
-            "Workers joining and leaving (join, leave, expired, failed)",
-            m.membership.clone(),
-        );
-        registry.register(
-            "worker_load",
-            "Normalized load each live worker last reported",
-            m.worker_load.clone(),
-        );
-        registry.register("workers_up", "Live workers", m.workers_up.clone());
-        Metrics { registry, ..m }
+        let mut r = Registry::with_prefix("hearth_controller");
+        Metrics {
+            invocations: registered(
+                &mut r,
+                "invocations",
+                "Invocations by outcome (ok, error answered by a worker, worker_failed, rejected, no_workers)",
+                Family::default(),
+            ),
+            placements: registered(
+                &mut r,
+                "placements",
+                "Routing decisions by placement (home, forwarded, least_loaded, overflow, direct)",
+                Family::default(),
+            ),
+            forwarded: registered(
+                &mut r,
+                "forwarded",
+                "Invocations forwarded, by worker",
+                Family::default(),
+            ),
+            // 1 µs .. ~8 s.
+            route: registered(
+                &mut r,
+                "route_seconds",
+                "Time to take a routing decision",
+                Histogram::new(doubling_buckets(1e-6)),
+            ),
+            overhead: registered(
+                &mut r,
+                "overhead_seconds",
+                "The controller's share of an invocation: its end-to-end time minus the worker's",
+                Histogram::new(doubling_buckets(1e-5)),
+            ),
+            membership: registered(
+                &mut r,
+                "membership_events",
+                "Workers joining and leaving (join, leave, expired, failed)",
+                Family::default(),
+            ),
+            worker_load: registered(
+                &mut r,
+                "worker_load",
+                "Normalized load each live worker last reported",
+                Family::default(),
+            ),
+            workers_up: registered(&mut r, "workers_up", "Live workers", Gauge::default()),
+            registry: r,
+        }
     }
 }
 
@@ -128,10 +123,6 @@ impl Metrics {
                 .set(*load);
         }
         self.workers_up.set(loads.len() as i64);
-        let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
-            tracing::warn!(error = %e, "encoding metrics failed");
-        }
-        out
+        encode_text(&self.registry)
     }
 }

@@ -2,36 +2,24 @@
 
 use crate::config::ControllerConfig;
 use crate::controller::{Controller, StartError};
+use hearth_worker::serving;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Why the server stopped with an error.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    #[error("cannot listen on {0}: {1}")]
-    Bind(String, std::io::Error),
-    #[error("{0}")]
-    Start(#[from] StartError),
-    #[error("server: {0}")]
-    Io(#[from] std::io::Error),
-}
+pub type ServeError = serving::ServeError<StartError>;
 
 /// Serves the controller API until `stop` resolves, then lets in-flight invocations finish
 /// (up to the grace period). `ready` gets the bound address once the API is up.
 pub async fn serve(
-    config: ControllerConfig,
+    mut config: ControllerConfig,
     stop: impl Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<std::net::SocketAddr>>,
 ) -> Result<(), ServeError> {
-    let mut config = config;
-    let listener = tokio::net::TcpListener::bind(&config.listen)
-        .await
-        .map_err(|e| ServeError::Bind(config.listen.clone(), e))?;
-    let addr = listener.local_addr()?;
-    config.listen = addr.to_string();
+    let (listener, addr) = serving::bind(&mut config.listen).await?;
     let grace = Duration::from_secs(config.shutdown_grace_s);
-    let controller = Controller::start(config).await?;
+    let controller = Controller::start(config).await.map_err(ServeError::Start)?;
     tracing::info!(
         %addr,
         balance = %controller.config().balance,
@@ -40,46 +28,21 @@ pub async fn serve(
         "hearth controller listening"
     );
     let app = crate::api::router(Arc::clone(&controller));
-    let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
-    let mut graceful_rx = stopping_rx.clone();
     let c2 = Arc::clone(&controller);
-    tokio::spawn(async move {
-        stop.await;
-        tracing::info!("shutting down: refusing new invocations, finishing in-flight ones");
-        c2.begin_shutdown();
-        let _ = stopping_tx.send(true);
-    });
+    let stopping = serving::on_stop(stop, move || c2.begin_shutdown());
     if let Some(tx) = ready {
         let _ = tx.send(addr);
     }
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let c3 = Arc::clone(&controller);
-    let mut serve_task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = graceful_rx.wait_for(|s| *s).await;
-                // Async invocations have no connection to keep the server up: wait for them.
-                c3.drain(grace).await;
-            })
-            .await
-    });
-    // The server returns once every connection is done; one still open after the grace period
-    // is cut off.
-    let mut grace_rx = stopping_rx;
-    tokio::select! {
-        res = &mut serve_task => {
-            res.map_err(|e| std::io::Error::other(e.to_string()))??;
-        }
-        _ = async {
-            let _ = grace_rx.wait_for(|s| *s).await;
-            tokio::time::sleep(grace + Duration::from_secs(1)).await;
-        } => {
-            tracing::warn!("grace period over with requests still running");
-            serve_task.abort();
-        }
-    }
+    // Async invocations have no connection to keep the server up: wait for them.
+    let drain = async move { controller.drain(grace).await };
+    // A connection still open a second after the grace period is cut off.
+    serving::serve_until_stopped(
+        listener,
+        app,
+        stopping,
+        drain,
+        grace + Duration::from_secs(1),
+    )
+    .await?;
     Ok(())
 }

@@ -1,6 +1,8 @@
-//! The public HTTP API (DESIGN.md §4), served by axum.
+//! The public HTTP API (DESIGN.md §4), served by axum. The controller serves the same API, so the
+//! request-reading and answer helpers here are public and shared with it.
 
 use crate::error::ApiError;
+use crate::invocations::AsyncInvocations;
 use crate::registry::CodeSource;
 use crate::worker::{Invoked, Worker};
 use axum::body::Bytes;
@@ -21,7 +23,7 @@ use std::time::Instant;
 pub fn router(worker: Arc<Worker>) -> Router {
     let max_body = worker.config().max_body_bytes;
     let max_code = worker.config().max_code_bytes;
-    Router::new()
+    let routes = Router::new()
         .route(
             "/v1/functions/{name}",
             put(register)
@@ -37,19 +39,28 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .route("/v1/functions/{name}/prewarm", post(prewarm))
         .route("/v1/invocations/{id}", get(invocation))
         .route("/v1/status", get(status))
+        .route("/metrics", get(metrics));
+    with_common_endpoints(routes).with_state(worker)
+}
+
+/// What every Hearth API has besides its own routes (the worker's and the controller's):
+/// `/healthz`, and JSON errors for unknown paths (404) and methods (405).
+pub fn with_common_endpoints<S>(routes: Router<S>) -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    routes
         .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
         .fallback(no_such_endpoint)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(worker)
 }
 
 /// 404 for paths the API does not have.
-pub async fn no_such_endpoint() -> ApiError {
+async fn no_such_endpoint() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
 }
 
-/// Prometheus text with its content type (the controller's `/metrics`).
+/// Prometheus text with its content type (`GET /metrics`).
 pub fn metrics_response(text: String) -> Response {
     (
         [(
@@ -62,7 +73,7 @@ pub fn metrics_response(text: String) -> Response {
 }
 
 /// 405 for methods a path does not take.
-pub async fn method_not_allowed() -> ApiError {
+async fn method_not_allowed() -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
@@ -71,7 +82,7 @@ pub async fn method_not_allowed() -> ApiError {
 }
 
 /// A body that could not be read: 413 over the limit, else 400.
-pub fn body_error(rej: BytesRejection, limit: usize) -> ApiError {
+fn body_error(rej: BytesRejection, limit: usize) -> ApiError {
     if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::too_large(limit)
     } else {
@@ -94,20 +105,34 @@ async fn register(
     Path(name): Path<String>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Json(body) = body.map_err(|r| json_error(r, w.config().max_code_bytes))?;
-    let (spec, code) = parse_registration(&name, body)?;
+    let (spec, code) = registration_request(&name, body, w.config().max_code_bytes)?;
     let (reg, created) = w.register(spec, code)?;
+    Ok(registered(&reg.spec, created))
+}
+
+/// The answer to a registration: the spec, with 201 when the function is new, else 200.
+pub fn registered(spec: &FunctionSpec, created: bool) -> Response {
     let status = if created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(json!(*reg.spec))).into_response())
+    (status, Json(json!(spec))).into_response()
+}
+
+/// A registration request for the function `name`, read and validated: 413 for a body over
+/// `max_code`, 400 for anything else wrong. The controller reads registrations with the same rules.
+pub fn registration_request(
+    name: &str,
+    body: Result<Json<Value>, JsonRejection>,
+    max_code: usize,
+) -> Result<(FunctionSpec, Option<CodeSource>), ApiError> {
+    let Json(body) = body.map_err(|r| json_error(r, max_code))?;
+    parse_registration(name, body)
 }
 
 /// A registration body (the spec's fields plus `code`) for the function `name`, validated.
-/// The controller reads registrations with the same rules.
-pub fn parse_registration(
+fn parse_registration(
     name: &str,
     mut body: Value,
 ) -> Result<(FunctionSpec, Option<CodeSource>), ApiError> {
@@ -196,8 +221,20 @@ pub struct InvokeQuery {
     pub is_async: bool,
 }
 
+/// The query and arguments of an invocation request: 400 for a bad query or arguments that are
+/// not JSON, 413 for a body over `max_body`.
+pub fn invoke_request(
+    query: Result<Query<InvokeQuery>, QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+    max_body: usize,
+) -> Result<(InvokeQuery, Bytes), ApiError> {
+    let Query(q) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
+    let body = body.map_err(|r| body_error(r, max_body))?;
+    Ok((q, arguments(&body)?))
+}
+
 /// Checks the arguments are JSON; an empty body means `{}`.
-pub fn arguments(body: &Bytes) -> Result<Bytes, ApiError> {
+fn arguments(body: &Bytes) -> Result<Bytes, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Bytes::from_static(b"{}"));
     }
@@ -214,9 +251,7 @@ async fn invoke(
 ) -> Response {
     let t0 = Instant::now();
     let result = async {
-        let Query(q) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
-        let body = body.map_err(|r| body_error(r, w.config().max_body_bytes))?;
-        let args = arguments(&body)?;
+        let (q, args) = invoke_request(query, body, w.config().max_body_bytes)?;
         if q.is_async {
             return invoke_async(&w, name, args);
         }
@@ -247,11 +282,16 @@ fn invoke_async(w: &Arc<Worker>, name: String, args: Bytes) -> Result<Response, 
         };
         worker.invocations.finish(&task_id, status, body);
     });
-    Ok((
+    Ok(accepted(&id))
+}
+
+/// 202 for an accepted async invocation, with where its result will be.
+pub fn accepted(id: &str) -> Response {
+    (
         StatusCode::ACCEPTED,
         Json(json!({"id": id, "status": "running", "url": format!("/v1/invocations/{id}")})),
     )
-        .into_response())
+        .into_response()
 }
 
 /// `{"result": ..., "cold": ..., "worker": ..., "timing": {...}}`, written directly: the result is
@@ -324,10 +364,18 @@ async fn invocation(
     State(w): State<Arc<Worker>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    w.invocations
-        .get(&id)
+    invocation_record(&w.invocations, &id)
+}
+
+/// `GET /v1/invocations/{id}`: an async invocation's record, 404 if unknown or expired.
+pub fn invocation_record(
+    invocations: &AsyncInvocations,
+    id: &str,
+) -> Result<Json<Value>, ApiError> {
+    invocations
+        .get(id)
         .map(Json)
-        .ok_or_else(|| ApiError::not_found("invocation", &id))
+        .ok_or_else(|| ApiError::not_found("invocation", id))
 }
 
 async fn status(State(w): State<Arc<Worker>>) -> Json<Value> {
@@ -335,18 +383,10 @@ async fn status(State(w): State<Arc<Worker>>) -> Json<Value> {
 }
 
 /// `GET /healthz`.
-pub async fn healthz() -> Json<Value> {
+async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
 async fn metrics(State(w): State<Arc<Worker>>) -> Response {
-    let text = w.metrics.encode(&w.stats());
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    metrics_response(w.metrics.encode(&w.stats()))
 }

@@ -1,12 +1,14 @@
 //! Worker configuration: a TOML file, overridden by `HEARTH_*` environment variables, overridden
 //! by command-line flags.
 
-use figment::providers::{Env, Format, Serialized, Toml};
-use figment::Figment;
 use hearth_core::policy::hist::HistConfig;
 use hearth_core::{AimdConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+
+use crate::config_checks;
+pub use crate::config_loader::ConfigError;
+use crate::config_loader::EnvKeys;
 
 /// The concurrency limit: a number of invocations, or `aimd` (0: the worker's CPUs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -251,68 +253,22 @@ const CONFIG_KEYS: &[&str] = &[
 /// `HEARTH_*` variables with other uses (client URL, log filter, test switches).
 const NON_CONFIG_VARS: &[&str] = &["url", "log", "require_runc"];
 
-fn is_config_key(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    CONFIG_KEYS.iter().any(|k| {
-        key == *k
-            || key
-                .strip_prefix(k)
-                .is_some_and(|rest| rest.starts_with("__"))
-    })
-}
-
-/// A configuration that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("config file {path}: {source}")]
-    File {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{0}")]
-    Invalid(String),
-}
+const ENV_KEYS: EnvKeys = EnvKeys {
+    keys: CONFIG_KEYS,
+    warn_unknown_except: Some(NON_CONFIG_VARS),
+};
 
 impl WorkerConfig {
     /// Defaults ← TOML file (if any) ← `HEARTH_*` environment (nested keys with `__`, e.g.
     /// `HEARTH_RUNC__UID`).
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut fig = Figment::from(Serialized::defaults(WorkerConfig::default()));
-        if let Some(path) = file {
-            if !path.exists() {
-                return Err(ConfigError::File {
-                    path: path.into(),
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "not found"),
-                });
-            }
-            fig = fig.merge(Toml::file(path));
-        }
-        let fig = fig.merge(
-            Env::prefixed("HEARTH_")
-                .filter(|k| is_config_key(k.as_str()))
-                .split("__"),
-        );
-        for (name, _) in std::env::vars() {
-            if let Some(key) = name.strip_prefix("HEARTH_") {
-                let key = key.to_ascii_lowercase();
-                if !is_config_key(&key) && !NON_CONFIG_VARS.contains(&key.as_str()) {
-                    tracing::warn!(variable = %name, "ignoring unknown HEARTH_ variable");
-                }
-            }
-        }
-        let config: WorkerConfig = fig
-            .extract()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        config.check()?;
-        Ok(config)
+        crate::config_loader::load(file, ENV_KEYS, Self::check)
     }
 
     /// Refuses settings that cannot work.
     pub fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.listen.parse::<std::net::SocketAddr>().is_err() {
-            return bad(format!("listen must be IP:PORT, got {:?}", self.listen));
-        }
+        config_checks::listen(&self.listen)?;
         if self.memory_mb < 16 {
             return bad(format!(
                 "memory_mb must be at least 16, got {}",
@@ -356,18 +312,10 @@ impl WorkerConfig {
             ("advertise_url", &self.advertise_url),
         ] {
             if let Some(u) = url {
-                if !u.starts_with("http://") || u.len() <= "http://".len() {
-                    return bad(format!("{key} must look like http://HOST:PORT, got {u:?}"));
-                }
+                config_checks::http_url(key, u)?;
             }
         }
-        if !(10..=60_000).contains(&self.status_interval_ms) {
-            return bad(format!(
-                "status_interval_ms must be between 10 and 60000, got {}",
-                self.status_interval_ms
-            ));
-        }
-        Ok(())
+        config_checks::status_interval_ms(self.status_interval_ms)
     }
 
     /// CPUs the worker schedules for.
@@ -497,18 +445,23 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
     fn unknown_keys_and_bad_values_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.toml");
-        std::fs::write(&path, "memroy_mb = 5\n").unwrap();
-        let err = WorkerConfig::load(Some(&path)).unwrap_err().to_string();
-        assert!(err.contains("memroy_mb"), "{err}");
-        std::fs::write(&path, "listen = \"nowhere\"\n").unwrap();
-        let err = WorkerConfig::load(Some(&path)).unwrap_err().to_string();
-        assert!(err.contains("listen"), "{err}");
-        let err = WorkerConfig::load(Some(&dir.path().join("missing.toml")))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("missing.toml"), "{err}");
+        // In a jail, so that another test's HEARTH_* variables cannot leak in meanwhile.
+        figment::Jail::expect_with(|_| {
+            std::fs::write(&path, "memroy_mb = 5\n").unwrap();
+            let err = WorkerConfig::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains("memroy_mb"), "{err}");
+            std::fs::write(&path, "listen = \"nowhere\"\n").unwrap();
+            let err = WorkerConfig::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains("listen"), "{err}");
+            let err = WorkerConfig::load(Some(&dir.path().join("missing.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("missing.toml"), "{err}");
+            Ok(())
+        });
     }
 }

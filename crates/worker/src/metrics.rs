@@ -6,7 +6,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 /// How an invocation ended.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -69,134 +69,146 @@ pub struct Metrics {
     pub load_normalized: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
-fn latency_buckets() -> impl Iterator<Item = f64> {
-    // 10 µs .. ~84 s, doubling.
-    prometheus_client::metrics::histogram::exponential_buckets(1e-5, 2.0, 24)
+/// Registers `metric` under `name` and hands it back, so that a metrics struct is built and
+/// registered in one expression (the worker's and the controller's).
+pub fn registered<M: Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// Histogram buckets from `first` seconds, doubling, 24 of them.
+pub fn doubling_buckets(first: f64) -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(first, 2.0, 24)
+}
+
+/// The text exposition of `registry` (`GET /metrics`).
+pub fn encode_text(registry: &Registry) -> String {
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
+        tracing::warn!(error = %e, "encoding metrics failed");
+    }
+    out
+}
+
+/// Latency histogram: 10 µs .. ~84 s, doubling.
+fn latency_histogram() -> Histogram {
+    Histogram::new(doubling_buckets(1e-5))
+}
+
+/// One latency histogram per label set.
+fn latency_histograms<L>() -> Family<L, Histogram>
+where
+    L: Clone + std::hash::Hash + Eq,
+{
+    Family::new_with_constructor(latency_histogram as fn() -> Histogram)
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("hearth");
-        let invocations = Family::<FnOutcome, Counter>::default();
-        let cold_starts = Family::<ColdLabel, Counter>::default();
-        let warm_starts = Family::<FnLabel, Counter>::default();
-        let overhead = Histogram::new(latency_buckets());
-        let exec = Family::<FnLabel, Histogram>::new_with_constructor(
-            (|| Histogram::new(latency_buckets())) as fn() -> Histogram,
-        );
-        let init = Family::<FnLabel, Histogram>::new_with_constructor(
-            (|| Histogram::new(latency_buckets())) as fn() -> Histogram,
-        );
-        let sandboxes = Family::<StateLabel, Gauge>::default();
-        let memory_mb = Family::<StateLabel, Gauge>::default();
-        let memory_budget_mb = Gauge::default();
-        let sandboxes_destroyed = Family::<StateLabel, Counter>::default();
-        let queue_wait = Family::<QueueLabel, Histogram>::new_with_constructor(
-            (|| Histogram::new(latency_buckets())) as fn() -> Histogram,
-        );
-        let queue_length = Gauge::default();
-        let concurrency_limit = Gauge::default();
-        let running = Gauge::default();
-        let bypassed = Counter::default();
-        let load_normalized = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        registry.register(
-            "invocations",
-            "Invocations by function and outcome",
-            invocations.clone(),
-        );
-        registry.register(
-            "cold_starts",
-            "Invocations that started a new sandbox, by function and reason",
-            cold_starts.clone(),
-        );
-        registry.register(
-            "warm_starts",
-            "Invocations served by a warm sandbox, by function",
-            warm_starts.clone(),
-        );
-        registry.register(
-            "invocation_overhead_seconds",
-            "Control-plane overhead: end-to-end at the worker minus queue, init and exec",
-            overhead.clone(),
-        );
-        registry.register(
-            "invocation_exec_seconds",
-            "Handler execution time measured in the sandbox",
-            exec.clone(),
-        );
-        registry.register(
-            "invocation_init_seconds",
-            "Cold-start time: sandbox creation and handler import",
-            init.clone(),
-        );
-        registry.register(
-            "pool_sandboxes",
-            "Sandboxes by state (warm, running, starting)",
-            sandboxes.clone(),
-        );
-        registry.register(
-            "pool_memory_mb",
-            "Memory reserved by sandboxes, by state (warm, running)",
-            memory_mb.clone(),
-        );
-        registry.register(
-            "pool_memory_budget_mb",
-            "Memory budget for sandboxes",
-            memory_budget_mb.clone(),
-        );
-        registry.register(
-            "sandboxes_destroyed",
-            "Sandboxes destroyed, by reason",
-            sandboxes_destroyed.clone(),
-        );
-        registry.register(
-            "queue_wait_seconds",
-            "Time invocations waited in the worker queue, by queue discipline",
-            queue_wait.clone(),
-        );
-        registry.register(
-            "queue_length",
-            "Invocations waiting in the worker queue",
-            queue_length.clone(),
-        );
-        registry.register(
-            "concurrency_limit",
-            "The regulator's current limit on concurrently running queued invocations",
-            concurrency_limit.clone(),
-        );
-        registry.register(
-            "running_invocations",
-            "Invocations running now, bypasses included",
-            running.clone(),
-        );
-        registry.register(
-            "bypassed",
-            "Invocations that skipped the queue as short functions",
-            bypassed.clone(),
-        );
-        registry.register(
-            "load_normalized",
-            "1-minute load average divided by the worker's CPUs",
-            load_normalized.clone(),
-        );
+        let mut r = Registry::with_prefix("hearth");
         Metrics {
-            registry,
-            invocations,
-            cold_starts,
-            warm_starts,
-            overhead,
-            exec,
-            init,
-            sandboxes,
-            memory_mb,
-            memory_budget_mb,
-            sandboxes_destroyed,
-            queue_wait,
-            queue_length,
-            concurrency_limit,
-            running,
-            bypassed,
-            load_normalized,
+            invocations: registered(
+                &mut r,
+                "invocations",
+                "Invocations by function and outcome",
+                Family::default(),
+            ),
+            cold_starts: registered(
+                &mut r,
+                "cold_starts",
+                "Invocations that started a new sandbox, by function and reason",
+                Family::default(),
+            ),
+            warm_starts: registered(
+                &mut r,
+                "warm_starts",
+                "Invocations served by a warm sandbox, by function",
+                Family::default(),
+            ),
+            overhead: registered(
+                &mut r,
+                "invocation_overhead_seconds",
+                "Control-plane overhead: end-to-end at the worker minus queue, init and exec",
+                latency_histogram(),
+            ),
+            exec: registered(
+                &mut r,
+                "invocation_exec_seconds",
+                "Handler execution time measured in the sandbox",
+                latency_histograms(),
+            ),
+            init: registered(
+                &mut r,
+                "invocation_init_seconds",
+                "Cold-start time: sandbox creation and handler import",
+                latency_histograms(),
+            ),
+            sandboxes: registered(
+                &mut r,
+                "pool_sandboxes",
+                "Sandboxes by state (warm, running, starting)",
+                Family::default(),
+            ),
+            memory_mb: registered(
+                &mut r,
+                "pool_memory_mb",
+                "Memory reserved by sandboxes, by state (warm, running)",
+                Family::default(),
+            ),
+            memory_budget_mb: registered(
+                &mut r,
+                "pool_memory_budget_mb",
+                "Memory budget for sandboxes",
+                Gauge::default(),
+            ),
+            sandboxes_destroyed: registered(
+                &mut r,
+                "sandboxes_destroyed",
+                "Sandboxes destroyed, by reason",
+                Family::default(),
+            ),
+            queue_wait: registered(
+                &mut r,
+                "queue_wait_seconds",
+                "Time invocations waited in the worker queue, by queue discipline",
+                latency_histograms(),
+            ),
+            queue_length: registered(
+                &mut r,
+                "queue_length",
+                "Invocations waiting in the worker queue",
+                Gauge::default(),
+            ),
+            concurrency_limit: registered(
+                &mut r,
+                "concurrency_limit",
+                "The regulator's current limit on concurrently running queued invocations",
+                Gauge::default(),
+            ),
+            running: registered(
+                &mut r,
+                "running_invocations",
+                "Invocations running now, bypasses included",
+                Gauge::default(),
+            ),
+            bypassed: registered(
+                &mut r,
+                "bypassed",
+                "Invocations that skipped the queue as short functions",
+                Counter::default(),
+            ),
+            load_normalized: registered(
+                &mut r,
+                "load_normalized",
+                "1-minute load average divided by the worker's CPUs",
+                Gauge::default(),
+            ),
+            registry: r,
         }
     }
 }
@@ -235,10 +247,6 @@ impl Metrics {
             .get_or_create(&StateLabel { state: "running" })
             .set(stats.memory_running_mb as i64);
         self.memory_budget_mb.set(stats.memory_budget_mb as i64);
-        let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
-            tracing::warn!(error = %e, "encoding metrics failed");
-        }
-        out
+        encode_text(&self.registry)
     }
 }

@@ -1,55 +1,26 @@
 //! Runs a worker: binds, serves, and shuts down gracefully on SIGTERM or Ctrl-C.
 
 use crate::config::WorkerConfig;
+use crate::serving;
 use crate::worker::{StartError, Worker};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Why the server stopped with an error.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    #[error("cannot listen on {0}: {1}")]
-    Bind(String, std::io::Error),
-    #[error("{0}")]
-    Start(#[from] StartError),
-    #[error("server: {0}")]
-    Io(#[from] std::io::Error),
-}
+pub use crate::serving::shutdown_signal;
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-}
+/// Why the server stopped with an error.
+pub type ServeError = serving::ServeError<StartError>;
 
 /// Serves the worker API until `stop` resolves, then drains and removes every sandbox.
 pub async fn serve(
-    config: WorkerConfig,
+    mut config: WorkerConfig,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let mut config = config;
-    let listener = tokio::net::TcpListener::bind(&config.listen)
-        .await
-        .map_err(|e| ServeError::Bind(config.listen.clone(), e))?;
-    let addr = listener.local_addr()?;
-    // Port 0 asks for any free port: name the worker after the one it got.
-    config.listen = addr.to_string();
+    // Port 0 asks for any free port: the worker is named after the one it got.
+    let (listener, addr) = serving::bind(&mut config.listen).await?;
     let grace = Duration::from_secs(config.shutdown_grace_s);
-    let worker = Worker::start(config).await?;
+    let worker = Worker::start(config).await.map_err(ServeError::Start)?;
     tracing::info!(
         %addr,
         worker = worker.id(),
@@ -58,7 +29,8 @@ pub async fn serve(
         "hearth worker listening"
     );
     let app = crate::api::router(Arc::clone(&worker));
-    let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
+    let w2 = Arc::clone(&worker);
+    let stopping = serving::on_stop(stop, move || w2.begin_shutdown());
     let membership = worker.config().controller.clone().map(|controller| {
         let url = worker
             .config()
@@ -71,43 +43,11 @@ pub async fn serve(
             controller,
             url,
             interval,
-            stopping_rx.clone(),
+            stopping.clone(),
         ))
     });
-    let w2 = Arc::clone(&worker);
-    tokio::spawn(async move {
-        stop.await;
-        tracing::info!("shutting down: refusing new invocations, finishing in-flight ones");
-        w2.begin_shutdown();
-        let _ = stopping_tx.send(true);
-    });
-    let mut graceful_rx = stopping_rx.clone();
-    let mut serve_task = tokio::spawn(async move {
-        use axum::serve::ListenerExt;
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = graceful_rx.wait_for(|s| *s).await;
-            })
-            .await
-    });
-    // The server returns once every connection is done; a request still running after the
-    // grace period is cut off and its sandbox killed below.
-    let mut grace_rx = stopping_rx;
-    tokio::select! {
-        res = &mut serve_task => {
-            res.map_err(|e| std::io::Error::other(e.to_string()))??;
-        }
-        _ = async {
-            let _ = grace_rx.wait_for(|s| *s).await;
-            tokio::time::sleep(grace).await;
-        } => {
-            tracing::warn!("grace period over with requests still running");
-            serve_task.abort();
-        }
-    }
+    // A request still running after the grace period is cut off and its sandbox killed below.
+    serving::serve_until_stopped(listener, app, stopping, std::future::ready(()), grace).await?;
     if let Some(m) = membership {
         let _ = tokio::time::timeout(Duration::from_secs(2), m).await;
     }

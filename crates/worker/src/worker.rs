@@ -10,6 +10,7 @@ use crate::agent_client::AgentReply;
 use crate::backend::{Backend, Sandbox, SandboxError};
 use crate::config::{BackendKind, WorkerConfig};
 use crate::error::ApiError;
+use crate::in_flight::InFlightTracker;
 use crate::invocations::AsyncInvocations;
 use crate::metrics::{ColdLabel, FnLabel, Metrics, Outcome, QueueLabel, StateLabel};
 use crate::registry::{CodeSource, Registered, Registry, RegistryError};
@@ -25,10 +26,10 @@ use parking_lot::Mutex;
 use serde_json::json;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, oneshot};
 
 /// Per-invocation timing in microseconds (DESIGN.md §4).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -87,8 +88,7 @@ pub struct Worker {
     pub metrics: Metrics,
     pub invocations: AsyncInvocations,
     shutting_down: AtomicBool,
-    in_flight: AtomicUsize,
-    in_flight_done: Notify,
+    in_flight: InFlightTracker,
     /// Live sandboxes per code directory, so retired code is removed once unused.
     code_users: DashMap<PathBuf, usize>,
     latency: crate::latency::LowLatency,
@@ -167,8 +167,7 @@ impl Worker {
             lifecycle: tx,
             metrics: Metrics::default(),
             shutting_down: AtomicBool::new(false),
-            in_flight: AtomicUsize::new(0),
-            in_flight_done: Notify::new(),
+            in_flight: InFlightTracker::new(),
             code_users: DashMap::new(),
             latency,
         });
@@ -249,11 +248,6 @@ impl Worker {
         }
         st.engine.on_completed(now, run, c);
         self.drain(&mut st);
-    }
-
-    fn in_flight(&self) -> InFlight<'_> {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(self)
     }
 
     /// Admission: runs at once, waits in the queue, or is refused.
@@ -354,7 +348,7 @@ impl Worker {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(ApiError::shutting_down());
         }
-        let _guard = self.in_flight();
+        let _guard = self.in_flight.enter();
         self.latency.on_activity();
         let reg = self
             .registry
@@ -731,7 +725,7 @@ impl Worker {
             "backend": self.backend.name(),
             "uptime_s": self.epoch.elapsed().as_secs(),
             "shutting_down": self.shutting_down.load(Ordering::Acquire),
-            "in_flight": self.in_flight.load(Ordering::Acquire),
+            "in_flight": self.in_flight.count(),
             "async_running": self.invocations.running(),
             "memory": {
                 "budget_mb": pool.memory_budget_mb,
@@ -770,18 +764,11 @@ impl Worker {
     pub async fn shutdown(&self, grace: Duration) {
         self.shutting_down.store(true, Ordering::Release);
         let deadline = tokio::time::Instant::now() + grace;
-        while self.in_flight.load(Ordering::Acquire) > 0 {
-            let notified = self.in_flight_done.notified();
-            if self.in_flight.load(Ordering::Acquire) == 0 {
-                break;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                tracing::warn!(
-                    in_flight = self.in_flight.load(Ordering::Acquire),
-                    "grace period over; killing the remaining sandboxes"
-                );
-                break;
-            }
+        if !self.in_flight.wait_idle(deadline).await {
+            tracing::warn!(
+                in_flight = self.in_flight.count(),
+                "grace period over; killing the remaining sandboxes"
+            );
         }
         {
             let mut st = self.state.lock();
@@ -794,17 +781,6 @@ impl Worker {
         }
         self.backend.cleanup_all().await;
         tracing::info!("all sandboxes removed");
-    }
-}
-
-/// Counts an invocation in flight until dropped.
-struct InFlight<'a>(&'a Worker);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.in_flight_done.notify_waiters();
-        }
     }
 }
 

@@ -4,7 +4,6 @@ use super::Server;
 use hearth_cli::client::Client;
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How often test workers push status.
@@ -30,33 +29,7 @@ impl Server {
 
     /// Runs `hearth ARGS --listen 127.0.0.1:PORT --data-dir DATA_DIR` and waits for /healthz.
     pub fn run_hearth(args: &[&str], data_dir: &Path, env: &[(&str, &str)]) -> Server {
-        let port = super::free_port();
-        let listen = format!("127.0.0.1:{port}");
-        std::fs::create_dir_all(data_dir).unwrap();
-        let log = data_dir.with_extension(format!("{port}.log"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hearth"));
-        cmd.args(args)
-            .args(["--listen", &listen])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .env("HEARTH_SHUTDOWN_GRACE_S", "10")
-            .env("HEARTH_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("spawn hearth");
-        let mut s = Server {
-            url: format!("http://{listen}"),
-            data_dir: data_dir.to_path_buf(),
-            child: Some(child),
-            _tmp: None,
-            log,
-        };
-        s.wait_ready();
-        s
+        Server::spawn_hearth(args, data_dir, env, |_, _| {})
     }
 
     /// SIGKILL: a crash, with no goodbye to the controller.

@@ -46,29 +46,43 @@ impl Server {
     }
 
     fn launch(backend: &str, data_dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Server {
+        let args = [&["worker", "--backend", backend][..], args].concat();
+        Server::spawn_hearth(&args, data_dir, env, |cmd, port| {
+            cmd.env("HEARTH_WORKER_ID", format!("test-{port}"))
+                .env_remove("HEARTH_REQUIRE_RUNC");
+        })
+    }
+
+    /// Runs `hearth ARGS --listen 127.0.0.1:PORT --data-dir DATA_DIR` on a free port, logging to
+    /// `DATA_DIR.PORT.log`, and waits for /healthz. `setup` adds settings that need the port;
+    /// `env` goes on top of everything.
+    fn spawn_hearth(
+        args: &[&str],
+        data_dir: &Path,
+        env: &[(&str, &str)],
+        setup: impl FnOnce(&mut Command, u16),
+    ) -> Server {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         std::fs::create_dir_all(data_dir).unwrap();
         let log = data_dir.with_extension(format!("{port}.log"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hearth"));
-        cmd.args(["worker", "--listen", &listen, "--backend", backend])
+        cmd.args(args)
+            .args(["--listen", &listen])
             .arg("--data-dir")
             .arg(data_dir)
-            .args(args)
-            .env("HEARTH_WORKER_ID", format!("test-{port}"))
             .env("HEARTH_SHUTDOWN_GRACE_S", "10")
             .env("HEARTH_LOG", "info")
-            .env_remove("HEARTH_REQUIRE_RUNC")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
+        setup(&mut cmd, port);
         for (k, v) in env {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("spawn hearth");
-        let url = format!("http://{listen}");
         let mut s = Server {
-            url,
+            url: format!("http://{listen}"),
             data_dir: data_dir.to_path_buf(),
             child: Some(child),
             _tmp: None,
