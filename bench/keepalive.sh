@@ -8,7 +8,7 @@
 # frequency quartile), one hour of the trace. The whole timeline is compressed by SCALE so that a
 # run takes SCALE hours: inter-arrival times, execution and cold-start times, and TTL's 10 minutes
 # alike, so the policies see the same workload shape as the uncompressed hour. Memory budgets are
-# 15 %, 30 % and 60 % of the sum of the functions' memory (what keeping every function warm takes).
+# 25 %, 50 % and 100 % of the sum of the functions' memory (what keeping every function warm takes).
 #
 # Cold-start overhead = Σ init time / Σ execution time over all invocations (the thesis's
 # "increase in execution time due to cold starts").
@@ -39,7 +39,7 @@ PY
 total_mb=$(python3 -c "import csv,sys; print(int(sum(float(r['mem_mb']) for r in csv.DictReader(open('$out/trace.meta.csv')))))")
 ttl_s=$(python3 -c "print(max(1, round(600 * $scale)))")
 
-for pct in 15 30 60; do
+for pct in 25 50 100; do
     budget=$((total_mb * pct / 100))
     for policy in ttl lru gdsf; do
         port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -62,7 +62,7 @@ import csv, sys
 out, total, ttl = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 print(f"# keep-alive on a sim worker: 100 Azure functions, {total} MiB to keep all warm, TTL {ttl} s (10 min scaled)")
 print(f"{'budget':>14} {'policy':>6} {'invocations':>11} {'cold':>6} {'cold %':>7} {'overhead %':>10} {'dropped':>7}")
-for pct in (15, 30, 60):
+for pct in (25, 50, 100):
     for policy in ("ttl", "lru", "gdsf"):
         rows = list(csv.DictReader(open(f"{out}/{policy}-{pct}.csv")))
         ok = [r for r in rows if r["outcome"] == "ok"]
