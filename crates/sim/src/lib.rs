@@ -15,6 +15,7 @@ pub mod config;
 pub mod cpu;
 mod error;
 pub mod events;
+pub mod experiments;
 pub mod record;
 pub mod router;
 pub mod simulation;

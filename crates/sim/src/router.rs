@@ -12,9 +12,10 @@ use hearth_core::{Micros, WorkerEngine};
 /// The CH-RLU paper's "online greedy optimal" policy (§6.3): every server's expected time for
 /// the function is `(w if it has an idle warm sandbox, else c) × S(L)`, with `S(L) = max(1, L)`
 /// the processor-sharing slowdown at the server's last *reported* normalized load `L`; the
-/// lowest wins (ties: fewer invocations in flight from here, then the lower index). Knowing
-/// every server's warm sandboxes at the instant of the decision is what makes it omniscient and
-/// impractical; its loads are as stale as everyone's.
+/// lowest wins, ties going as in the balancer's least-loaded: the lower reported load, then
+/// fewer invocations in flight from here, then the lower index. Knowing every server's warm
+/// sandboxes at the instant of the decision is what makes it omniscient and impractical; its
+/// loads are as stale as everyone's.
 #[derive(Debug, Clone)]
 pub struct Greedy {
     loads: Vec<f64>,
@@ -35,23 +36,28 @@ impl Greedy {
         f: &SimFunction,
         engines: impl Iterator<Item = &'e WorkerEngine>,
     ) -> usize {
-        let mut best: Option<(f64, u32, usize)> = None;
+        let mut best: Option<(f64, f64, u32, usize)> = None;
         for (w, engine) in engines.enumerate() {
             let base = if engine.pool().idle_count(&f.name) > 0 {
                 f.warm_us
             } else {
                 f.cold_us()
             };
-            let cand = (base as f64 * self.loads[w].max(1.0), self.in_flight[w], w);
+            let load = self.loads[w];
+            let cand = (base as f64 * load.max(1.0), load, self.in_flight[w], w);
             let better = match best {
                 None => true,
-                Some(b) => cand.0 < b.0 || (cand.0 == b.0 && (cand.1, cand.2) < (b.1, b.2)),
+                Some(b) => {
+                    cand.0 < b.0
+                        || (cand.0 == b.0
+                            && (cand.1 < b.1 || (cand.1 == b.1 && (cand.2, cand.3) < (b.2, b.3))))
+                }
             };
             if better {
                 best = Some(cand);
             }
         }
-        let w = best.map_or(0, |b| b.2);
+        let w = best.map_or(0, |b| b.3);
         self.in_flight[w] += 1;
         w
     }
@@ -155,5 +161,65 @@ impl Router {
             Router::Balancer { balancer, .. } => Some(balancer),
             Router::Greedy(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SimConfig;
+    use hearth_core::{Admission, Arrival, Completion};
+
+    fn function(warm_us: u64, init_us: u64) -> SimFunction {
+        SimFunction {
+            name: std::sync::Arc::from("f"),
+            key: hearth_core::balance::FunctionKey::of("f"),
+            warm_us,
+            init_us,
+            memory_mb: 64,
+            priority: 0,
+            deadline_us: None,
+            prewarm: 0,
+        }
+    }
+
+    /// Three engines; the middle one has an idle sandbox of `f`.
+    fn engines(f: &SimFunction) -> Vec<WorkerEngine> {
+        let mut e: Vec<WorkerEngine> = (0..3)
+            .map(|_| WorkerEngine::new(SimConfig::default().engine()))
+            .collect();
+        let arrival = Arrival {
+            function: &f.name,
+            memory_mb: f.memory_mb,
+            deadline_us: None,
+        };
+        let Admission::Run(run) = e[1].on_invocation(0, arrival) else {
+            panic!("runs at once");
+        };
+        let done = Completion {
+            exec_us: Some(f.warm_us),
+            init_us: Some(f.init_us),
+            reusable: true,
+        };
+        e[1].on_completed(f.cold_us(), &run, done);
+        e
+    }
+
+    #[test]
+    fn greedy_prefers_the_warm_server_until_its_load_outweighs_the_cold_start() {
+        let f = function(100, 300);
+        let e = engines(&f);
+        let mut g = Greedy::new(3);
+        assert_eq!(g.route(&f, e.iter()), 1, "warm beats cold at equal loads");
+        // Warm at load 3: 100 × 3 = 300 < 400 cold: still warm.
+        g.loads = vec![0.5, 3.0, 0.2];
+        assert_eq!(g.route(&f, e.iter()), 1);
+        // Warm at load 5: 500 > 400: the cold server with the lower load.
+        g.loads = vec![0.5, 5.0, 0.2];
+        assert_eq!(g.route(&f, e.iter()), 2);
+        // Equal expected times and loads: fewer in flight (worker 2 has one from above).
+        g.loads = vec![0.2, 5.0, 0.2];
+        assert_eq!(g.route(&f, e.iter()), 0);
+        assert_eq!(g.in_flight, [1, 2, 1]);
     }
 }

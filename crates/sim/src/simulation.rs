@@ -158,9 +158,21 @@ impl<'a> Simulation<'a> {
             sink,
         };
         for w in 0..sim.workers.len() {
-            sim.schedule_timer(w);
+            sim.prewarm(w)?;
         }
         Ok(sim)
+    }
+
+    /// Starts the functions' pre-warmed sandboxes; they are ready when the trace begins.
+    fn prewarm(&mut self, w: usize) -> Result<()> {
+        for f in self.workload.functions.iter().filter(|f| f.prewarm > 0) {
+            let engine = &mut self.workers[w].engine;
+            let (ids, _no_memory) = engine.prewarm(0, &f.name, f.memory_mb, f.prewarm);
+            for id in ids {
+                engine.on_sandbox_ready(0, id);
+            }
+        }
+        self.after_engine(w)
     }
 
     /// The simulated workers (their engines hold the pools, queues and learned state).

@@ -27,6 +27,9 @@ pub struct SimFunction {
     pub priority: i32,
     /// Deadline relative to arrival (SRSF); none unless an experiment sets one.
     pub deadline_us: Option<Micros>,
+    /// Sandboxes started on every worker before the trace begins (as `hearth load trace
+    /// --prewarm` does before it starts its clock).
+    pub prewarm: u32,
 }
 
 impl SimFunction {
@@ -87,6 +90,7 @@ impl Workload {
                 memory_mb: m.memory_mb(),
                 priority: 0,
                 deadline_us: None,
+                prewarm: 0,
             });
         }
         let arrivals = trace
@@ -108,6 +112,17 @@ impl Workload {
         let t = Trace::read(trace)?;
         let m = Metadata::read(meta)?;
         Workload::new(&t, &m)
+    }
+
+    /// Prewarms each function's sandboxes by Little's law (its rate × warm time, at least one),
+    /// exactly as `hearth load trace --prewarm` counts them.
+    pub fn prewarm_by_littles_law(&mut self, trace: &Trace, meta: &Metadata) {
+        let rates = trace.rates_per_s();
+        for f in &mut self.functions {
+            if let (Some(m), Some(rate)) = (meta.get(&f.name), rates.get(&*f.name)) {
+                f.prewarm = m.prewarm_count(*rate);
+            }
+        }
     }
 
     pub fn function(&self, i: u32) -> &SimFunction {

@@ -22,6 +22,7 @@ pub fn function(name: &str, warm_ms: u64, init_ms: u64, memory_mb: u64) -> SimFu
         memory_mb,
         priority: 0,
         deadline_us: None,
+        prewarm: 0,
     }
 }
 
