@@ -5,7 +5,7 @@ use clap::Args;
 use hearth_core::balance::{BalanceKind, BalanceParams};
 use hearth_core::bypass::BypassConfig;
 use hearth_core::{AimdConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig};
-use hearth_loadgen::metadata;
+use hearth_loadgen::{metadata, Metadata, Trace};
 use hearth_sim::{CsvSink, Routing, SimConfig, Workload};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -66,6 +66,10 @@ pub struct SimArgs {
     /// Seed of the balancer's random generator (random policy, CH-RLU's load noise).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Start each function's sandboxes on every worker before the trace, by Little's law
+    /// (rate × warm time), as `hearth load trace --prewarm` does.
+    #[arg(long)]
+    prewarm: bool,
 }
 
 /// A routing policy by name: one of the controller's, or the simulator's greedy baseline.
@@ -177,7 +181,13 @@ pub fn run(a: SimArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| metadata::default_path(&a.trace));
     let t0 = Instant::now();
-    let workload = Workload::read(&a.trace, &meta)?;
+    let trace = Trace::read(&a.trace)?;
+    let metadata = Metadata::read(&meta)?;
+    let mut workload = Workload::new(&trace, &metadata)?;
+    if a.prewarm {
+        workload.prewarm_by_littles_law(&trace, &metadata);
+    }
+    drop(trace);
     let read_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut sink = CsvSink::create(&workload, &a.out)?;

@@ -62,6 +62,21 @@ pub fn occupancy(rows: &[ResultRow], bin_s: f64) -> Occupancy {
     }
 }
 
+/// Each function's invocation rate over the run (/s), by scheduled time.
+fn rates(rows: &[ResultRow]) -> Vec<(String, f64)> {
+    let mut counts: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for r in rows {
+        *counts.entry(r.function.as_str()).or_insert(0) += 1;
+    }
+    let lo = rows.iter().map(|r| r.scheduled_us).min().unwrap_or(0);
+    let hi = rows.iter().map(|r| r.scheduled_us).max().unwrap_or(0);
+    let span_s = ((hi - lo) as f64 / 1e6).max(1.0);
+    counts
+        .into_iter()
+        .map(|(f, n)| (f.to_string(), n as f64 / span_s))
+        .collect()
+}
+
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
@@ -166,6 +181,19 @@ pub fn compare(
             },
         ]
     };
+    let mut running = series(&o_real.running, &o_sim.running);
+    // Little's law's expectation of the running count (thesis Fig. 5.10), from the warm times.
+    let littles_law = meta.map(|m| {
+        let rates = rates(real);
+        m.expected_concurrency(rates.iter().map(|(f, r)| (f.as_str(), *r)))
+    });
+    if let Some(l) = littles_law {
+        let end = o_real.running.len().max(o_sim.running.len()) as f64 * bin_s;
+        running.push(Series {
+            label: format!("Little's law ({l:.2})"),
+            points: vec![(0.0, l), (end, l)],
+        });
+    }
     plot::lines(
         &fig,
         &format!("Real worker vs simulator over time ({bin_s} s bins, time-averaged)"),
@@ -182,9 +210,9 @@ pub fn compare(
                 title: "running (init + exec)".into(),
                 x: Axis::linear("time (s)"),
                 y: Axis::linear("invocations running"),
-                series: series(&o_real.running, &o_sim.running),
+                series: running,
                 markers: false,
-                legend: SeriesLabelPosition::UpperRight,
+                legend: SeriesLabelPosition::LowerLeft,
             },
         ],
         (1500, 520),
@@ -210,6 +238,7 @@ pub fn compare(
         "mean_queue": [mean(&o_real.queued), mean(&o_sim.queued)],
         "mean_running": [mean(&o_real.running), mean(&o_sim.running)],
         "queue_mean_abs_diff": queue_diff, "running_mean_abs_diff": running_diff,
+        "littles_law_running": littles_law,
     });
     Ok((md, json, vec![fig, cdf]))
 }

@@ -132,7 +132,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             y: Axis::log("increase in execution time (%)"),
             series,
             markers: true,
-            legend: SeriesLabelPosition::UpperRight,
+            legend: SeriesLabelPosition::LowerLeft,
         });
         ratio_panels.push(LinePanel {
             title: format!("{name} ({} functions)", workload.functions.len()),
@@ -140,7 +140,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             y: Axis::linear("cold starts (% of invocations)"),
             series: ratio_series,
             markers: true,
-            legend: SeriesLabelPosition::UpperRight,
+            legend: SeriesLabelPosition::LowerLeft,
         });
         json_samples.push(
             json!({"sample": name, "functions": workload.functions.len(),
