@@ -55,7 +55,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 10_000)]
     max_queue: usize,
     /// Concurrency limit: a number (0: the CPUs), aimd, or unlimited (pure processor sharing).
-    #[arg(long, default_value = "0")]
+    #[arg(long, visible_alias = "regulator", default_value = "0")]
     concurrency: String,
     /// Invocations expected to take less than this skip the queue (0: never).
     #[arg(long, default_value_t = 0.0)]

@@ -133,37 +133,24 @@ fn bad_input_gets_a_clear_error() {
     assert!(run(&["--concurrency", "many"]).contains("--concurrency"));
     assert!(run(&["--keepalive", "forever"]).contains("keep-alive policy"));
     assert!(run(&["--meta", "/nonexistent/m.csv"]).contains("/nonexistent/m.csv"));
-    // A trace function with no metadata row.
-    std::fs::write(
-        dir.path().join("ghost.csv"),
-        "time_ms,function\n0,fa\n7.5,ghost\n",
-    )
-    .unwrap();
-    let err = failed(hearth(&[
-        "sim",
-        "--trace",
-        p(&dir.path().join("ghost.csv")),
-        "--meta",
-        p(&dir.path().join("t.meta.csv")),
-        "-o",
-        p(&out),
-    ]));
+    // A trace function with no metadata row; a malformed trace names its line.
+    let meta = dir.path().join("t.meta.csv");
+    let with_trace = |name: &str, text: &str| {
+        let trace = dir.path().join(name);
+        std::fs::write(&trace, text).unwrap();
+        failed(hearth(&[
+            "sim",
+            "--trace",
+            p(&trace),
+            "--meta",
+            p(&meta),
+            "-o",
+            p(&out),
+        ]))
+    };
+    let err = with_trace("ghost.csv", "time_ms,function\n0,fa\n7.5,ghost\n");
     assert!(err.contains("\"ghost\"") && err.contains("no row"), "{err}");
-    // A malformed trace names its line.
-    std::fs::write(
-        dir.path().join("bad.csv"),
-        "time_ms,function\n0,fa\nsoon,fb\n",
-    )
-    .unwrap();
-    let err = failed(hearth(&[
-        "sim",
-        "--trace",
-        p(&dir.path().join("bad.csv")),
-        "--meta",
-        p(&dir.path().join("t.meta.csv")),
-        "-o",
-        p(&out),
-    ]));
+    let err = with_trace("bad.csv", "time_ms,function\n0,fa\nsoon,fb\n");
     assert!(err.contains("bad.csv, line 3"), "{err}");
     assert!(failed(hearth(&["experiment", "fig12"])).contains("unknown experiment"));
     assert!(failed(hearth(&["experiment", "fidelity"])).contains("--real"));

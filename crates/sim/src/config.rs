@@ -21,6 +21,17 @@ pub enum Routing {
 }
 
 impl Routing {
+    /// One of the controller's policies with its default parameters and `seed`.
+    pub fn seeded(kind: BalanceKind, seed: u64) -> Self {
+        Routing::Balancer(
+            kind,
+            BalanceParams {
+                seed,
+                ..BalanceParams::default()
+            },
+        )
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Routing::Balancer(k, _) => k.as_str(),

@@ -170,19 +170,6 @@ mod tests {
     use crate::config::SimConfig;
     use hearth_core::{Admission, Arrival, Completion};
 
-    fn function(warm_us: u64, init_us: u64) -> SimFunction {
-        SimFunction {
-            name: std::sync::Arc::from("f"),
-            key: hearth_core::balance::FunctionKey::of("f"),
-            warm_us,
-            init_us,
-            memory_mb: 64,
-            priority: 0,
-            deadline_us: None,
-            prewarm: 0,
-        }
-    }
-
     /// Three engines; the middle one has an idle sandbox of `f`.
     fn engines(f: &SimFunction) -> Vec<WorkerEngine> {
         let mut e: Vec<WorkerEngine> = (0..3)
@@ -207,7 +194,7 @@ mod tests {
 
     #[test]
     fn greedy_prefers_the_warm_server_until_its_load_outweighs_the_cold_start() {
-        let f = function(100, 300);
+        let f = SimFunction::new("f", 100, 300, 64);
         let e = engines(&f);
         let mut g = Greedy::new(3);
         assert_eq!(g.route(&f, e.iter()), 1, "warm beats cold at equal loads");

@@ -33,6 +33,20 @@ pub struct SimFunction {
 }
 
 impl SimFunction {
+    /// A function of priority 0 without deadline or prewarming.
+    pub fn new(name: &str, warm_us: Micros, init_us: Micros, memory_mb: u64) -> Self {
+        SimFunction {
+            name: Arc::from(name),
+            key: FunctionKey::of(name),
+            warm_us,
+            init_us,
+            memory_mb,
+            priority: 0,
+            deadline_us: None,
+            prewarm: 0,
+        }
+    }
+
     /// Warm time plus init time: what a cold invocation takes unloaded.
     pub fn cold_us(&self) -> Micros {
         self.warm_us + self.init_us
@@ -82,16 +96,12 @@ impl Workload {
             let m = meta
                 .get(name)
                 .ok_or_else(|| SimError::Config(format!("no metadata for {name}")))?;
-            functions.push(SimFunction {
-                name: Arc::from(*name),
-                key: FunctionKey::of(name),
-                warm_us: us(m.warm_ms),
-                init_us: us(m.cold_ms),
-                memory_mb: m.memory_mb(),
-                priority: 0,
-                deadline_us: None,
-                prewarm: 0,
-            });
+            functions.push(SimFunction::new(
+                name,
+                us(m.warm_ms),
+                us(m.cold_ms),
+                m.memory_mb(),
+            ));
         }
         let arrivals = trace
             .invocations

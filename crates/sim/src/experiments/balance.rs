@@ -13,7 +13,7 @@ use super::runner::{run_all, Job};
 use super::{azure, describe, f, AzureSample, Options, Output, Table, AZURE_1350};
 use crate::config::{Routing, SimConfig};
 use crate::error::Result;
-use hearth_core::balance::{BalanceKind, BalanceParams};
+use hearth_core::balance::BalanceKind;
 use hearth_core::{KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig};
 use hearth_loadgen::make::{mapping::Mapping, select::Selection, Scaling};
 use plotters::prelude::SeriesLabelPosition;
@@ -25,14 +25,8 @@ const TOTAL_MEMORY_GB: u64 = 512;
 /// Figs. 12–13 use eight servers of the same totals.
 const SERVERS: usize = 8;
 
-fn cluster(servers: usize, routing: Routing, seed: u64) -> SimConfig {
+fn cluster(servers: usize, routing: Routing) -> SimConfig {
     let cpus = TOTAL_CPUS / servers as u32;
-    let routing = match routing {
-        Routing::Balancer(kind, params) => {
-            Routing::Balancer(kind, BalanceParams { seed, ..params })
-        }
-        g => g,
-    };
     SimConfig {
         workers: servers,
         cpus,
@@ -45,11 +39,8 @@ fn cluster(servers: usize, routing: Routing, seed: u64) -> SimConfig {
     }
 }
 
-fn policy(kind: BalanceKind) -> Routing {
-    Routing::Balancer(kind, BalanceParams::default())
-}
-
 pub(super) fn run(o: &Options) -> Result<Output> {
+    let policy = |kind| Routing::seeded(kind, o.seed);
     let sample = AzureSample {
         file: AZURE_1350,
         selection: Selection::Random(1000),
@@ -78,10 +69,10 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         .map(|(name, r)| Job {
             label: name.to_string(),
             workload: &workload,
-            config: cluster(SERVERS, r.clone(), o.seed),
+            config: cluster(SERVERS, r.clone()),
         })
         .collect();
-    let mut queued = cluster(SERVERS, policy(BalanceKind::ChRlu), o.seed);
+    let mut queued = cluster(SERVERS, policy(BalanceKind::ChRlu));
     queued.regulator = RegulatorConfig::Fixed(queued.cpus);
     jobs.push(Job {
         label: "ch-rlu, Hearth queue".into(),
@@ -104,7 +95,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             jobs.push(Job {
                 label: format!("{name} on {n} servers"),
                 workload: &workload,
-                config: cluster(*n, r.clone(), o.seed),
+                config: cluster(*n, r.clone()),
             });
         }
     }

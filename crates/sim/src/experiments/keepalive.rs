@@ -11,7 +11,7 @@ use super::runner::{run_all, Job};
 use super::{azure, describe, f, AzureSample, Options, Output, Table, AZURE_1350};
 use crate::config::{Routing, SimConfig};
 use crate::error::Result;
-use hearth_core::balance::{BalanceKind, BalanceParams};
+use hearth_core::balance::BalanceKind;
 use hearth_core::{KeepAliveConfig, KeepAliveKind, RegulatorConfig};
 use hearth_loadgen::make::{mapping::Mapping, select::Selection, Scaling};
 use plotters::prelude::SeriesLabelPosition;
@@ -52,7 +52,7 @@ fn config(kind: KeepAliveKind, memory_gb: u64) -> SimConfig {
         free_buffer_mb: 0,
         regulator: RegulatorConfig::Fixed(u32::MAX),
         keepalive: KeepAliveConfig::new(kind),
-        routing: Routing::Balancer(BalanceKind::RoundRobin, BalanceParams::default()),
+        routing: Routing::seeded(BalanceKind::RoundRobin, 0),
         ..SimConfig::default()
     }
 }

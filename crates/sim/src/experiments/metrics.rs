@@ -239,21 +239,10 @@ mod tests {
     use super::*;
     use crate::record::Refusal;
     use crate::workload::{Arrival, SimFunction};
-    use hearth_core::balance::FunctionKey;
     use hearth_core::{ColdReason, Reject};
-    use std::sync::Arc;
 
     fn workload() -> Workload {
-        let f = |name: &str, warm_us| SimFunction {
-            name: Arc::from(name),
-            key: FunctionKey::of(name),
-            warm_us,
-            init_us: 0,
-            memory_mb: 64,
-            priority: 0,
-            deadline_us: None,
-            prewarm: 0,
-        };
+        let f = |name: &str, warm_us| SimFunction::new(name, warm_us, 0, 64);
         Workload {
             functions: vec![f("a", 100), f("b", 1000)],
             arrivals: vec![Arrival {

@@ -187,16 +187,56 @@ fn range(values: impl Iterator<Item = f64>, log: bool) -> (f64, f64) {
     (lo, hi + pad)
 }
 
-/// Panels of lines side by side, `w`×`h` pixels in all.
-pub fn lines(path: &Path, title: &str, panels: &[LinePanel], (w, h): (u32, u32)) -> Result<()> {
+/// A titled figure of `panels` side by side, `w`×`h` pixels in all, each drawn by `draw`.
+fn figure<P>(
+    path: &Path,
+    title: &str,
+    panels: &[P],
+    (w, h): (u32, u32),
+    draw: impl Fn(&Area, &P) -> DrawResult,
+) -> Result<()> {
     Ok(png(path, (w, h), |root: &Area| -> DrawResult {
         let root = root.titled(title, (FONT, 24))?;
         let areas = root.split_evenly((1, panels.len().max(1)));
         for (panel, area) in panels.iter().zip(areas.iter()) {
-            line_panel(area, panel)?;
+            draw(area, panel)?;
         }
         Ok(())
     })?)
+}
+
+/// The chart of one panel: caption, margins and the given axes.
+type Chart<'a, 'b> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<Ticked, Ticked>>;
+
+fn chart<'a, 'b: 'a>(
+    area: &'a Area<'b>,
+    title: &str,
+    x: Ticked,
+    y: Ticked,
+) -> Result<Chart<'a, 'b>, Box<dyn std::error::Error>> {
+    Ok(ChartBuilder::on(area)
+        .caption(title, (FONT, 19))
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d(x, y)?)
+}
+
+/// The series' legend, framed, at `pos`.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, pos: SeriesLabelPosition) -> DrawResult {
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 13))
+        .draw()?;
+    Ok(())
+}
+
+/// Panels of lines side by side.
+pub fn lines(path: &Path, title: &str, panels: &[LinePanel], size: (u32, u32)) -> Result<()> {
+    figure(path, title, panels, size, line_panel)
 }
 
 fn line_panel(area: &Area, p: &LinePanel) -> DrawResult {
@@ -215,15 +255,12 @@ fn line_panel(area: &Area, p: &LinePanel) -> DrawResult {
     let all = || mapped.iter().flat_map(|(_, v)| v.iter());
     let (x0, x1) = range(all().map(|p| p.0), p.x.log);
     let (y0, y1) = range(all().map(|p| p.1), p.y.log);
-    let mut chart = ChartBuilder::on(area)
-        .caption(&p.title, (FONT, 19))
-        .margin(12)
-        .x_label_area_size(44)
-        .y_label_area_size(64)
-        .build_cartesian_2d(
-            Ticked::new(x0, x1, p.x.ticks(x0, x1)),
-            Ticked::new(y0, y1, p.y.ticks(y0, y1)),
-        )?;
+    let mut chart = chart(
+        area,
+        &p.title,
+        Ticked::new(x0, x1, p.x.ticks(x0, x1)),
+        Ticked::new(y0, y1, p.y.ticks(y0, y1)),
+    )?;
     chart
         .configure_mesh()
         .x_desc(p.x.label.as_str())
@@ -246,26 +283,12 @@ fn line_panel(area: &Area, p: &LinePanel) -> DrawResult {
             chart.draw_series(pts.iter().map(|q| Circle::new(*q, 3, c.filled())))?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(p.legend.clone())
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 13))
-        .draw()?;
-    Ok(())
+    legend(&mut chart, p.legend.clone())
 }
 
 /// Panels of grouped bars side by side.
-pub fn bars(path: &Path, title: &str, panels: &[BarPanel], (w, h): (u32, u32)) -> Result<()> {
-    Ok(png(path, (w, h), |root: &Area| -> DrawResult {
-        let root = root.titled(title, (FONT, 24))?;
-        let areas = root.split_evenly((1, panels.len().max(1)));
-        for (panel, area) in panels.iter().zip(areas.iter()) {
-            bar_panel(area, panel)?;
-        }
-        Ok(())
-    })?)
+pub fn bars(path: &Path, title: &str, panels: &[BarPanel], size: (u32, u32)) -> Result<()> {
+    figure(path, title, panels, size, bar_panel)
 }
 
 fn bar_panel(area: &Area, p: &BarPanel) -> DrawResult {
@@ -283,15 +306,12 @@ fn bar_panel(area: &Area, p: &BarPanel) -> DrawResult {
     }
     let y1 = y1 + (y1 - y0) * 0.12;
     let cats = p.categories.clone();
-    let mut chart = ChartBuilder::on(area)
-        .caption(&p.title, (FONT, 19))
-        .margin(12)
-        .x_label_area_size(44)
-        .y_label_area_size(64)
-        .build_cartesian_2d(
-            Ticked::new(-0.5, n as f64 - 0.5, (0..n).map(|i| i as f64).collect()),
-            Ticked::new(y0, y1, p.y.ticks(y0, y1)),
-        )?;
+    let mut chart = chart(
+        area,
+        &p.title,
+        Ticked::new(-0.5, n as f64 - 0.5, (0..n).map(|i| i as f64).collect()),
+        Ticked::new(y0, y1, p.y.ticks(y0, y1)),
+    )?;
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -345,14 +365,7 @@ fn bar_panel(area: &Area, p: &BarPanel) -> DrawResult {
             ))
         }))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 13))
-        .draw()?;
-    Ok(())
+    legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
 
 /// The empirical CDF of `values` as points (sorted value, fraction at or below).

@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::record::worker_name;
 use crate::router::Router;
 use crate::workload::Workload;
-use hearth_core::balance::{BalanceKind, BalanceParams};
+use hearth_core::balance::BalanceKind;
 use hearth_core::{KeepAliveConfig, KeepAliveKind, RegulatorConfig};
 use hearth_loadgen::make::{mapping::Mapping, select::Selection, Scaling};
 use rand::seq::SliceRandom;
@@ -46,13 +46,7 @@ fn cluster(servers: usize, kind: BalanceKind, seed: u64) -> SimConfig {
         memory_mb: MEMORY_GB * 1024,
         regulator: RegulatorConfig::Fixed(u32::MAX),
         keepalive: KeepAliveConfig::new(KeepAliveKind::Gdsf),
-        routing: Routing::Balancer(
-            kind,
-            BalanceParams {
-                seed,
-                ..BalanceParams::default()
-            },
-        ),
+        routing: Routing::seeded(kind, seed),
         ..SimConfig::default()
     }
 }
@@ -269,21 +263,10 @@ pub(super) fn run(o: &Options) -> Result<Output> {
 mod tests {
     use super::*;
     use crate::workload::{Arrival, SimFunction};
-    use hearth_core::balance::FunctionKey;
-    use std::sync::Arc;
 
     #[test]
     fn a_balanced_split_halves_functions_and_work() {
-        let func = |i: usize, warm_us| SimFunction {
-            name: Arc::from(format!("f{i}").as_str()),
-            key: FunctionKey::of(&format!("f{i}")),
-            warm_us,
-            init_us: 0,
-            memory_mb: 64,
-            priority: 0,
-            deadline_us: None,
-            prewarm: 0,
-        };
+        let func = |i: usize, warm_us| SimFunction::new(&format!("f{i}"), warm_us, 0, 64);
         // Work 100, 60, 50, 40, 10, 0 (one invocation each): 100 high; 60, 50 low (110);
         // 40 high (140); 10 low (120); the last must go high (low is full).
         let warm = [50, 100, 10, 60, 40, 0];

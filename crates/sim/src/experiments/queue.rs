@@ -16,7 +16,7 @@ use super::{azure, describe, f, AzureSample, Options, Output, Table, AZURE_1350}
 use crate::config::{Routing, SimConfig};
 use crate::error::Result;
 use crate::workload::{Arrival, Workload};
-use hearth_core::balance::{BalanceKind, BalanceParams};
+use hearth_core::balance::BalanceKind;
 use hearth_core::time::secs;
 use hearth_core::{QueueDiscipline, RegulatorConfig};
 use hearth_loadgen::make::{mapping::Mapping, select::Selection, Scaling};
@@ -40,7 +40,7 @@ fn worker(cpus: u32, queue: QueueDiscipline, limit: u32) -> SimConfig {
         memory_mb: 64 * 1024,
         queue,
         regulator: RegulatorConfig::Fixed(limit),
-        routing: Routing::Balancer(BalanceKind::RoundRobin, BalanceParams::default()),
+        routing: Routing::seeded(BalanceKind::RoundRobin, 0),
         ..SimConfig::default()
     }
 }

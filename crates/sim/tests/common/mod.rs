@@ -2,28 +2,17 @@
 
 #![allow(dead_code)]
 
-use hearth_core::balance::FunctionKey;
-use hearth_core::balance::{BalanceKind, BalanceParams};
+use hearth_core::balance::BalanceKind;
 use hearth_core::time::ms;
 use hearth_core::RegulatorConfig;
 use hearth_sim::workload::Arrival;
 use hearth_sim::{Routing, SimConfig, SimFunction, Workload};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::sync::Arc;
 
 /// A function with times in ms.
 pub fn function(name: &str, warm_ms: u64, init_ms: u64, memory_mb: u64) -> SimFunction {
-    SimFunction {
-        name: Arc::from(name),
-        key: FunctionKey::of(name),
-        warm_us: ms(warm_ms),
-        init_us: ms(init_ms),
-        memory_mb,
-        priority: 0,
-        deadline_us: None,
-        prewarm: 0,
-    }
+    SimFunction::new(name, ms(warm_ms), ms(init_ms), memory_mb)
 }
 
 /// `(at_us, function index)` pairs, already in time order.
@@ -69,13 +58,7 @@ pub fn cluster(workers: usize, cpus: u32, kind: BalanceKind, seed: u64) -> SimCo
         cpus,
         memory_mb: 2048,
         regulator: RegulatorConfig::Fixed(cpus),
-        routing: Routing::Balancer(
-            kind,
-            BalanceParams {
-                seed,
-                ..BalanceParams::default()
-            },
-        ),
+        routing: Routing::seeded(kind, seed),
         ..SimConfig::default()
     }
 }
