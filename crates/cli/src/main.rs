@@ -80,6 +80,12 @@ enum Command {
     Trace(hearth_cli::trace_cmd::TraceCommand),
     /// Summarize results files, compare runs, and plot them.
     Report(hearth_cli::report_cmd::ReportArgs),
+    /// Replay a trace through simulated workers and a balancer (the same policy code, virtual
+    /// time).
+    Sim(hearth_cli::sim_cmd::SimArgs),
+    /// Run one of the seeds' comparisons through the simulator: keepalive, balance, queue,
+    /// priority (or fidelity: compare a real run with a simulated one).
+    Experiment(hearth_cli::experiment_cmd::ExperimentArgs),
 }
 
 #[derive(Args, Clone)]
@@ -309,6 +315,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Load(c) => hearth_cli::load::run(c),
         Command::Trace(c) => hearth_cli::trace_cmd::run(c),
         Command::Report(a) => hearth_cli::report_cmd::run(a),
+        Command::Sim(a) => hearth_cli::sim_cmd::run(a),
+        Command::Experiment(a) => hearth_cli::experiment_cmd::run(a),
     }
 }
 

@@ -2,38 +2,10 @@
 
 mod common;
 
-use common::Server;
+use common::{failed, hearth, ok, p, Server};
 use hearth_loadgen::{read_results, Outcome};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Output;
-
-fn hearth(args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(args)
-        .env_remove("HEARTH_URL")
-        .output()
-        .expect("run hearth")
-}
-
-fn ok(out: Output) -> String {
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "hearth failed: {text}");
-    text
-}
-
-fn failed(out: Output) -> String {
-    assert!(!out.status.success(), "hearth should have failed");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
 
 /// A trace of three functions, one invocation every 10 ms, and its metadata.
 fn even_trace(dir: &Path) -> PathBuf {

@@ -54,6 +54,9 @@ enum Attempt {
     Failed(ApiError),
 }
 
+/// The routing policy a controller drives; the simulator drives this same type.
+pub type RoutingPolicy = Balancer;
+
 /// The controller.
 pub struct Controller {
     config: ControllerConfig,
@@ -61,7 +64,7 @@ pub struct Controller {
     registry: Registry,
     /// Code of each function version, packed once for registering it on workers.
     code: DashMap<String, (u64, Arc<Value>)>,
-    balancer: Mutex<Balancer>,
+    balancer: Mutex<RoutingPolicy>,
     members: DashMap<u32, Arc<Member>>,
     forwarder: Forwarder,
     pub invocations: AsyncInvocations,

@@ -531,6 +531,17 @@ impl WorkerEngine {
         self.characteristics.get(function)
     }
 
+    /// Invocations waiting in the queue (cheap, unlike [`Self::stats`], for frequent status
+    /// reports such as the simulator's).
+    pub fn queue_length(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Invocations running now: admitted under the limit plus bypasses.
+    pub fn running(&self) -> u32 {
+        self.running + self.running_bypass
+    }
+
     pub fn stats(&self) -> EngineStats {
         EngineStats {
             queue_length: self.queue.len(),

@@ -59,8 +59,11 @@ enum Dispatch {
 }
 
 /// The engine plus what the driver keeps beside it.
+/// The decision engine a worker drives; the simulator drives this same type.
+pub type Engine = WorkerEngine;
+
 struct EngineState {
-    engine: WorkerEngine,
+    engine: Engine,
     /// Idle sandboxes, and sandboxes being handed back to the pool.
     parked: HashMap<SandboxId, Sandbox>,
     /// Queued invocations waiting to be dispatched.

@@ -6,7 +6,7 @@ pub mod cluster;
 use hearth_cli::client::{Client, Response};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub struct Server {
@@ -198,4 +198,34 @@ pub fn wait_invocation(s: &Server, id: &str) -> Value {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Runs the `hearth` binary with `args` (no `HEARTH_URL` from the environment).
+pub fn hearth(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(args)
+        .env_remove("HEARTH_URL")
+        .output()
+        .expect("run hearth")
+}
+
+/// Asserts success; returns stdout and stderr together.
+pub fn ok(out: Output) -> String {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "hearth failed: {text}");
+    text
+}
+
+/// Asserts failure; returns stderr.
+pub fn failed(out: Output) -> String {
+    assert!(!out.status.success(), "hearth should have failed");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
 }

@@ -368,3 +368,26 @@ fn shutdown_rejects_the_queue_and_new_arrivals() {
         "{destroyed:?}"
     );
 }
+
+#[test]
+fn cheap_accessors_agree_with_the_stats() {
+    let mut c = config(QueueDiscipline::Fcfs, 1);
+    c.bypass = BypassConfig {
+        threshold_us: ms(50),
+        max_load: 1.0,
+    };
+    let mut e = WorkerEngine::new(c);
+    let mut t = 0;
+    learn(&mut e, &mut t, "short", ms(10));
+    learn(&mut e, &mut t, "long", ms(1000));
+    let _long = run_of(arrive(&mut e, t, "long"));
+    queued(arrive(&mut e, t + 1, "long"));
+    let short = run_of(arrive(&mut e, t + 2, "short"));
+    assert!(short.bypass);
+    let s = e.stats();
+    assert_eq!((e.queue_length(), e.running()), (1, 2));
+    assert_eq!(
+        (s.queue_length, s.running + s.running_bypass),
+        (e.queue_length(), e.running())
+    );
+}

@@ -44,6 +44,10 @@ pub fn png(path: &Path, (w, h): (u32, u32), draw: impl FnOnce(&Area) -> DrawResu
     let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w, h);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
+    // Flat-coloured plots compress ~4× better unfiltered at the best level than with the
+    // defaults, which keeps committed figures small.
+    enc.set_filter(png::FilterType::NoFilter);
+    enc.set_compression(png::Compression::Best);
     enc.write_header()
         .and_then(|mut wr| wr.write_image_data(&buf))
         .map_err(|e| plot_err(format!("writing PNG: {e}")))

@@ -1,6 +1,6 @@
 //! `hearth report`: the summary table and the plots of one or more result files.
 
-mod canvas;
+pub mod canvas;
 mod font;
 pub mod plots;
 

@@ -1,0 +1,261 @@
+//! `hearth sim`: replay a trace through simulated workers and a balancer (docs/simulator.md).
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use hearth_core::balance::{BalanceKind, BalanceParams};
+use hearth_core::bypass::BypassConfig;
+use hearth_core::{AimdConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig};
+use hearth_loadgen::{metadata, Metadata, Trace};
+use hearth_sim::{CsvSink, Routing, SimConfig, Workload};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct SimArgs {
+    /// The trace (`time_ms,function`), as for `hearth load trace`.
+    #[arg(long)]
+    trace: PathBuf,
+    /// Its metadata (default: TRACE.meta.csv beside it).
+    #[arg(long)]
+    meta: Option<PathBuf>,
+    /// Results file, one row per invocation (the load generator's format).
+    #[arg(long, short, default_value = "sim-results.csv")]
+    out: PathBuf,
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// CPUs per worker.
+    #[arg(long, default_value_t = 16)]
+    cpus: u32,
+    /// Memory per worker for sandboxes: 32GiB, 512MiB, or a number of MiB.
+    #[arg(long, default_value = "32GiB", value_parser = parse_size_mb)]
+    memory: u64,
+    /// Memory background eviction keeps free on each worker.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size_mb)]
+    free_buffer: u64,
+    /// round-robin, random, least-loaded, ch, ch-bl, ch-rlu, k-ch-rlu, or greedy (the
+    /// omniscient baseline that only a simulator can run).
+    #[arg(long, default_value = "ch-rlu", value_parser = parse_routing)]
+    balance: RoutingName,
+    /// CH-BL/CH-RLU load bound b.
+    #[arg(long)]
+    b: Option<f64>,
+    /// CH-RLU upper load bound b_max.
+    #[arg(long)]
+    b_max: Option<f64>,
+    /// Keep-alive policy: ttl, lru, gdsf, lfu, landlord or hist.
+    #[arg(long, default_value = "ttl")]
+    keepalive: KeepAliveKind,
+    /// Idle time before a sandbox expires under ttl.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    keepalive_ttl: Duration,
+    /// Queue discipline: fcfs, sjf, eedf, rare or srsf.
+    #[arg(long, default_value = "eedf")]
+    queue: QueueDiscipline,
+    /// Queued invocations per worker beyond which it refuses.
+    #[arg(long, default_value_t = 10_000)]
+    max_queue: usize,
+    /// Concurrency limit: a number (0: the CPUs), aimd, or unlimited (pure processor sharing).
+    #[arg(long, visible_alias = "regulator", default_value = "0")]
+    concurrency: String,
+    /// Invocations expected to take less than this skip the queue (0: never).
+    #[arg(long, default_value_t = 0.0)]
+    bypass_ms: f64,
+    /// How often each worker pushes its (stale) status to the balancer.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    status_interval: Duration,
+    /// Seed of the balancer's random generator (random policy, CH-RLU's load noise).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Start each function's sandboxes on every worker before the trace, by Little's law
+    /// (rate × warm time), as `hearth load trace --prewarm` does.
+    #[arg(long)]
+    prewarm: bool,
+}
+
+/// A routing policy by name: one of the controller's, or the simulator's greedy baseline.
+#[derive(Debug, Clone, Copy)]
+pub enum RoutingName {
+    Balancer(BalanceKind),
+    Greedy,
+}
+
+fn parse_routing(s: &str) -> Result<RoutingName, String> {
+    if s == "greedy" {
+        return Ok(RoutingName::Greedy);
+    }
+    s.parse::<BalanceKind>()
+        .map(RoutingName::Balancer)
+        .map_err(|e| format!("{e} or greedy"))
+}
+
+/// A memory size in MiB: `32GiB`, `32G`, `512MiB`, `512M`, or a plain number of MiB.
+pub fn parse_size_mb(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("expected a size such as 32GiB or 512MiB, got {s:?}"))?;
+    let factor = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "m" | "mb" | "mib" => 1.0,
+        "g" | "gb" | "gib" => 1024.0,
+        "t" | "tb" | "tib" => 1024.0 * 1024.0,
+        _ => return Err(format!("unknown size unit in {s:?} (use MiB, GiB or TiB)")),
+    };
+    Ok((v * factor).round() as u64)
+}
+
+/// `N` (0: the CPUs), `aimd`, or `unlimited`.
+pub fn parse_concurrency(s: &str, cpus: u32) -> Result<RegulatorConfig> {
+    match s {
+        "aimd" => Ok(RegulatorConfig::Aimd(AimdConfig::default())),
+        "unlimited" | "none" => Ok(RegulatorConfig::Fixed(u32::MAX)),
+        _ => match s.parse::<u32>() {
+            Ok(0) => Ok(RegulatorConfig::Fixed(cpus)),
+            Ok(n) => Ok(RegulatorConfig::Fixed(n)),
+            Err(_) => {
+                bail!("--concurrency must be a number of invocations, aimd or unlimited, got {s:?}")
+            }
+        },
+    }
+}
+
+/// The regulator's name, with the unlimited limit spelled out.
+pub fn concurrency_name(r: &RegulatorConfig) -> String {
+    match r {
+        RegulatorConfig::Fixed(u32::MAX) => "unlimited".into(),
+        other => other.name(),
+    }
+}
+
+impl SimArgs {
+    fn config(&self) -> Result<SimConfig> {
+        let routing = match self.balance {
+            RoutingName::Greedy => Routing::Greedy,
+            RoutingName::Balancer(kind) => {
+                let mut params = BalanceParams {
+                    seed: self.seed,
+                    ..BalanceParams::default()
+                };
+                if let Some(b) = self.b {
+                    params.b = b;
+                }
+                if let Some(b) = self.b_max {
+                    params.b_max = b;
+                }
+                Routing::Balancer(kind, params)
+            }
+        };
+        if !(self.bypass_ms.is_finite() && self.bypass_ms >= 0.0) {
+            bail!("--bypass-ms must be a non-negative number");
+        }
+        Ok(SimConfig {
+            workers: self.workers,
+            cpus: self.cpus,
+            memory_mb: self.memory,
+            free_buffer_mb: self.free_buffer,
+            queue: self.queue,
+            max_queue: self.max_queue,
+            regulator: parse_concurrency(&self.concurrency, self.cpus)?,
+            bypass: BypassConfig {
+                threshold_us: (self.bypass_ms * 1000.0).round() as u64,
+                ..BypassConfig::default()
+            },
+            keepalive: KeepAliveConfig {
+                ttl: self.keepalive_ttl.as_micros() as u64,
+                ..KeepAliveConfig::new(self.keepalive)
+            },
+            routing,
+            status_interval_us: self.status_interval.as_micros() as u64,
+        })
+    }
+}
+
+pub fn run(a: SimArgs) -> Result<()> {
+    let config = a.config()?;
+    config.check()?;
+    let meta = a
+        .meta
+        .clone()
+        .unwrap_or_else(|| metadata::default_path(&a.trace));
+    let t0 = Instant::now();
+    let trace = Trace::read(&a.trace)?;
+    let metadata = Metadata::read(&meta)?;
+    let mut workload = Workload::new(&trace, &metadata)?;
+    if a.prewarm {
+        workload.prewarm_by_littles_law(&trace, &metadata);
+    }
+    drop(trace);
+    let read_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let mut sink = CsvSink::create(&workload, &a.out)?;
+    let stats = hearth_sim::simulate(&workload, &config, &mut sink)?;
+    sink.finish()
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    let sim_s = t1.elapsed().as_secs_f64();
+    let span_s = stats.end_us as f64 / 1e6;
+    println!(
+        "simulated {} invocations of {} functions on {} workers × {} CPUs ({}, {}, {}, concurrency {})",
+        stats.invocations,
+        workload.functions.len(),
+        config.workers,
+        config.cpus,
+        config.routing.name(),
+        config.keepalive.kind,
+        config.queue.name(),
+        concurrency_name(&config.regulator),
+    );
+    println!(
+        "completed {}, dropped {}, cold {} ({:.2}% of completed)",
+        stats.completed,
+        stats.dropped,
+        stats.cold,
+        100.0 * stats.cold as f64 / stats.completed.max(1) as f64
+    );
+    println!(
+        "virtual time {span_s:.1} s in {sim_s:.2} s of wall time ({:.0} invocations/s, {:.0}× real time; reading the trace took {read_s:.2} s)",
+        stats.invocations as f64 / sim_s.max(1e-9),
+        span_s / sim_s.max(1e-9)
+    );
+    println!(
+        "wrote {} (summary and plots: hearth report {} --meta {})",
+        a.out.display(),
+        a.out.display(),
+        meta.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_mib() {
+        assert_eq!(parse_size_mb("32GiB"), Ok(32 * 1024));
+        assert_eq!(parse_size_mb("512MiB"), Ok(512));
+        assert_eq!(parse_size_mb("1.5G"), Ok(1536));
+        assert_eq!(parse_size_mb("300"), Ok(300));
+        assert!(parse_size_mb("lots").is_err());
+        assert!(parse_size_mb("3 parsecs").unwrap_err().contains("unit"));
+    }
+
+    #[test]
+    fn concurrency_names() {
+        assert_eq!(
+            parse_concurrency("0", 16).unwrap(),
+            RegulatorConfig::Fixed(16)
+        );
+        assert_eq!(
+            parse_concurrency("unlimited", 16).unwrap(),
+            RegulatorConfig::Fixed(u32::MAX)
+        );
+        assert!(matches!(
+            parse_concurrency("aimd", 16).unwrap(),
+            RegulatorConfig::Aimd(_)
+        ));
+        assert!(parse_concurrency("lots", 16).is_err());
+    }
+}

@@ -1,0 +1,127 @@
+//! What a simulation is configured with: the cluster, each worker's engine, the balancer and the
+//! model's own parameters.
+
+use crate::error::{Result, SimError};
+use hearth_core::balance::{BalanceKind, BalanceParams};
+use hearth_core::bypass::BypassConfig;
+use hearth_core::pool::PoolConfig;
+use hearth_core::time::secs;
+use hearth_core::{
+    EngineConfig, KeepAliveConfig, LoadSource, Micros, QueueDiscipline, RegulatorConfig,
+};
+
+/// Who places invocations on workers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Routing {
+    /// The controller's policy object, [`hearth_core::balance::Balancer`].
+    Balancer(BalanceKind, BalanceParams),
+    /// The CH-RLU paper's omniscient online greedy baseline (§6.3), which only a simulator can
+    /// run: the server with the lowest expected time, knowing every worker's warm sandboxes.
+    Greedy,
+}
+
+impl Routing {
+    /// One of the controller's policies with its default parameters and `seed`.
+    pub fn seeded(kind: BalanceKind, seed: u64) -> Self {
+        Routing::Balancer(
+            kind,
+            BalanceParams {
+                seed,
+                ..BalanceParams::default()
+            },
+        )
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Routing::Balancer(k, _) => k.as_str(),
+            Routing::Greedy => "greedy",
+        }
+    }
+}
+
+/// One simulated cluster.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub workers: usize,
+    /// CPUs of each worker: processor sharing divides them among running invocations.
+    pub cpus: u32,
+    /// Each worker's memory budget for sandboxes (MiB).
+    pub memory_mb: u64,
+    pub free_buffer_mb: u64,
+    pub queue: QueueDiscipline,
+    pub max_queue: usize,
+    pub regulator: RegulatorConfig,
+    pub bypass: BypassConfig,
+    pub keepalive: KeepAliveConfig,
+    pub routing: Routing,
+    /// How often each worker pushes its status to the balancer (its load is that stale).
+    pub status_interval_us: Micros,
+}
+
+impl Default for SimConfig {
+    /// The CH-RLU paper's cluster (8 × 16 CPUs, 32 GB) with the worker's and controller's own
+    /// defaults: EEDF, concurrency = CPUs, TTL keep-alive, CH-RLU, status every second.
+    fn default() -> Self {
+        SimConfig {
+            workers: 8,
+            cpus: 16,
+            memory_mb: 32 * 1024,
+            free_buffer_mb: 256,
+            queue: QueueDiscipline::Eedf,
+            max_queue: 10_000,
+            regulator: RegulatorConfig::Fixed(16),
+            bypass: BypassConfig::default(),
+            keepalive: KeepAliveConfig::default(),
+            routing: Routing::Balancer(BalanceKind::ChRlu, BalanceParams::default()),
+            status_interval_us: secs(1),
+        }
+    }
+}
+
+impl SimConfig {
+    /// Refuses settings that cannot work.
+    pub fn check(&self) -> Result<()> {
+        let bad = |m: &str| Err(SimError::Config(m.to_string()));
+        if self.workers == 0 {
+            return bad("--workers must be at least 1");
+        }
+        if self.cpus == 0 {
+            return bad("--cpus must be at least 1");
+        }
+        if self.memory_mb < 16 {
+            return bad("--memory must be at least 16 MiB");
+        }
+        if self.free_buffer_mb >= self.memory_mb {
+            return bad("the free-memory buffer must be smaller than the memory");
+        }
+        if self.max_queue == 0 {
+            return bad("--max-queue must be at least 1");
+        }
+        if self.status_interval_us == 0 {
+            return bad("--status-interval must be positive");
+        }
+        if let Routing::Balancer(_, params) = &self.routing {
+            params.check()?;
+        }
+        Ok(())
+    }
+
+    /// The engine configuration of every worker, built as the real worker builds it for its
+    /// `sim` backend (simulated load average).
+    pub fn engine(&self) -> EngineConfig {
+        EngineConfig {
+            pool: PoolConfig {
+                memory_budget_mb: self.memory_mb,
+                free_buffer_mb: self.free_buffer_mb,
+                keepalive: self.keepalive.clone(),
+            },
+            queue: self.queue,
+            max_queue: self.max_queue,
+            regulator: self.regulator.clone(),
+            bypass: self.bypass,
+            cpus: self.cpus,
+            load_source: LoadSource::Simulated,
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! A worker's CPUs as an egalitarian processor-sharing server.
+//!
+//! With `n` jobs executing on `c` CPUs, each job progresses at rate `min(1, c / n)` (µs of work
+//! per µs of time). Instead of updating every job's remaining work when `n` changes (O(n)), the
+//! server keeps a *virtual time* `V`: the work any one job present all along would have received.
+//! A job entering at `V₀` with work `w` finishes when `V` reaches its tag `V₀ + w`; the next
+//! finisher is the smallest tag, kept in a heap, so an arrival or a departure is O(log n).
+//!
+//! Finish times are rounded up to whole microseconds (the core's clock), so a job never ends
+//! before its work is done; a job within [`EPSILON`] of its tag counts as finished, which absorbs
+//! floating-point error.
+
+use hearth_core::Micros;
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
+/// Work (µs) below which a job is done: float error, far below the clock's 1 µs.
+pub const EPSILON: f64 = 1e-3;
+
+/// Rounds a duration up to whole µs, ignoring float noise just above an integer (10 / (2/3) is
+/// 15.000000000000002 in binary floating point, and must give 15).
+fn ceil_us(x: f64) -> Micros {
+    (x - 1e-6).ceil().max(0.0) as Micros
+}
+
+/// A finish tag with a total order (tags are finite).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Tag(f64);
+
+impl Eq for Tag {}
+impl PartialOrd for Tag {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Tag {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// The processor-sharing server of one worker. Jobs are the caller's ids.
+#[derive(Debug, Clone)]
+pub struct ProcessorSharing {
+    cpus: f64,
+    virtual_time: f64,
+    updated_at: Micros,
+    /// (finish tag, entry order, job): equal tags finish in entry order.
+    jobs: BinaryHeap<Reverse<(Tag, u64, u32)>>,
+    entered: u64,
+}
+
+impl ProcessorSharing {
+    pub fn new(cpus: u32) -> Self {
+        ProcessorSharing {
+            cpus: f64::from(cpus.max(1)),
+            virtual_time: 0.0,
+            updated_at: 0,
+            jobs: BinaryHeap::new(),
+            entered: 0,
+        }
+    }
+
+    /// Jobs executing now.
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    /// The rate at which each job progresses now.
+    pub fn rate(&self) -> f64 {
+        let n = self.jobs.len() as f64;
+        if n <= self.cpus {
+            1.0
+        } else {
+            self.cpus / n
+        }
+    }
+
+    fn advance(&mut self, now: Micros) {
+        let dt = now.saturating_sub(self.updated_at);
+        if dt > 0 && !self.jobs.is_empty() {
+            self.virtual_time += dt as f64 * self.rate();
+        }
+        self.updated_at = self.updated_at.max(now);
+    }
+
+    /// `job` starts executing `work_us` of work at `now`.
+    pub fn enter(&mut self, now: Micros, job: u32, work_us: Micros) {
+        self.advance(now);
+        self.entered += 1;
+        let tag = Tag(self.virtual_time + work_us as f64);
+        self.jobs.push(Reverse((tag, self.entered, job)));
+    }
+
+    /// When the next job finishes if nothing enters before.
+    pub fn next_finish(&self) -> Option<Micros> {
+        let Reverse((tag, _, _)) = self.jobs.peek()?;
+        let left = (tag.0 - self.virtual_time).max(0.0);
+        if left <= EPSILON {
+            return Some(self.updated_at);
+        }
+        Some(self.updated_at + ceil_us(left / self.rate()))
+    }
+
+    /// The next job whose work is done by `now`, if any (call until `None`).
+    pub fn pop_finished(&mut self, now: Micros) -> Option<u32> {
+        self.advance(now);
+        let Reverse((tag, _, job)) = *self.jobs.peek()?;
+        if tag.0 > self.virtual_time + EPSILON {
+            return None;
+        }
+        self.jobs.pop();
+        // Snap to the tag so rounding never accumulates.
+        self.virtual_time = self.virtual_time.max(tag.0);
+        Some(job)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the server until empty; returns (job, finish time) in finish order.
+    fn drain(ps: &mut ProcessorSharing) -> Vec<(u32, Micros)> {
+        let mut out = Vec::new();
+        while let Some(t) = ps.next_finish() {
+            while let Some(j) = ps.pop_finished(t) {
+                out.push((j, t));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn one_cpu_shares_equally() {
+        // 100 and 50 units at t=0 on 1 CPU: both at rate 1/2 until the short one ends at 100,
+        // then the long one alone finishes its last 50 at 150.
+        let mut ps = ProcessorSharing::new(1);
+        ps.enter(0, 1, 100);
+        ps.enter(0, 2, 50);
+        assert_eq!(drain(&mut ps), [(2, 100), (1, 150)]);
+    }
+
+    #[test]
+    fn no_slowdown_up_to_the_cpu_count() {
+        let mut ps = ProcessorSharing::new(2);
+        ps.enter(0, 1, 30);
+        ps.enter(10, 2, 5);
+        assert_eq!(drain(&mut ps), [(2, 15), (1, 30)]);
+    }
+
+    #[test]
+    fn a_late_arrival_slows_the_running_job_from_then_on() {
+        // 1 CPU: job 1 (100) alone for 40, then shares with job 2 (30): both at 1/2; job 2
+        // needs 60 more µs (done at 100), job 1 has 60 left, 30 of them by 100, the other 30
+        // alone: done at 130.
+        let mut ps = ProcessorSharing::new(1);
+        ps.enter(0, 1, 100);
+        assert_eq!(ps.next_finish(), Some(100));
+        ps.enter(40, 2, 30);
+        assert_eq!(ps.next_finish(), Some(100));
+        assert_eq!(drain(&mut ps), [(2, 100), (1, 130)]);
+    }
+
+    #[test]
+    fn three_jobs_on_two_cpus_round_up_to_whole_microseconds() {
+        // 3 × 10 units on 2 CPUs: rate 2/3, all done at 15.
+        let mut ps = ProcessorSharing::new(2);
+        for j in 0..3 {
+            ps.enter(0, j, 10);
+        }
+        assert_eq!(drain(&mut ps), [(0, 15), (1, 15), (2, 15)]);
+        // 3 × 1 unit on 2 CPUs: 1.5 µs exactly, reported at 2.
+        for j in 0..3 {
+            ps.enter(100, j, 1);
+        }
+        assert_eq!(drain(&mut ps), [(0, 102), (1, 102), (2, 102)]);
+    }
+
+    #[test]
+    fn zero_work_finishes_at_once() {
+        let mut ps = ProcessorSharing::new(1);
+        ps.enter(7, 3, 0);
+        assert_eq!(ps.next_finish(), Some(7));
+        assert_eq!(ps.pop_finished(7), Some(3));
+        assert!(ps.is_empty());
+    }
+}

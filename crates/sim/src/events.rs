@@ -1,0 +1,97 @@
+//! The event queue: one binary heap ordered by time, then by kind, then by insertion order, so
+//! two runs with the same inputs process events in exactly the same order.
+//!
+//! Arrivals are not stored here: they stream from the (sorted) workload and go after every
+//! queued event of the same instant (see [`Kind`]).
+
+use hearth_core::{Micros, SandboxId};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// What happens. The declaration order is the processing order of events at the same instant:
+/// work that ends frees capacity before anything new is decided at that instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// A worker's processor-sharing server may have finished a job.
+    Cpu { worker: u32 },
+    /// A cold start's init delay is over: the job starts executing.
+    InitDone { job: u32 },
+    /// A pre-warmed sandbox (a keep-alive policy's pre-warm) finished starting.
+    SandboxReady { worker: u32, sandbox: SandboxId },
+    /// A worker engine's timer (keep-alive expiry, pre-warms, load-average sample).
+    Timer { worker: u32 },
+    /// A worker pushes its status to the balancer.
+    Status { worker: u32 },
+}
+
+/// The rank of arrivals among kinds at the same instant: after all of them.
+pub const ARRIVAL_RANK: u8 = 5;
+
+impl Kind {
+    fn rank(&self) -> u8 {
+        match self {
+            Kind::Cpu { .. } => 0,
+            Kind::InitDone { .. } => 1,
+            Kind::SandboxReady { .. } => 2,
+            Kind::Timer { .. } => 3,
+            Kind::Status { .. } => 4,
+        }
+    }
+}
+
+/// Events by (time, rank, sequence number). The sequence number makes the order total, so the
+/// payload never decides.
+#[derive(Debug, Default)]
+pub struct EventQueue {
+    heap: BinaryHeap<Reverse<(Micros, u8, u64, Kind)>>,
+    seq: u64,
+}
+
+impl EventQueue {
+    pub fn push(&mut self, at: Micros, kind: Kind) {
+        self.seq += 1;
+        self.heap.push(Reverse((at, kind.rank(), self.seq, kind)));
+    }
+
+    /// The time and rank of the next event.
+    pub fn peek(&self) -> Option<(Micros, u8)> {
+        self.heap.peek().map(|Reverse((t, r, _, _))| (*t, *r))
+    }
+
+    pub fn pop(&mut self) -> Option<(Micros, Kind)> {
+        self.heap.pop().map(|Reverse((t, _, _, k))| (t, k))
+    }
+
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_then_kind_then_insertion_order() {
+        let mut q = EventQueue::default();
+        q.push(10, Kind::Status { worker: 0 });
+        q.push(10, Kind::Cpu { worker: 1 });
+        q.push(5, Kind::Timer { worker: 0 });
+        q.push(10, Kind::Cpu { worker: 0 });
+        let order: Vec<(Micros, Kind)> = std::iter::from_fn(|| q.pop()).collect();
+        assert_eq!(
+            order,
+            [
+                (5, Kind::Timer { worker: 0 }),
+                (10, Kind::Cpu { worker: 1 }),
+                (10, Kind::Cpu { worker: 0 }),
+                (10, Kind::Status { worker: 0 }),
+            ]
+        );
+        assert!(q.is_empty());
+    }
+}

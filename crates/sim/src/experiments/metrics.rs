@@ -1,0 +1,311 @@
+//! What an experiment measures of one run, aggregated as the records arrive (no per-invocation
+//! rows are kept, so a day-long trace costs a few KiB per function).
+//!
+//! Slowdown (stretch, normalized latency) is `e2e ÷ warm time`, the warm time being the
+//! metadata's: the CH-RLU paper's and the thesis's metric, and `hearth report`'s `weighted
+//! normalized latency` when given `--meta`.
+
+use crate::error::Result;
+use crate::record::{End, Record, Sink};
+use crate::workload::Workload;
+use hearth_core::balance::WorkerLoad;
+use hearth_core::Micros;
+use serde::Serialize;
+
+/// Totals of one function.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FunctionMetrics {
+    pub invocations: u64,
+    pub completed: u64,
+    pub dropped: u64,
+    pub cold: u64,
+    /// Σ e2e ÷ warm over completed invocations (functions with a warm time).
+    pub sum_stretch: f64,
+    pub sum_queue_us: u64,
+    pub sum_init_us: u64,
+    pub sum_exec_us: u64,
+    pub sum_e2e_us: u64,
+    /// Completed after the function's deadline (functions with one).
+    pub missed_deadline: u64,
+}
+
+impl FunctionMetrics {
+    pub fn mean_stretch(&self) -> Option<f64> {
+        (self.completed > 0).then(|| self.sum_stretch / self.completed as f64)
+    }
+
+    fn mean(&self, v: u64) -> f64 {
+        v as f64 / self.completed.max(1) as f64
+    }
+
+    pub fn mean_queue_ms(&self) -> f64 {
+        self.mean(self.sum_queue_us) / 1000.0
+    }
+
+    pub fn mean_init_ms(&self) -> f64 {
+        self.mean(self.sum_init_us) / 1000.0
+    }
+
+    pub fn mean_exec_ms(&self) -> f64 {
+        self.mean(self.sum_exec_us) / 1000.0
+    }
+}
+
+/// A run's metrics: per function, and the spread of load across workers.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunMetrics {
+    /// Unloaded warm time of each function (µs), from the workload.
+    #[serde(skip)]
+    warm_us: Vec<Micros>,
+    #[serde(skip)]
+    deadline_us: Vec<Option<Micros>>,
+    pub functions: Vec<FunctionMetrics>,
+    /// The latest reported normalized load of each worker.
+    #[serde(skip)]
+    latest_load: Vec<f64>,
+    /// Σ over status rounds of the variance of load across workers, and the rounds.
+    sum_load_variance: f64,
+    load_rounds: u64,
+}
+
+impl RunMetrics {
+    pub fn new(w: &Workload, workers: usize) -> Self {
+        RunMetrics {
+            warm_us: w.functions.iter().map(|f| f.warm_us).collect(),
+            deadline_us: w.functions.iter().map(|f| f.deadline_us).collect(),
+            functions: vec![FunctionMetrics::default(); w.functions.len()],
+            latest_load: vec![0.0; workers],
+            sum_load_variance: 0.0,
+            load_rounds: 0,
+        }
+    }
+
+    fn total(&self, pick: impl Fn(&FunctionMetrics) -> u64) -> u64 {
+        self.functions.iter().map(pick).sum()
+    }
+
+    pub fn invocations(&self) -> u64 {
+        self.total(|f| f.invocations)
+    }
+
+    pub fn completed(&self) -> u64 {
+        self.total(|f| f.completed)
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.total(|f| f.dropped)
+    }
+
+    pub fn cold(&self) -> u64 {
+        self.total(|f| f.cold)
+    }
+
+    pub fn cold_ratio(&self) -> f64 {
+        self.cold() as f64 / self.completed().max(1) as f64
+    }
+
+    /// Mean slowdown over completed invocations: each function's mean weighted by its
+    /// completed invocations (the papers' "weighted normalized latency", "global slowdown").
+    pub fn weighted_slowdown(&self) -> f64 {
+        let (sum, n) = self
+            .functions
+            .iter()
+            .zip(&self.warm_us)
+            .filter(|(_, w)| **w > 0)
+            .fold((0.0, 0u64), |(s, n), (f, _)| {
+                (s + f.sum_stretch, n + f.completed)
+            });
+        sum / n.max(1) as f64
+    }
+
+    /// Weighted slowdown of the functions `select` picks (by index).
+    pub fn weighted_slowdown_of(&self, select: impl Fn(usize) -> bool) -> f64 {
+        let (sum, n) = self
+            .functions
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| select(*i) && self.warm_us[*i] > 0)
+            .fold((0.0, 0u64), |(s, n), (_, f)| {
+                (s + f.sum_stretch, n + f.completed)
+            });
+        sum / n.max(1) as f64
+    }
+
+    /// Each function's mean slowdown (functions that completed something), unsorted.
+    pub fn per_function_slowdown(&self) -> Vec<f64> {
+        self.functions
+            .iter()
+            .zip(&self.warm_us)
+            .filter(|(_, w)| **w > 0)
+            .filter_map(|(f, _)| f.mean_stretch())
+            .collect()
+    }
+
+    /// The thesis's keep-alive metric (ch. 3.6): time added by cold starts as a percentage of
+    /// the warm execution time of all completed invocations.
+    pub fn cold_overhead_pct(&self) -> f64 {
+        let init: u64 = self.total(|f| f.sum_init_us);
+        let warm: u64 = self
+            .functions
+            .iter()
+            .zip(&self.warm_us)
+            .map(|(f, w)| f.completed * w)
+            .sum();
+        100.0 * init as f64 / warm.max(1) as f64
+    }
+
+    /// Completed invocations that missed their function's deadline, as a share of those
+    /// completed with a deadline.
+    pub fn missed_deadline_ratio(&self) -> f64 {
+        let with: u64 = self
+            .functions
+            .iter()
+            .zip(&self.deadline_us)
+            .filter(|(_, d)| d.is_some())
+            .map(|(f, _)| f.completed)
+            .sum();
+        self.total(|f| f.missed_deadline) as f64 / with.max(1) as f64
+    }
+
+    /// Mean time in the worker queue (ms) over completed invocations.
+    pub fn mean_queue_ms(&self) -> f64 {
+        self.total(|f| f.sum_queue_us) as f64 / self.completed().max(1) as f64 / 1000.0
+    }
+
+    /// Mean execution time (ms), stretched by processor sharing.
+    pub fn mean_exec_ms(&self) -> f64 {
+        self.total(|f| f.sum_exec_us) as f64 / self.completed().max(1) as f64 / 1000.0
+    }
+
+    /// Mean over status rounds of the variance of the normalized load across workers
+    /// (the CH-RLU paper's Fig. 8c).
+    pub fn mean_load_variance(&self) -> f64 {
+        self.sum_load_variance / self.load_rounds.max(1) as f64
+    }
+}
+
+impl Sink for RunMetrics {
+    fn record(&mut self, r: &Record) -> Result<()> {
+        let i = r.function as usize;
+        let warm = self.warm_us[i];
+        let deadline = self.deadline_us[i];
+        let f = &mut self.functions[i];
+        f.invocations += 1;
+        match r.end {
+            End::Done {
+                cold,
+                queue_us,
+                init_us,
+                exec_us,
+            } => {
+                f.completed += 1;
+                f.cold += u64::from(cold.is_some());
+                f.sum_queue_us += queue_us;
+                f.sum_init_us += init_us;
+                f.sum_exec_us += exec_us;
+                f.sum_e2e_us += r.e2e_us();
+                f.missed_deadline += u64::from(deadline.is_some_and(|d| r.e2e_us() > d));
+                if warm > 0 {
+                    f.sum_stretch += r.e2e_us() as f64 / warm as f64;
+                }
+            }
+            End::Dropped(_) => f.dropped += 1,
+        }
+        Ok(())
+    }
+
+    fn status(&mut self, _now: Micros, worker: u32, load: &WorkerLoad) {
+        if let Some(l) = self.latest_load.get_mut(worker as usize) {
+            *l = load.load;
+        }
+        // One round per push of the first worker (pushes are staggered over the interval).
+        if worker == 0 && self.latest_load.len() > 1 {
+            let n = self.latest_load.len() as f64;
+            let mean = self.latest_load.iter().sum::<f64>() / n;
+            let var = self
+                .latest_load
+                .iter()
+                .map(|l| (l - mean) * (l - mean))
+                .sum::<f64>()
+                / n;
+            self.sum_load_variance += var;
+            self.load_rounds += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Refusal;
+    use crate::workload::{Arrival, SimFunction};
+    use hearth_core::{ColdReason, Reject};
+
+    fn workload() -> Workload {
+        let f = |name: &str, warm_us| SimFunction::new(name, warm_us, 0, 64);
+        Workload {
+            functions: vec![f("a", 100), f("b", 1000)],
+            arrivals: vec![Arrival {
+                at_us: 0,
+                function: 0,
+            }],
+        }
+    }
+
+    fn done(function: u32, e2e: u64, init: u64, cold: bool) -> Record {
+        Record {
+            id: 0,
+            function,
+            worker: Some(0),
+            scheduled_us: 10,
+            end_us: 10 + e2e,
+            end: End::Done {
+                cold: cold.then_some(ColdReason::New),
+                queue_us: 0,
+                init_us: init,
+                exec_us: e2e - init,
+            },
+        }
+    }
+
+    #[test]
+    fn slowdowns_and_overheads_by_hand() {
+        let mut m = RunMetrics::new(&workload(), 2);
+        // a: 100 µs warm; ran 100 (×1) and 300 (×3, 200 of them init). b: 1000 warm, ran 2000.
+        m.record(&done(0, 100, 0, false)).unwrap();
+        m.record(&done(0, 300, 200, true)).unwrap();
+        m.record(&done(1, 2000, 0, false)).unwrap();
+        let mut dropped = done(1, 5, 0, false);
+        dropped.end = End::Dropped(Refusal::Worker(Reject::QueueFull { length: 1 }));
+        m.record(&dropped).unwrap();
+        assert_eq!(
+            (m.invocations(), m.completed(), m.dropped(), m.cold()),
+            (4, 3, 1, 1)
+        );
+        // (1 + 3 + 2) / 3 invocations.
+        assert!((m.weighted_slowdown() - 2.0).abs() < 1e-12);
+        assert!((m.weighted_slowdown_of(|i| i == 0) - 2.0).abs() < 1e-12);
+        let mut per = m.per_function_slowdown();
+        per.sort_by(f64::total_cmp);
+        assert_eq!(per, [2.0, 2.0]);
+        // 200 µs of init over 100 + 100 + 1000 µs of warm work.
+        assert!((m.cold_overhead_pct() - 100.0 * 200.0 / 1200.0).abs() < 1e-9);
+        m.status(
+            0,
+            1,
+            &WorkerLoad {
+                load: 2.0,
+                ..WorkerLoad::default()
+            },
+        );
+        m.status(
+            1,
+            0,
+            &WorkerLoad {
+                load: 0.0,
+                ..WorkerLoad::default()
+            },
+        );
+        assert!((m.mean_load_variance() - 1.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,478 @@
+//! The discrete-event loop: a virtual clock, one event queue, N simulated workers (each the
+//! real [`WorkerEngine`] plus a processor-sharing CPU model) and one router in front.
+//!
+//! Nothing here sleeps, spawns or reads a clock; the run is a pure function of the workload and
+//! the configuration, so the same inputs give the same records in the same order.
+
+use crate::config::SimConfig;
+use crate::cpu::ProcessorSharing;
+use crate::error::{Result, SimError};
+use crate::events::{EventQueue, Kind};
+use crate::record::{worker_name, End, Record, Refusal, Sink};
+use crate::router::Router;
+use crate::workload::Workload;
+use hearth_core::balance::{Finished, WorkerLoad};
+use hearth_core::{
+    Admission, Arrival, Completion, EngineAction, InvocationId, Micros, Run, SandboxId,
+    WorkerEngine,
+};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One simulated worker: the worker's own engine and a model of its CPUs.
+#[derive(Debug)]
+pub struct SimWorker {
+    /// The same state machine the real worker drives ([`hearth_core::WorkerEngine`]).
+    pub engine: WorkerEngine,
+    pub cpu: ProcessorSharing,
+    /// The workload index of each invocation waiting in the engine's queue.
+    waiting: HashMap<InvocationId, u32>,
+    /// The pending CPU and timer events (earlier ones are stale and skipped).
+    cpu_event_at: Option<Micros>,
+    timer_at: Option<Micros>,
+}
+
+/// An invocation between its start and its end.
+#[derive(Debug)]
+struct Job {
+    id: u32,
+    worker: u32,
+    run: Run,
+    init_us: Micros,
+    /// When it started executing (after its init delay).
+    cpu_from: Micros,
+}
+
+/// Jobs by a small integer id, reused when freed.
+#[derive(Debug, Default)]
+struct Jobs {
+    slots: Vec<Option<Job>>,
+    free: Vec<u32>,
+    live: usize,
+}
+
+impl Jobs {
+    fn insert(&mut self, job: Job) -> u32 {
+        self.live += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(job);
+                i
+            }
+            None => {
+                self.slots.push(Some(job));
+                (self.slots.len() - 1) as u32
+            }
+        }
+    }
+
+    fn get(&self, i: u32) -> Option<&Job> {
+        self.slots.get(i as usize).and_then(Option::as_ref)
+    }
+
+    fn remove(&mut self, i: u32) -> Option<Job> {
+        let job = self.slots.get_mut(i as usize)?.take()?;
+        self.free.push(i);
+        self.live -= 1;
+        Some(job)
+    }
+}
+
+/// Totals of a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SimStats {
+    pub invocations: u64,
+    pub completed: u64,
+    pub dropped: u64,
+    pub cold: u64,
+    /// Virtual time when the last invocation ended (µs).
+    pub end_us: Micros,
+    /// Events processed, arrivals included.
+    pub events: u64,
+}
+
+/// A simulation in progress.
+pub struct Simulation<'a> {
+    workload: &'a Workload,
+    config: SimConfig,
+    workers: Vec<SimWorker>,
+    router: Router,
+    events: EventQueue,
+    jobs: Jobs,
+    /// Function index by name, for the engine's pre-warm actions.
+    by_name: HashMap<Arc<str>, u32>,
+    next_arrival: usize,
+    /// Invocations arrived and not yet ended.
+    outstanding: usize,
+    /// Policy pre-warms still starting.
+    starting: usize,
+    now: Micros,
+    stats: SimStats,
+    sink: &'a mut dyn Sink,
+}
+
+/// Runs `workload` on the cluster `config` describes, reporting to `sink`.
+pub fn simulate(workload: &Workload, config: &SimConfig, sink: &mut dyn Sink) -> Result<SimStats> {
+    Simulation::new(workload, config.clone(), sink)?.run()
+}
+
+impl<'a> Simulation<'a> {
+    pub fn new(workload: &'a Workload, config: SimConfig, sink: &'a mut dyn Sink) -> Result<Self> {
+        config.check()?;
+        let router = Router::new(&config.routing, config.workers, worker_name, workload)?;
+        let workers = (0..config.workers)
+            .map(|_| SimWorker {
+                engine: WorkerEngine::new(config.engine()),
+                cpu: ProcessorSharing::new(config.cpus),
+                waiting: HashMap::new(),
+                cpu_event_at: None,
+                timer_at: None,
+            })
+            .collect();
+        let mut events = EventQueue::default();
+        // Pushes are spread over the interval, as independent workers' would be.
+        let n = config.workers as u64;
+        for w in 0..config.workers {
+            let offset = config.status_interval_us * w as u64 / n;
+            events.push(offset, Kind::Status { worker: w as u32 });
+        }
+        let by_name = workload
+            .functions
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.name.clone(), i as u32))
+            .collect();
+        let mut sim = Simulation {
+            workload,
+            config,
+            workers,
+            router,
+            events,
+            jobs: Jobs::default(),
+            by_name,
+            next_arrival: 0,
+            outstanding: 0,
+            starting: 0,
+            now: 0,
+            stats: SimStats::default(),
+            sink,
+        };
+        for w in 0..sim.workers.len() {
+            sim.prewarm(w)?;
+        }
+        Ok(sim)
+    }
+
+    /// Starts the functions' pre-warmed sandboxes; they are ready when the trace begins.
+    fn prewarm(&mut self, w: usize) -> Result<()> {
+        for f in self.workload.functions.iter().filter(|f| f.prewarm > 0) {
+            let engine = &mut self.workers[w].engine;
+            let (ids, _no_memory) = engine.prewarm(0, &f.name, f.memory_mb, f.prewarm);
+            for id in ids {
+                engine.on_sandbox_ready(0, id);
+            }
+        }
+        self.after_engine(w)
+    }
+
+    /// The simulated workers (their engines hold the pools, queues and learned state).
+    pub fn workers(&self) -> &[SimWorker] {
+        &self.workers
+    }
+
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// Runs until every invocation of the workload has ended.
+    pub fn run(mut self) -> Result<SimStats> {
+        let arrivals = self.workload.arrivals.len();
+        loop {
+            let next = self.workload.arrivals.get(self.next_arrival);
+            // Arrivals go after every queued event of the same instant.
+            let take_arrival = match (next, self.events.peek()) {
+                (Some(a), Some((t, _))) => a.at_us < t,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            if take_arrival {
+                self.arrive()?;
+                continue;
+            }
+            if self.next_arrival == arrivals && self.outstanding == 0 {
+                break;
+            }
+            if self.next_arrival == arrivals && self.jobs.live == 0 && self.starting == 0 {
+                // Nothing runs or starts, yet invocations wait: nothing could ever end them.
+                return Err(SimError::Stalled {
+                    at_s: self.now as f64 / 1e6,
+                    outstanding: self.outstanding,
+                });
+            }
+            let Some((t, kind)) = self.events.pop() else {
+                return Err(SimError::Stalled {
+                    at_s: self.now as f64 / 1e6,
+                    outstanding: self.outstanding,
+                });
+            };
+            self.now = t;
+            self.stats.events += 1;
+            match kind {
+                Kind::Cpu { worker } => self.on_cpu(worker as usize)?,
+                Kind::InitDone { job } => self.on_init_done(job)?,
+                Kind::SandboxReady { worker, sandbox } => {
+                    self.on_ready(worker as usize, sandbox)?
+                }
+                Kind::Timer { worker } => self.on_timer(worker as usize)?,
+                Kind::Status { worker } => self.on_status(worker as usize),
+            }
+        }
+        self.stats.invocations = arrivals as u64;
+        Ok(self.stats)
+    }
+
+    fn arrive(&mut self) -> Result<()> {
+        let id = self.next_arrival as u32;
+        let a = self.workload.arrivals[self.next_arrival];
+        self.next_arrival += 1;
+        self.now = a.at_us;
+        self.stats.events += 1;
+        self.outstanding += 1;
+        let f = self.workload.function(a.function);
+        let engines = self.workers.iter().map(|w| &w.engine);
+        let w = match self.router.route(self.now, f, engines) {
+            Ok(w) => w,
+            Err(r) => return self.refuse(id, None, Refusal::Balancer(r)),
+        };
+        let admission = self.workers[w].engine.on_invocation(
+            self.now,
+            Arrival {
+                function: &f.name,
+                memory_mb: f.memory_mb,
+                deadline_us: f.deadline_us,
+            },
+        );
+        match admission {
+            Admission::Run(run) => self.start(w, id, run),
+            Admission::Queued(inv) => {
+                self.workers[w].waiting.insert(inv, id);
+            }
+            Admission::Rejected(_, reason) => self.refuse(id, Some(w), Refusal::Worker(reason))?,
+        }
+        self.after_engine(w)
+    }
+
+    /// Carries out the engine's actions, then re-arms its timer.
+    fn after_engine(&mut self, w: usize) -> Result<()> {
+        while let Some(action) = self.workers[w].engine.poll_action() {
+            match action {
+                EngineAction::Run(run) => {
+                    let id = self.unqueue(w, run.invocation)?;
+                    self.start(w, id, run);
+                }
+                EngineAction::Reject { invocation, reason } => {
+                    let id = self.unqueue(w, invocation)?;
+                    self.refuse(id, Some(w), Refusal::Worker(reason))?;
+                }
+                // Memory is the engine's to account; a destroyed sandbox costs nothing here.
+                EngineAction::Destroy { .. } => {}
+                EngineAction::Prewarm { sandbox, function } => {
+                    let f = self.by_name.get(&function).copied().ok_or_else(|| {
+                        SimError::Internal(format!("pre-warm of unknown function {function}"))
+                    })?;
+                    self.starting += 1;
+                    let at = self.now + self.workload.function(f).init_us;
+                    let worker = w as u32;
+                    self.events.push(at, Kind::SandboxReady { worker, sandbox });
+                }
+            }
+        }
+        self.schedule_timer(w);
+        Ok(())
+    }
+
+    fn unqueue(&mut self, w: usize, inv: InvocationId) -> Result<u32> {
+        self.workers[w].waiting.remove(&inv).ok_or_else(|| {
+            SimError::Internal(format!("worker {w} dispatched unknown invocation {inv:?}"))
+        })
+    }
+
+    /// An invocation starts on its sandbox: after the init delay if cold.
+    fn start(&mut self, w: usize, id: u32, run: Run) {
+        let f = self
+            .workload
+            .function(self.workload.arrivals[id as usize].function);
+        let init_us = if run.cold.is_some() { f.init_us } else { 0 };
+        let job = self.jobs.insert(Job {
+            id,
+            worker: w as u32,
+            run,
+            init_us,
+            cpu_from: 0,
+        });
+        if init_us > 0 {
+            self.events.push(self.now + init_us, Kind::InitDone { job });
+        } else {
+            self.execute(job);
+        }
+    }
+
+    fn execute(&mut self, job: u32) {
+        let Some(j) = self
+            .jobs
+            .slots
+            .get_mut(job as usize)
+            .and_then(Option::as_mut)
+        else {
+            return;
+        };
+        j.cpu_from = self.now;
+        let w = j.worker as usize;
+        let work = self
+            .workload
+            .function(self.workload.arrivals[j.id as usize].function)
+            .warm_us;
+        self.workers[w].cpu.enter(self.now, job, work);
+        self.schedule_cpu(w);
+    }
+
+    fn schedule_cpu(&mut self, w: usize) {
+        let worker = &mut self.workers[w];
+        match worker.cpu.next_finish() {
+            Some(t) if worker.cpu_event_at != Some(t) => {
+                worker.cpu_event_at = Some(t);
+                self.events.push(t, Kind::Cpu { worker: w as u32 });
+            }
+            Some(_) => {}
+            None => worker.cpu_event_at = None,
+        }
+    }
+
+    fn schedule_timer(&mut self, w: usize) {
+        let worker = &mut self.workers[w];
+        if let Some(t) = worker.engine.next_timeout() {
+            let t = t.max(self.now);
+            if worker.timer_at != Some(t) {
+                worker.timer_at = Some(t);
+                self.events.push(t, Kind::Timer { worker: w as u32 });
+            }
+        }
+    }
+
+    fn on_cpu(&mut self, w: usize) -> Result<()> {
+        if self.workers[w].cpu_event_at != Some(self.now) {
+            return Ok(());
+        }
+        self.workers[w].cpu_event_at = None;
+        while let Some(job) = self.workers[w].cpu.pop_finished(self.now) {
+            self.complete(job)?;
+        }
+        self.schedule_cpu(w);
+        Ok(())
+    }
+
+    fn on_init_done(&mut self, job: u32) -> Result<()> {
+        if self.jobs.get(job).is_none() {
+            return Err(SimError::Internal(format!("init of unknown job {job}")));
+        }
+        self.execute(job);
+        Ok(())
+    }
+
+    fn complete(&mut self, job: u32) -> Result<()> {
+        let j = self
+            .jobs
+            .remove(job)
+            .ok_or_else(|| SimError::Internal(format!("completion of unknown job {job}")))?;
+        let w = j.worker as usize;
+        let arrival = self.workload.arrivals[j.id as usize];
+        let f = self.workload.function(arrival.function);
+        let exec_us = self.now - j.cpu_from;
+        let cold = j.run.cold;
+        self.workers[w].engine.on_completed(
+            self.now,
+            &j.run,
+            Completion {
+                exec_us: Some(exec_us),
+                init_us: cold.map(|_| j.init_us),
+                reusable: true,
+            },
+        );
+        let e2e_us = self.now - arrival.at_us;
+        let how = if cold.is_some() {
+            Finished::Cold { e2e_us }
+        } else {
+            Finished::Warm { e2e_us }
+        };
+        self.router.finished(self.now, w, f, how);
+        self.stats.completed += 1;
+        self.stats.cold += u64::from(cold.is_some());
+        self.end(Record {
+            id: j.id,
+            function: arrival.function,
+            worker: Some(j.worker),
+            scheduled_us: arrival.at_us,
+            end_us: self.now,
+            end: End::Done {
+                cold,
+                queue_us: j.run.queued_us,
+                init_us: j.init_us,
+                exec_us,
+            },
+        })?;
+        self.after_engine(w)
+    }
+
+    fn refuse(&mut self, id: u32, w: Option<usize>, why: Refusal) -> Result<()> {
+        let arrival = self.workload.arrivals[id as usize];
+        if let Some(w) = w {
+            let f = self.workload.function(arrival.function);
+            self.router.finished(self.now, w, f, Finished::Failed);
+        }
+        self.stats.dropped += 1;
+        self.end(Record {
+            id,
+            function: arrival.function,
+            worker: w.map(|w| w as u32),
+            scheduled_us: arrival.at_us,
+            end_us: self.now,
+            end: End::Dropped(why),
+        })
+    }
+
+    fn end(&mut self, r: Record) -> Result<()> {
+        self.outstanding -= 1;
+        self.stats.end_us = self.stats.end_us.max(r.end_us);
+        self.sink.record(&r)
+    }
+
+    fn on_ready(&mut self, w: usize, sandbox: SandboxId) -> Result<()> {
+        self.starting -= 1;
+        self.workers[w].engine.on_sandbox_ready(self.now, sandbox);
+        self.after_engine(w)
+    }
+
+    fn on_timer(&mut self, w: usize) -> Result<()> {
+        if self.workers[w].timer_at != Some(self.now) {
+            return Ok(());
+        }
+        self.workers[w].timer_at = None;
+        self.workers[w].engine.on_timeout(self.now);
+        self.after_engine(w)
+    }
+
+    /// The worker's status push, built as the real worker builds it from its status.
+    fn on_status(&mut self, w: usize) {
+        let e = &self.workers[w].engine;
+        let load = WorkerLoad {
+            load: e.normalized_load(),
+            queue_len: e.queue_length() as u32,
+            running: e.running(),
+            free_mb: e.pool().free_mb(),
+        };
+        self.router.report(self.now, w, load);
+        self.sink.status(self.now, w as u32, &load);
+        let next = self.now + self.config.status_interval_us;
+        self.events.push(next, Kind::Status { worker: w as u32 });
+    }
+}
