@@ -2,40 +2,28 @@
 # Balancing policies on a real cluster (a controller and 4 sim-backend workers, `hearth up
 # --workers 4`): least-loaded, CH-BL and CH-RLU on the same Azure trace (CH-RLU paper, Fig. 8).
 #
-#   bench/balance.sh [OUT_DIR] [SCALE]       (default: bench/out/balance, 0.05)
+#   bench/balance.sh [OUT_DIR] [MINUTES]      (default: bench/out/balance, 5)
 #
-# The workload is 100 functions of the Azure 2019 sample (representative), one hour, with the
-# whole timeline (arrivals, execution and cold-start times) compressed by SCALE, so a run takes
-# SCALE hours. Each worker has 4 simulated CPUs (concurrency limit 4) and memory for an eighth of
-# the functions' sandboxes (half of them across the cluster), so where a function lands decides
-# whether it finds a warm sandbox.
+# The workload is 98 functions of the Azure 2019 sample (`representative:100`), the first MINUTES
+# of the trace in real time with the trace's own execution times (about 20 invocations running at
+# once). Each worker has 8 simulated CPUs (concurrency limit 8, so the cluster runs at about 60 %)
+# and memory for an eighth of the functions' sandboxes (half of them across the cluster), so where
+# a function lands decides whether it finds a warm sandbox. A run takes MINUTES per policy.
 #
 # Prints per policy: weighted normalized latency (e2e over the function's warm time, averaged over
 # invocations), cold ratio, drops, and the per-worker load spread (each worker's busy time —
-# init + exec of its invocations — as a share of the run; coefficient of variation across workers).
+# init + exec of its invocations — divided by the run's length: its mean number of busy CPUs; and
+# the coefficient of variation of that across workers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench/out/balance}
-scale=${2:-0.05}
+minutes=${2:-5}
 H=${HEARTH_BIN:-target/release/hearth}
 [ -x "$H" ] || cargo build --release -q -p hearth-cli
 mkdir -p "$out"
 
 "$H" trace make azure --invocations ../shared/traces/azure2019-invitro-sample/500_inv.csv \
-    --sample representative:100 --minutes 60 --time-scale "$scale" --seed 5 -o "$out/trace.csv"
-python3 - "$out/trace.meta.csv" "$scale" <<'PY'
-import csv, sys
-path, k = sys.argv[1], float(sys.argv[2])
-rows = list(csv.DictReader(open(path)))
-for r in rows:
-    r["warm_ms"] = f'{float(r["warm_ms"]) * k:.3f}'
-    r["cold_ms"] = f'{float(r["cold_ms"]) * k:.3f}'
-    r["args"] = ""
-with open(path, "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-    w.writeheader()
-    w.writerows(rows)
-PY
+    --sample representative:100 --minutes "$minutes" --time-scale 1 --seed 5 -o "$out/trace.csv"
 total_mb=$(python3 -c "import csv; print(int(sum(float(r['mem_mb']) for r in csv.DictReader(open('$out/trace.meta.csv')))))")
 per_worker=$((total_mb / 8))
 
@@ -43,7 +31,7 @@ for policy in least-loaded ch-bl ch-rlu; do
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     data=$(mktemp -d /tmp/hearth-bench-bal-XXXXXX)
     HEARTH_FREE_BUFFER_MB=0 "$H" up --workers 4 --backend sim --balance "$policy" \
-        --listen "127.0.0.1:$port" --data-dir "$data" --cpus 4 --concurrency 4 \
+        --listen "127.0.0.1:$port" --data-dir "$data" --cpus 8 --concurrency 8 \
         --memory-mb "$per_worker" >"$data.log" 2>&1 &
     pid=$!
     for _ in $(seq 200); do
@@ -64,7 +52,7 @@ import csv, statistics, sys
 out = sys.argv[1]
 meta = {r["function"]: float(r["warm_ms"]) * 1000 for r in csv.DictReader(open(f"{out}/trace.meta.csv"))}
 print(f"{'policy':<13} {'invocations':>11} {'wnl':>8} {'e2e p50 ms':>10} {'e2e p99 ms':>10} "
-      f"{'cold %':>7} {'dropped':>7} {'busy per worker %':>24} {'CoV':>5}")
+      f"{'cold %':>7} {'dropped':>7} {'busy CPUs per worker':>24} {'CoV':>5}")
 for policy in ("least-loaded", "ch-bl", "ch-rlu"):
     rows = list(csv.DictReader(open(f"{out}/{policy}.csv")))
     ok = [r for r in rows if r["outcome"] == "ok"]
@@ -75,8 +63,8 @@ for policy in ("least-loaded", "ch-bl", "ch-rlu"):
     busy = {}
     for r in ok:
         busy[r["worker"]] = busy.get(r["worker"], 0) + int(r["init_us"] or 0) + int(r["exec_us"] or 0)
-    shares = sorted(100 * b / span for b in busy.values())
+    shares = sorted(b / span for b in busy.values())
     cov = statistics.pstdev(shares) / statistics.mean(shares) if shares else 0
     print(f"{policy:<13} {len(rows):>11} {wnl:>8.2f} {e2e[len(e2e)//2]:>10.1f} {e2e[int(len(e2e)*0.99)]:>10.1f} "
-          f"{100*cold/len(ok):>6.1f}% {len(rows)-len(ok):>7} {' '.join(f'{s:5.1f}' for s in shares):>24} {cov:>5.2f}")
+          f"{100*cold/len(ok):>6.1f}% {len(rows)-len(ok):>7} {' '.join(f'{s:5.2f}' for s in shares):>24} {cov:>5.2f}")
 PY

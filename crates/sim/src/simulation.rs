@@ -464,12 +464,13 @@ impl<'a> Simulation<'a> {
     /// The worker's status push, built as the real worker builds it from its status.
     fn on_status(&mut self, w: usize) {
         let e = &self.workers[w].engine;
-        let load = WorkerLoad {
-            load: e.normalized_load(),
-            queue_len: e.queue_length() as u32,
-            running: e.running(),
-            free_mb: e.pool().free_mb(),
-        };
+        let load = WorkerLoad::of_worker(
+            e.normalized_load(),
+            e.queue_length() as u32,
+            e.running(),
+            f64::from(e.config().cpus),
+            e.pool().free_mb(),
+        );
         self.router.report(self.now, w, load);
         self.sink.status(self.now, w as u32, &load);
         let next = self.now + self.config.status_interval_us;

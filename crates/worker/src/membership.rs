@@ -2,10 +2,11 @@
 //! `status_interval_ms` (the first push joins it) and says goodbye with a `DELETE` when it shuts
 //! down. The controller balances on these reports, stale by up to one interval by design.
 //!
-//! The report is built from [`Worker::status`]: the normalized 1-minute load average
-//! (`load.normalized`), the queue (`queue.length`, `queue.running`), free memory and the
-//! sandboxes per function. Where the status has no `load` or `queue` section, the load is the
-//! running sandboxes per CPU and the queue is empty.
+//! The report is built from [`Worker::status`]: the load (the normalized 1-minute load average
+//! `load.normalized` plus the queued invocations per CPU, [`WorkerLoad::of_worker`]), the queue
+//! (`queue.length`, `queue.running`), free memory and the sandboxes per function. Where the status
+//! has no `load` or `queue` section, the load is the running sandboxes per CPU and the queue is
+//! empty.
 
 use crate::worker::Worker;
 use bytes::Bytes;
@@ -79,14 +80,15 @@ impl StatusReport {
             url: url.to_string(),
             incarnation: incarnation.to_string(),
             backend: status["backend"].as_str().unwrap_or_default().to_string(),
-            load: WorkerLoad {
+            load: WorkerLoad::of_worker(
                 load,
-                queue_len: status["queue"]["length"].as_u64().unwrap_or(0) as u32,
-                running: status["queue"]["running"]
+                status["queue"]["length"].as_u64().unwrap_or(0) as u32,
+                status["queue"]["running"]
                     .as_u64()
                     .map_or(sandboxes_running, |r| r as u32),
-                free_mb: status["memory"]["free_mb"].as_u64().unwrap_or(0),
-            },
+                cpus,
+                status["memory"]["free_mb"].as_u64().unwrap_or(0),
+            ),
             cpus,
             shutting_down: status["shutting_down"].as_bool().unwrap_or(false),
             functions,
@@ -223,7 +225,8 @@ mod tests {
         });
         let r = StatusReport::from_status(&status, "http://127.0.0.1:1", "abc");
         assert_eq!(r.worker, "w1");
-        assert_eq!(r.load.load, 0.5);
+        // The normalized load average plus the queue per CPU: 0.5 + 3 / 8.
+        assert_eq!(r.load.load, 0.875);
         assert_eq!(
             (r.load.queue_len, r.load.running, r.load.free_mb),
             (3, 5, 3968)

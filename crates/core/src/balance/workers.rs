@@ -22,6 +22,40 @@ pub struct WorkerLoad {
     pub free_mb: u64,
 }
 
+impl WorkerLoad {
+    /// The load a worker reports: its normalized 1-minute load average plus its queued
+    /// invocations per CPU. A worker whose queue holds concurrency at its CPU count never shows a
+    /// load average much above 1, however long its queue grows, so bounded-load balancing would
+    /// never forward away from it: the queue is the rest of its true load (thesis ch. 5.3).
+    pub fn of_worker(
+        normalized_load_avg: f64,
+        queue_len: u32,
+        running: u32,
+        cpus: f64,
+        free_mb: u64,
+    ) -> Self {
+        WorkerLoad {
+            load: normalized_load_avg + f64::from(queue_len) / cpus.max(1.0),
+            queue_len,
+            running,
+            free_mb,
+        }
+    }
+}
+
+#[cfg(test)]
+mod load_tests {
+    use super::*;
+
+    #[test]
+    fn queued_invocations_count_in_the_reported_load() {
+        // 8 CPUs busy (load 1.0) and 12 more waiting: 2.5, over CH-RLU's bound of 1.2.
+        let l = WorkerLoad::of_worker(1.0, 12, 8, 8.0, 512);
+        assert_eq!((l.load, l.queue_len, l.running, l.free_mb), (2.5, 12, 8, 512));
+        assert_eq!(WorkerLoad::of_worker(0.25, 0, 1, 4.0, 0).load, 0.25);
+    }
+}
+
 /// One worker's entry.
 #[derive(Debug, Clone)]
 pub struct WorkerState {
