@@ -51,7 +51,10 @@ mod load_tests {
     fn queued_invocations_count_in_the_reported_load() {
         // 8 CPUs busy (load 1.0) and 12 more waiting: 2.5, over CH-RLU's bound of 1.2.
         let l = WorkerLoad::of_worker(1.0, 12, 8, 8.0, 512);
-        assert_eq!((l.load, l.queue_len, l.running, l.free_mb), (2.5, 12, 8, 512));
+        assert_eq!(
+            (l.load, l.queue_len, l.running, l.free_mb),
+            (2.5, 12, 8, 512)
+        );
         assert_eq!(WorkerLoad::of_worker(0.25, 0, 1, 4.0, 0).load, 0.25);
     }
 }
