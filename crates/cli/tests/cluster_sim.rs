@@ -240,6 +240,54 @@ fn a_worker_killed_mid_run_fails_its_invocations_clearly_and_the_rest_go_elsewhe
 }
 
 #[test]
+fn an_invocation_queued_past_its_deadline_gets_504_and_its_worker_stays_in_the_ring() {
+    // The controller waits timeout_ms (1 s) + 300 ms; the worker runs one invocation at a time.
+    let c = Server::start_controller("ch", &[("HEARTH_FORWARD_GRACE_MS", "300")]);
+    let w = join(&c, None, &[("HEARTH_CONCURRENCY", "1")]);
+    wait_members(&c, &ids(&[&w]));
+    let mut spec = sim_fn(900, 0);
+    spec["timeout_ms"] = 1_000.into();
+    assert_eq!(c.put_fn("slow", spec).status, 201);
+
+    // Two at once: the second waits ~900 ms in the worker's queue, then runs 900 ms.
+    let mut first_client = patient_client(&c);
+    let first = std::thread::spawn(move || {
+        first_client
+            .post("/v1/functions/slow/invoke", b"{}")
+            .unwrap()
+    });
+    wait_until("the first runs", Duration::from_secs(10), || {
+        w.status()["functions"]["slow"]["running"] == 1
+    });
+    let r = patient_client(&c)
+        .post("/v1/functions/slow/invoke", b"{}")
+        .unwrap();
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "worker_timeout");
+    assert_eq!(
+        first.join().unwrap().status,
+        200,
+        "the one running finished"
+    );
+    let metrics = c.client().get("/metrics").unwrap().text();
+    assert!(
+        !metrics.contains("event=\"failed\""),
+        "a slow worker is not a dead one: it never left the ring\n{metrics}"
+    );
+    assert!(
+        metrics.contains("hearth_controller_invocations_total{outcome=\"worker_timeout\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(workers_up(&c), ids(&[&w]));
+    wait_until("the late invocation ends", Duration::from_secs(10), || {
+        w.status()["queue"]["running"] == 0
+    });
+    let r = c.invoke("slow", "{}");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["worker"], w.worker_id().as_str());
+}
+
+#[test]
 fn a_silent_worker_leaves_the_ring_and_rejoins_when_it_comes_back() {
     let c = Server::start_controller(
         "ch-rlu",

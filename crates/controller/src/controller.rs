@@ -372,7 +372,11 @@ impl Controller {
                 }
                 Err(Attempt::Failed(e)) => {
                     self.finished(worker, key, Finished::Failed);
-                    self.metrics.outcome("worker_failed");
+                    self.metrics.outcome(if e.code == "worker_timeout" {
+                        "worker_timeout"
+                    } else {
+                        "worker_failed"
+                    });
                     return Err(e);
                 }
             }
@@ -454,13 +458,16 @@ impl Controller {
                     self.leave(m.id, &e.to_string(), "failed");
                     return Err(Attempt::Failed(worker_failed(m, &e.to_string())));
                 }
+                // A slow answer is not a dead worker: one whose queue holds the invocation past
+                // the deadline still pushes status, and ejecting it would fail everything else
+                // running there. Liveness is the status deadline's job.
                 Err(e @ ForwardError::TimedOut(_)) => {
-                    self.leave(m.id, &e.to_string(), "failed");
                     return Err(Attempt::Failed(ApiError::new(
                         StatusCode::GATEWAY_TIMEOUT,
                         "worker_timeout",
                         format!(
-                            "worker {}: {e}; the invocation may or may not have run (not retried)",
+                            "worker {}: {e}; the invocation may still be queued or running there \
+                             (not retried)",
                             m.name
                         ),
                     )));

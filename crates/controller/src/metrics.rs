@@ -55,7 +55,7 @@ impl Default for Metrics {
             invocations: registered(
                 &mut r,
                 "invocations",
-                "Invocations by outcome (ok, error answered by a worker, worker_failed, rejected, no_workers)",
+                "Invocations by outcome (ok, error answered by a worker, worker_failed, worker_timeout, rejected, no_workers)",
                 Family::default(),
             ),
             placements: registered(
