@@ -255,9 +255,25 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Trace(_) | Command::Report(_) | Command::Sim(_) | Command::Experiment(_)
+    ) {
+        quiet_on_closed_pipe();
+    }
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// Offline commands print tables that users pipe into `head`: end quietly on a closed pipe,
+/// like other Unix tools, instead of panicking in `println!`. Commands that talk HTTP keep Rust's
+/// ignored SIGPIPE, because a vectored socket write to a dead peer would raise it.
+fn quiet_on_closed_pipe() {
+    // SAFETY: resetting a signal disposition to its default before any thread is spawned.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
