@@ -233,6 +233,7 @@ impl Recorder {
             "max": stats.max_connections,
             "waits": stats.connection_waits,
         });
+        v["interrupted"] = json!(stats.interrupted);
         std::fs::write(&json_path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("writing {}", json_path.display()))?;
         print!(
@@ -261,7 +262,20 @@ impl Recorder {
                 stats.max_connections, stats.connection_waits
             );
         }
+        if stats.interrupted {
+            eprintln!(
+                "warning: interrupted (Ctrl-C): the results hold the {} invocations sent before the stop, each with its answer",
+                self.rows.len()
+            );
+        }
         Ok(())
+    }
+}
+
+/// An interrupted run ends like one killed by SIGINT (status 130), once its results are written.
+fn exit_if_interrupted(stats: &ReplayStats) {
+    if stats.interrupted {
+        std::process::exit(130);
     }
 }
 
@@ -316,7 +330,9 @@ fn closed(a: ClosedArgs) -> Result<()> {
     );
     let mut rec = Recorder::new(&a.common.out)?;
     let stats = closed_loop::run(&cfg, &calls, &weights, |row| rec.record(row))?;
-    rec.finish(&a.common.out, meta.as_ref(), &stats)
+    rec.finish(&a.common.out, meta.as_ref(), &stats)?;
+    exit_if_interrupted(&stats);
+    Ok(())
 }
 
 fn trace(a: TraceArgs) -> Result<()> {
@@ -375,5 +391,7 @@ fn trace(a: TraceArgs) -> Result<()> {
     );
     let mut rec = Recorder::new(&a.common.out)?;
     let stats = open_loop::run(&cfg, &trace, &calls, |row| rec.record(row))?;
-    rec.finish(&a.common.out, Some(&meta), &stats)
+    rec.finish(&a.common.out, Some(&meta), &stats)?;
+    exit_if_interrupted(&stats);
+    Ok(())
 }

@@ -76,6 +76,79 @@ fn an_open_loop_trace_gives_one_sensible_row_per_invocation() {
 }
 
 #[test]
+fn ctrl_c_stops_sending_and_keeps_every_answered_invocation() {
+    let s = Server::start("sim", &[("HEARTH_CONCURRENCY", "64")]);
+    let dir = tempfile::tempdir().unwrap();
+    // 20 s of one function every 10 ms, each running 300 ms: about 30 in flight at any time.
+    let trace = dir.path().join("long.csv");
+    let mut t = String::from("time_ms,function\n");
+    for i in 0..2000 {
+        t.push_str(&format!("{},slowish\n", i * 10));
+    }
+    std::fs::write(&trace, t).unwrap();
+    std::fs::write(
+        dir.path().join("long.meta.csv"),
+        "function,warm_ms,cold_ms,mem_mb\nslowish,300,0,16\n",
+    )
+    .unwrap();
+    let out = dir.path().join("res.csv");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args([
+            "load",
+            "trace",
+            p(&trace),
+            "--url",
+            &s.url,
+            "--out",
+            p(&out),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let invocations = || {
+        s.client().get("/v1/functions/slowish").unwrap().json()["characteristics"]["invocations"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while invocations() < 100 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never got going"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child, which has not been waited for.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+
+    let rows = read_results(&out).unwrap();
+    let sent = invocations();
+    assert!(
+        rows.len() >= 100 && rows.len() < 2000,
+        "stopped early: {} rows",
+        rows.len()
+    );
+    assert_eq!(
+        rows.len() as u64,
+        sent,
+        "every invocation the worker saw has its row"
+    );
+    assert!(
+        rows.iter().all(|r| r.outcome == Outcome::Ok),
+        "the ones in flight were awaited, not cut off"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.with_extension("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["interrupted"], true);
+}
+
+#[test]
 fn refused_invocations_are_counted_as_dropped() {
     // Memory for one sandbox: the second invocation waits in the queue, which holds one, so the
     // third is refused.

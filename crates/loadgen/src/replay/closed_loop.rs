@@ -1,7 +1,7 @@
 //! Closed loop: each client invokes, waits for the answer, optionally thinks (uniform 0–1 s, as
 //! in the CH-RLU paper's Locust setup), and repeats until the duration is over.
 
-use super::{drain, http::Pool, result_row, runtime, Call, ReplayStats, Target};
+use super::{drain, http::Pool, result_row, runtime, Call, Interrupt, ReplayStats, Target};
 use crate::error::{LoadgenError, Result};
 use crate::results::ResultRow;
 use rand::distributions::{Distribution, WeightedIndex};
@@ -41,6 +41,7 @@ pub fn run(
         return Err(LoadgenError::Config("--clients must be at least 1".into()));
     }
     let rt = runtime()?;
+    let interrupt = Interrupt::install(&rt);
     let pool = Arc::new(Pool::new(
         &cfg.target.url,
         cfg.clients,
@@ -56,10 +57,11 @@ pub fn run(
         let (calls, choose) = (calls.to_vec(), choose.clone());
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed.wrapping_add(client as u64));
         let think = cfg.think;
+        let stop = interrupt.clone();
         rt.spawn(async move {
             loop {
                 let scheduled = Instant::now();
-                if scheduled >= end {
+                if scheduled >= end || stop.is_set() {
                     return;
                 }
                 let call = &calls[choose.sample(&mut rng)];
@@ -76,5 +78,5 @@ pub fn run(
         });
     }
     drop(tx);
-    drain(rx, &pool, on_row)
+    drain(rx, &pool, &interrupt, on_row)
 }

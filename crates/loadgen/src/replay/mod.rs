@@ -11,6 +11,7 @@ use crate::error::{LoadgenError, Result};
 use crate::results::{Outcome, ResultRow};
 use bytes::Bytes;
 use serde::Deserialize;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,6 +52,39 @@ pub struct ReplayStats {
     pub max_connections: usize,
     /// Invocations that found all connections busy and waited for one.
     pub connection_waits: usize,
+    /// Ctrl-C (SIGINT) stopped the sending early; the invocations already sent were awaited.
+    pub interrupted: bool,
+}
+
+/// Set by the first Ctrl-C of a run: sending stops, answers in flight are still awaited (so the
+/// results file holds every invocation that went out), and a second Ctrl-C quits at once.
+#[derive(Clone, Default)]
+struct Interrupt(Arc<AtomicBool>);
+
+impl Interrupt {
+    /// Listens for SIGINT on `rt` for the rest of the process.
+    fn install(rt: &tokio::runtime::Runtime) -> Self {
+        let flag = Interrupt::default();
+        let set = flag.clone();
+        rt.spawn(async move {
+            if tokio::signal::ctrl_c().await.is_err() {
+                return; // no signal handling here: Ctrl-C keeps its default (quit)
+            }
+            set.0.store(true, Ordering::Release);
+            eprintln!(
+                "interrupted: no more invocations are sent; waiting for the answers in flight \
+                 (Ctrl-C again to quit without them)"
+            );
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
+        });
+        flag
+    }
+
+    fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 #[derive(Deserialize)]
@@ -152,6 +186,7 @@ fn result_row(
 fn drain(
     rx: std::sync::mpsc::Receiver<ResultRow>,
     pool: &http::Pool,
+    interrupt: &Interrupt,
     mut on_row: impl FnMut(ResultRow) -> Result<()>,
 ) -> Result<ReplayStats> {
     let mut invocations = 0;
@@ -169,6 +204,7 @@ fn drain(
             connections_opened: pool.opened(),
             max_connections: pool.max(),
             connection_waits: pool.waits(),
+            interrupted: interrupt.is_set(),
         }),
     }
 }

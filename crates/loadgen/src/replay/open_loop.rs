@@ -2,13 +2,16 @@
 //! earlier ones have answered. A dispatcher thread keeps the schedule; the requests themselves run
 //! on a small runtime, each on its own pooled connection.
 
-use super::{clock, drain, http::Pool, result_row, runtime, Call, ReplayStats, Target};
+use super::{clock, drain, http::Pool, result_row, runtime, Call, Interrupt, ReplayStats, Target};
 use crate::error::{LoadgenError, Result};
 use crate::results::ResultRow;
 use crate::trace::Trace;
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+
+/// How often a dispatcher waiting for a distant send checks for Ctrl-C.
+const INTERRUPT_CHECK: Duration = Duration::from_millis(50);
 
 /// Settings of an open-loop run.
 #[derive(Debug, Clone)]
@@ -45,6 +48,7 @@ pub fn run(
         })
         .collect::<Result<_>>()?;
     let rt = runtime()?;
+    let interrupt = Interrupt::install(&rt);
     let pool = Arc::new(Pool::new(
         &cfg.target.url,
         cfg.target.max_connections,
@@ -55,12 +59,23 @@ pub fn run(
     let (tx, rx) = mpsc::channel::<ResultRow>();
     let t0 = Instant::now() + cfg.lead;
     let dispatch_pool = Arc::clone(&pool);
+    let stop = interrupt.clone();
     let dispatcher = std::thread::Builder::new()
         .name("hearth-dispatch".into())
         .spawn(move || {
             clock::precise_timers_for_this_thread();
             for (id, (at_us, call)) in plan.into_iter().enumerate() {
                 let scheduled = t0 + Duration::from_micros(at_us);
+                // Long gaps are slept in slices so that Ctrl-C is noticed within one.
+                while scheduled.saturating_duration_since(Instant::now()) > INTERRUPT_CHECK {
+                    if stop.is_set() {
+                        return;
+                    }
+                    std::thread::sleep(INTERRUPT_CHECK);
+                }
+                if stop.is_set() {
+                    return;
+                }
                 clock::sleep_until(scheduled);
                 let (pool, tx) = (Arc::clone(&dispatch_pool), tx.clone());
                 handle.spawn(async move {
@@ -70,7 +85,7 @@ pub fn run(
             }
         })
         .map_err(|e| LoadgenError::Replay(format!("cannot start the dispatcher: {e}")))?;
-    let stats = drain(rx, &pool, on_row);
+    let stats = drain(rx, &pool, &interrupt, on_row);
     dispatcher
         .join()
         .map_err(|_| LoadgenError::Replay("the dispatcher panicked".into()))?;
