@@ -257,7 +257,15 @@ fn main() {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Trace(_) | Command::Report(_) | Command::Sim(_) | Command::Experiment(_)
+        Command::Trace(_)
+            | Command::Report(_)
+            | Command::Sim(_)
+            | Command::Experiment(_)
+            | Command::Function(_)
+            | Command::Invoke { .. }
+            | Command::Result { .. }
+            | Command::Prewarm { .. }
+            | Command::Status { .. }
     ) {
         quiet_on_closed_pipe();
     }
@@ -267,9 +275,10 @@ fn main() {
     }
 }
 
-/// Offline commands print tables that users pipe into `head`: end quietly on a closed pipe,
-/// like other Unix tools, instead of panicking in `println!`. Commands that talk HTTP keep Rust's
-/// ignored SIGPIPE, because a vectored socket write to a dead peer would raise it.
+/// Commands whose output users pipe into `head` end quietly on a closed pipe, like other Unix
+/// tools, instead of panicking in `println!`. Safe where every socket write is `send` with
+/// `MSG_NOSIGNAL` (std's `TcpStream::write`, which the blocking client uses); the servers and
+/// `load` (Tokio, vectored writes) keep Rust's ignored SIGPIPE, so a dead peer is an error there.
 fn quiet_on_closed_pipe() {
     // SAFETY: resetting a signal disposition to its default before any thread is spawned.
     unsafe {
@@ -482,9 +491,10 @@ fn function(cmd: FnCommand) -> Result<()> {
                 println!(
                     "{:<32} {:>6}Mi {:>6} {:>8}ms {:>5} {:>8}",
                     f["name"].as_str().unwrap_or(""),
-                    f["memory_mb"],
-                    f["cpus"],
-                    f["timeout_ms"],
+                    // Value's Display ignores widths: pad the rendered text.
+                    f["memory_mb"].to_string(),
+                    f["cpus"].to_string(),
+                    f["timeout_ms"].to_string(),
                     f["pool"]["warm"].as_u64().unwrap_or(0),
                     f["pool"]["running"].as_u64().unwrap_or(0),
                 );
