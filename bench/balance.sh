@@ -21,6 +21,7 @@
 # the coefficient of variation of that across workers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 out=${1:-bench/out/balance}
 minutes=${2:-5}
 H=${HEARTH_BIN:-target/release/hearth}
@@ -34,7 +35,7 @@ total_mb=$(python3 -c "import csv; print(int(sum(float(r['mem_mb']) for r in csv
 per_worker=$((total_mb / 2))
 
 for policy in least-loaded ch-bl ch-rlu; do
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    port=$(free_port)
     data=$(mktemp -d /tmp/hearth-bench-bal-XXXXXX)
     HEARTH_FREE_BUFFER_MB=0 "$H" up --workers 4 --backend sim --balance "$policy" \
         --listen "127.0.0.1:$port" --data-dir "$data" --cpus 8 --concurrency 64 \

@@ -8,6 +8,7 @@
 #              BALANCE (default ch-rlu), CLIENTS (default 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 H=${HEARTH:-target/release/hearth}
 DUR=${1:-10s}
 ROUNDS=${2:-3}
@@ -25,7 +26,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 CPORT=$(free_port)
 WPORT=$(free_port)
 CURL="http://127.0.0.1:$CPORT"

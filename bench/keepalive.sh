@@ -14,6 +14,7 @@
 # "increase in execution time due to cold starts").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 out=${1:-bench/out/keepalive}
 scale=${2:-0.025}
 H=${HEARTH_BIN:-target/release/hearth}
@@ -42,13 +43,13 @@ ttl_s=$(python3 -c "print(max(1, round(600 * $scale)))")
 for pct in 25 50 100; do
     budget=$((total_mb * pct / 100))
     for policy in ttl lru gdsf; do
-        port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        port=$(free_port)
         data=$(mktemp -d /tmp/hearth-bench-ka-XXXXXX)
         HEARTH_KEEPALIVE_TTL_S=$ttl_s HEARTH_FREE_BUFFER_MB=0 "$H" worker --backend sim \
             --listen "127.0.0.1:$port" --data-dir "$data" --cpus 64 --concurrency 1000 \
             --keepalive "$policy" --memory-mb "$budget" >"$data.log" 2>&1 &
         pid=$!
-        for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+        wait_healthy "http://127.0.0.1:$port"
         echo "== $policy at $pct % ($budget MiB)" >&2
         "$H" load trace "$out/trace.csv" --url "http://127.0.0.1:$port" \
             -o "$out/$policy-$pct.csv" >"$out/$policy-$pct.load.txt" 2>&1

@@ -4,20 +4,18 @@
 # Usage: bench/loadgen-open-loop.sh [RATE=2000] [SECONDS=20] [RUNS=3]   (after cargo build --release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 RATE=${1:-2000}
 SECONDS_=${2:-20}
 RUNS=${3:-3}
 H=${HEARTH:-target/release/hearth}
 [ -x "$H" ] || { echo "build first: cargo build --release -p hearth-cli" >&2; exit 1; }
 work=$(mktemp -d /tmp/hearth-bench-loadgen.XXXXXX)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 HEARTH_LOG=warn "$H" worker --listen "127.0.0.1:$port" --backend sim --data-dir "$work/data" 2>"$work/worker.log" &
 worker=$!
 trap 'kill "$worker" 2>/dev/null; wait "$worker" 2>/dev/null; rm -rf "$work"' EXIT
-for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
-    sleep 0.05
-done
+wait_healthy "http://127.0.0.1:$port" 0.05
 # A no-op: the sim backend answers at once (warm and cold time 0).
 "$H" trace make poisson --rate "$RATE" --duration "${SECONDS_}s" --functions 1 --warm-ms 0 \
     --cold-ms 0 --mem-mb 64 --seed 1 -o "$work/trace.csv" >/dev/null

@@ -9,11 +9,12 @@
 # from the environment (e.g. HEARTH_LOW_LATENCY=false). Prints one table; needs root for runc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 backend=${1:-runc}
 secs=${2:-10}
 H=${HEARTH_BIN:-target/release/hearth}
 [ -x "$H" ] || cargo build --release -q -p hearth-cli
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(free_port)
 data=$(mktemp -d /tmp/hearth-bench-XXXXXX)
 log="$data.log"
 # The concurrency limit defaults to the CPUs (2 here): 4 clients of the sleeping function would
@@ -24,7 +25,7 @@ pid=$!
 cleanup() { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$data" "$log"; }
 trap cleanup EXIT
 url="http://127.0.0.1:$port"
-for _ in $(seq 100); do curl -sf "$url/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+wait_healthy "$url"
 
 echo "# hearth bench overhead: backend $backend, $(nproc) CPUs, ${secs}s per run, low_latency=${HEARTH_LOW_LATENCY:-true}"
 printf '%-22s %10s %8s %8s %8s %8s %8s\n' case "inv/s" "ovh p50" "ovh p90" "ovh p99" "e2e p50" "e2e p99"

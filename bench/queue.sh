@@ -10,6 +10,7 @@
 # the cold starts and the queueing; writes the comparison plots into OUT_DIR/report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 out=${1:-bench/out/queue}
 secs=${2:-120}
 H=${HEARTH_BIN:-target/release/hearth}
@@ -27,12 +28,12 @@ mkdir -p "$out"
 results=()
 labels=()
 for q in fcfs sjf eedf rare srsf; do
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    port=$(free_port)
     data=$(mktemp -d /tmp/hearth-bench-q-XXXXXX)
     "$H" worker --backend sim --listen "127.0.0.1:$port" --data-dir "$data" \
         --cpus 16 --concurrency 16 --queue "$q" --memory-mb 65536 >"$data.log" 2>&1 &
     pid=$!
-    for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+    wait_healthy "http://127.0.0.1:$port"
     echo "== $q" >&2
     "$H" load trace "$out/trace.csv" --url "http://127.0.0.1:$port" --prewarm \
         -o "$out/$q.csv" >"$out/$q.load.txt" 2>&1

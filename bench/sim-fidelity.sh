@@ -8,6 +8,7 @@
 #   CPUS=4 LIMIT=4 DURATION=45s: the worker's CPUs, its concurrency limit, the trace's length.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 OUT=${1:-/tmp/hearth-fidelity}
 CPUS=${CPUS:-4}
 LIMIT=${LIMIT:-$CPUS}
@@ -16,7 +17,7 @@ H=${HEARTH:-target/release/hearth}
 [ -x "$H" ] || { echo "build first: cargo build --release -p hearth-cli" >&2; exit 1; }
 mkdir -p "$OUT"
 work=$(mktemp -d /tmp/hearth-bench-fidelity.XXXXXX)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 # Six function sizes, 250 ms cold starts; time scaled so that Little's law gives 90 % of the
 # CPUs: the queue fills in bursts.
 target=$(python3 -c "print(0.9 * $CPUS)")
@@ -28,10 +29,7 @@ HEARTH_LOG=warn "$H" worker --listen "127.0.0.1:$port" --backend sim --data-dir 
     2>"$work/worker.log" &
 worker=$!
 trap 'kill "$worker" 2>/dev/null; wait "$worker" 2>/dev/null; rm -rf "$work"' EXIT
-for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
-    sleep 0.05
-done
+wait_healthy "http://127.0.0.1:$port" 0.05
 echo "real worker (sim backend, $CPUS CPUs, concurrency $LIMIT):"
 "$H" load trace "$OUT/trace.csv" --url "http://127.0.0.1:$port" --prewarm -o "$OUT/real.csv" \
     | grep -E 'e2e p50|cold starts|answered'

@@ -27,6 +27,7 @@ use hearth_worker::in_flight::InFlightTracker;
 use hearth_worker::invocations::AsyncInvocations;
 use hearth_worker::membership::StatusReport;
 use hearth_worker::registry::{CodeSource, Registered, Registry, RegistryError};
+use hearth_worker::serving::open_data_dir;
 use hyper::Method;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -77,9 +78,7 @@ impl Controller {
     /// Opens the registry, announces its functions to the policy and starts the membership
     /// tasks (deadline sweep, polling of static workers).
     pub async fn start(config: ControllerConfig) -> Result<Arc<Self>, StartError> {
-        std::fs::create_dir_all(&config.data_dir)
-            .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
-        let data_dir = std::fs::canonicalize(&config.data_dir)
+        let data_dir = open_data_dir(&config.data_dir)
             .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
         let registry = Registry::open(&data_dir)?;
         let mut balancer = Balancer::new(config.balance, config.balance_params.clone())?;

@@ -6,6 +6,7 @@ use axum::serve::ListenerExt;
 use axum::Router;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -19,6 +20,13 @@ pub enum ServeError<S: std::error::Error + 'static> {
     Start(#[source] S),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// Creates the data directory if needed and returns its canonical path, so that what lives in
+/// it (registry, sandbox bundles) does not depend on the working directory.
+pub fn open_data_dir(dir: &Path) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::canonicalize(dir)
 }
 
 /// Resolves on SIGTERM or SIGINT.

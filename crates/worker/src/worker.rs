@@ -14,6 +14,7 @@ use crate::in_flight::InFlightTracker;
 use crate::invocations::AsyncInvocations;
 use crate::metrics::{ColdLabel, FnLabel, Metrics, Outcome, QueueLabel, StateLabel};
 use crate::registry::{CodeSource, Registered, Registry, RegistryError};
+use crate::serving::open_data_dir;
 use axum::http::StatusCode;
 use bytes::Bytes;
 use dashmap::DashMap;
@@ -114,9 +115,7 @@ impl Worker {
     /// Opens the registry, prepares the backend (removing leftovers of a crashed run) and starts
     /// the background tasks.
     pub async fn start(config: WorkerConfig) -> Result<Arc<Self>, StartError> {
-        std::fs::create_dir_all(&config.data_dir)
-            .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
-        let data_dir = std::fs::canonicalize(&config.data_dir)
+        let data_dir = open_data_dir(&config.data_dir)
             .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
         let id = config.worker_id();
         let registry = Registry::open(&data_dir)?;

@@ -1,0 +1,17 @@
+# Helpers shared by the bench scripts; `source` it, do not run it.
+
+# A TCP port free on 127.0.0.1 right now.
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Polls URL/healthz up to 100 times, INTERVAL seconds apart (default 0.1), until it answers.
+# Gives up silently: the first request to a server that never came up says what is wrong.
+wait_healthy() {
+    local url=$1 interval=${2:-0.1}
+    for _ in $(seq 100); do
+        curl -sf "$url/healthz" >/dev/null 2>&1 && return 0
+        sleep "$interval"
+    done
+    return 0
+}
