@@ -378,7 +378,8 @@ impl RuncBackend {
         if let Err(e) = oci::remove_cgroup_dirs(&self.cgroup_parent) {
             tracing::warn!(cgroup = %self.cgroup_parent, error = %e, "removing cgroups failed");
         }
-        let _ = oci::remove_cgroup_dirs("/hearth"); // fails while another worker uses it
+        // The shared `/hearth` parent stays: removing it when empty raced with another worker
+        // whose runc was creating `/hearth/<worker>` in it (runc failed with ENOENT).
     }
 }
 
