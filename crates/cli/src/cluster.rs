@@ -45,7 +45,7 @@ pub fn controller(args: ControllerArgs) -> Result<()> {
         .build()?;
     rt.block_on(hearth_controller::server::serve(
         config,
-        hearth_worker::server::shutdown_signal(),
+        hearth_service::serving::shutdown_signal(),
         None,
     ))?;
     Ok(())
@@ -79,7 +79,7 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
     let data_dir = opts
         .data_dir
         .clone()
-        .unwrap_or_else(hearth_worker::config::default_data_dir);
+        .unwrap_or_else(hearth_service::serving::default_data_dir);
     config.data_dir = data_dir.join("controller");
     if let Some(b) = opts.balance {
         config.balance = b;
@@ -126,7 +126,7 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
         }
         tracing::info!(workers = n, url = %controller_url, "cluster up: controller and workers started");
         tokio::select! {
-            _ = hearth_worker::server::shutdown_signal() => {}
+            _ = hearth_service::serving::shutdown_signal() => {}
             _ = watch_workers(&mut workers) => {}
         }
         // Workers first, so that they can say goodbye to the controller.

@@ -22,7 +22,7 @@ pub fn pack(path: &Path) -> Result<(Value, Option<String>), String> {
             std::fs::read_to_string(path).map_err(|e| format!("--code {}: {e}", path.display()))?;
         return Ok((json!({"files": {name: text}}), Some(stem.to_string())));
     }
-    let b64 = hearth_worker::archive::pack_dir_base64(path)
+    let b64 = hearth_service::archive::pack_dir_base64(path)
         .map_err(|e| format!("--code {}: {e}", path.display()))?;
     Ok((json!({ "archive": b64 }), None))
 }

@@ -428,7 +428,7 @@ fn serve(args: ServerArgs) -> Result<()> {
         .build()?;
     rt.block_on(hearth_worker::server::serve(
         config,
-        hearth_worker::server::shutdown_signal(),
+        hearth_service::serving::shutdown_signal(),
     ))?;
     Ok(())
 }

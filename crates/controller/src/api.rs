@@ -10,12 +10,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use hearth_worker::api::{
+use hearth_api::StatusReport;
+use hearth_service::error::ApiError;
+use hearth_service::http::{
     accepted, invocation_record, invoke_request, json_error, metrics_response, prewarm_count,
     registered, registration_request, with_common_endpoints, InvokeQuery,
 };
-use hearth_worker::error::ApiError;
-use hearth_worker::membership::StatusReport;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -141,7 +141,7 @@ async fn prewarm(
 async fn invocation(
     State(c): State<Arc<Controller>>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<hearth_api::AsyncRecord>, ApiError> {
     invocation_record(&c.invocations, &id)
 }
 

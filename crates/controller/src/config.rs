@@ -2,12 +2,12 @@
 //! overridden by command-line flags (the worker's scheme, with the controller's keys).
 
 use hearth_core::balance::{BalanceKind, BalanceParams};
-use hearth_worker::config_checks;
-use hearth_worker::config_loader::EnvKeys;
+use hearth_service::config_checks;
+use hearth_service::config_loader::EnvKeys;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-pub use hearth_worker::config_loader::ConfigError;
+pub use hearth_service::config_loader::ConfigError;
 
 /// Everything a controller needs to run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -49,7 +49,7 @@ impl Default for ControllerConfig {
     fn default() -> Self {
         ControllerConfig {
             listen: "127.0.0.1:7878".into(),
-            data_dir: hearth_worker::config::default_data_dir().join("controller"),
+            data_dir: hearth_service::serving::default_data_dir().join("controller"),
             balance: BalanceKind::ChRlu,
             balance_params: BalanceParams::default(),
             workers: Vec::new(),
@@ -95,7 +95,7 @@ impl ControllerConfig {
     /// Defaults ← TOML file (if any) ← `HEARTH_*` environment (nested keys with `__`, e.g.
     /// `HEARTH_BALANCE_PARAMS__B_MAX`).
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        hearth_worker::config_loader::load(file, ENV_KEYS, Self::check)
+        hearth_service::config_loader::load(file, ENV_KEYS, Self::check)
     }
 
     /// Refuses settings that cannot work.

@@ -18,16 +18,17 @@ use crate::timing;
 use axum::http::StatusCode;
 use bytes::Bytes;
 use dashmap::DashMap;
+use hearth_api::FunctionSpec;
+use hearth_api::{StatusReport, WorkerStatus};
 use hearth_core::balance::{
     Balancer, Decision, Finished, FunctionInfo, FunctionKey, Rejection, WorkerId,
 };
-use hearth_core::{FunctionSpec, Micros};
-use hearth_worker::error::ApiError;
-use hearth_worker::in_flight::InFlightTracker;
-use hearth_worker::invocations::AsyncInvocations;
-use hearth_worker::membership::StatusReport;
-use hearth_worker::registry::{CodeSource, Registered, Registry, RegistryError};
-use hearth_worker::serving::open_data_dir;
+use hearth_core::Micros;
+use hearth_service::error::ApiError;
+use hearth_service::in_flight::InFlightTracker;
+use hearth_service::invocations::AsyncInvocations;
+use hearth_service::registry::{CodeSource, Registered, Registry, RegistryError};
+use hearth_service::serving::open_data_dir;
 use hyper::Method;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -793,10 +794,11 @@ fn function_info(spec: &FunctionSpec) -> FunctionInfo {
 /// A function's code directory packed as the `code` of a registration on a worker (off the
 /// async threads: it reads and compresses files).
 async fn pack_code(dir: PathBuf) -> Result<Arc<Value>, ApiError> {
-    let packed = tokio::task::spawn_blocking(move || hearth_worker::archive::pack_dir_base64(&dir))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::internal(format!("packing the code: {e}")))?;
+    let packed =
+        tokio::task::spawn_blocking(move || hearth_service::archive::pack_dir_base64(&dir))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| ApiError::internal(format!("packing the code: {e}")))?;
     Ok(Arc::new(json!({ "archive": packed })))
 }
 
@@ -863,7 +865,7 @@ struct Record<'a> {
 
 impl Record<'_> {
     fn finish(mut self, status: u16, body: Bytes) {
-        self.c.invocations.finish(self.id, status, body);
+        self.c.invocations.finish_answer(self.id, status, &body);
         self.done = true;
     }
 }
@@ -874,7 +876,7 @@ impl Drop for Record<'_> {
             let e = ApiError::internal("the invocation ended without an answer");
             self.c
                 .invocations
-                .finish(self.id, 500, Bytes::from(e.body().to_string()));
+                .finish_answer(self.id, 500, &e.error_body().to_vec());
         }
     }
 }
@@ -901,6 +903,11 @@ async fn sweep(c: std::sync::Weak<Controller>) {
 }
 
 /// Polls a worker from the config's static list.
+/// CPUs of this host: the fallback for a status that does not say.
+fn host_cpus() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
+}
+
 async fn poll_static(c: std::sync::Weak<Controller>, url: String) {
     let url = url.trim_end_matches('/').to_string();
     let mut incarnation = 0u64;
@@ -920,14 +927,26 @@ async fn poll_static(c: std::sync::Weak<Controller>, url: String) {
             .await;
         match sent {
             Ok(a) if a.status.is_success() => {
-                let status: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
-                let uptime = status["uptime_s"].as_u64().unwrap_or(0);
+                let status: WorkerStatus = match serde_json::from_slice(&a.body) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(%url, error = %e, "unreadable status from a static worker");
+                        drop(ctl);
+                        tokio::time::sleep(interval).await;
+                        continue;
+                    }
+                };
+                let uptime = status.uptime_s;
                 if uptime < last_uptime {
                     incarnation += 1; // it restarted
                 }
                 last_uptime = uptime;
-                let report =
-                    StatusReport::from_status(&status, &url, &format!("static-{incarnation}"));
+                let report = StatusReport::from_status(
+                    &status,
+                    &url,
+                    &format!("static-{incarnation}"),
+                    host_cpus(),
+                );
                 if let Err(e) = ctl.on_report(report, true) {
                     tracing::warn!(%url, error = %e, "unusable status from a static worker");
                 }

@@ -2,8 +2,8 @@
 //! and a signal that fires when it leaves so that invocations waiting on it end at once.
 
 use dashmap::DashMap;
+use hearth_api::StatusReport;
 use hearth_core::balance::WorkerId;
-use hearth_worker::membership::StatusReport;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,6 +1,6 @@
 //! Prometheus metrics of the controller (`GET /metrics`).
 
-use hearth_worker::metrics::{doubling_buckets, encode_text, registered};
+use hearth_service::metrics::{doubling_buckets, encode_text, registered};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -2,7 +2,7 @@
 
 use crate::config::ControllerConfig;
 use crate::controller::{Controller, StartError};
-use hearth_worker::serving;
+use hearth_service::serving;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,7 +8,6 @@ pub mod balance;
 pub mod bypass;
 pub mod characteristics;
 pub mod engine;
-pub mod function;
 pub mod load;
 pub mod policy;
 pub mod pool;
@@ -19,7 +18,6 @@ pub use engine::{
     Admission, Arrival, Completion, EngineAction, EngineConfig, EngineStats, InvocationId,
     LoadSource, Reject, Run, WorkerEngine,
 };
-pub use function::{FunctionSpec, SpecError};
 pub use policy::keepalive::{KeepAliveConfig, KeepAliveKind};
 pub use policy::queue::QueueDiscipline;
 pub use pool::{

@@ -38,8 +38,8 @@ struct TraceRowOut<'a> {
 /// Checks a function name with the worker's own rules, so a trace never names a function that
 /// cannot be registered.
 pub fn check_function_name(name: &str) -> std::result::Result<(), String> {
-    match hearth_core::FunctionSpec::new(name).validate() {
-        Err(hearth_core::SpecError::BadName(_)) => Err(format!(
+    match hearth_api::FunctionSpec::new(name).validate() {
+        Err(hearth_api::SpecError::BadName(_)) => Err(format!(
             "function name must be 1-64 characters of [A-Za-z0-9_-] starting with a letter or digit: {name:?}"
         )),
         _ => Ok(()),

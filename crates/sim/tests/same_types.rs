@@ -8,7 +8,7 @@ use hearth_sim::router::Router;
 use hearth_sim::{Collect, Simulation};
 
 /// Accepts only the worker's engine type.
-fn worker_engine(e: &hearth_worker::worker::Engine) -> usize {
+fn worker_engine(e: &hearth_worker::driver::Engine) -> usize {
     e.queue_length()
 }
 

@@ -1,21 +1,23 @@
-//! The public HTTP API (DESIGN.md §4), served by axum. The controller serves the same API, so the
-//! request-reading and answer helpers here are public and shared with it.
+//! The worker's HTTP edge (DESIGN.md §4): routes, request reading, and the one place where the
+//! facade's domain errors become status codes and error bodies.
 
-use crate::error::ApiError;
-use crate::invocations::AsyncInvocations;
-use crate::registry::CodeSource;
-use crate::worker::{Invoked, Worker};
+use crate::backend::SandboxError;
+use crate::errors::{InvokeError, PrewarmError, RegisterError, UnregisterError};
+use crate::facade::Worker;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use hearth_core::{ColdReason, FunctionSpec};
-use serde::Deserialize;
+use hearth_api::{AsyncRecord, PrewarmAnswer, WorkerStatus};
+use hearth_service::error::ApiError;
+use hearth_service::http::{
+    accepted, invocation_record, invoke_request, json_bytes, metrics_response, prewarm_count,
+    registered, registration_request, with_common_endpoints, InvokeQuery,
+};
 use serde_json::{json, Value};
-use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,62 +45,6 @@ pub fn router(worker: Arc<Worker>) -> Router {
     with_common_endpoints(routes).with_state(worker)
 }
 
-/// What every Hearth API has besides its own routes (the worker's and the controller's):
-/// `/healthz`, and JSON errors for unknown paths (404) and methods (405).
-pub fn with_common_endpoints<S>(routes: Router<S>) -> Router<S>
-where
-    S: Clone + Send + Sync + 'static,
-{
-    routes
-        .route("/healthz", get(healthz))
-        .fallback(no_such_endpoint)
-        .method_not_allowed_fallback(method_not_allowed)
-}
-
-/// 404 for paths the API does not have.
-async fn no_such_endpoint() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
-}
-
-/// Prometheus text with its content type (`GET /metrics`).
-pub fn metrics_response(text: String) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
-}
-
-/// 405 for methods a path does not take.
-async fn method_not_allowed() -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        "method not allowed on this endpoint",
-    )
-}
-
-/// A body that could not be read: 413 over the limit, else 400.
-fn body_error(rej: BytesRejection, limit: usize) -> ApiError {
-    if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::too_large(limit)
-    } else {
-        ApiError::bad_request(format!("could not read the request body: {rej}"))
-    }
-}
-
-/// A JSON body that could not be read: 413 over the limit, else 400.
-pub fn json_error(rej: JsonRejection, limit: usize) -> ApiError {
-    if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::too_large(limit)
-    } else {
-        ApiError::bad_request(rej.body_text())
-    }
-}
-
 /// `PUT /v1/functions/{name}` body: the spec's fields plus `code`.
 async fn register(
     State(w): State<Arc<Worker>>,
@@ -106,61 +52,8 @@ async fn register(
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let (spec, code) = registration_request(&name, body, w.config().max_code_bytes)?;
-    let (reg, created) = w.register(spec, code)?;
+    let (reg, created) = w.register(spec, code).map_err(register_error)?;
     Ok(registered(&reg.spec, created))
-}
-
-/// The answer to a registration: the spec, with 201 when the function is new, else 200.
-pub fn registered(spec: &FunctionSpec, created: bool) -> Response {
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    (status, Json(json!(spec))).into_response()
-}
-
-/// A registration request for the function `name`, read and validated: 413 for a body over
-/// `max_code`, 400 for anything else wrong. The controller reads registrations with the same rules.
-pub fn registration_request(
-    name: &str,
-    body: Result<Json<Value>, JsonRejection>,
-    max_code: usize,
-) -> Result<(FunctionSpec, Option<CodeSource>), ApiError> {
-    let Json(body) = body.map_err(|r| json_error(r, max_code))?;
-    parse_registration(name, body)
-}
-
-/// A registration body (the spec's fields plus `code`) for the function `name`, validated.
-fn parse_registration(
-    name: &str,
-    mut body: Value,
-) -> Result<(FunctionSpec, Option<CodeSource>), ApiError> {
-    let obj = body
-        .as_object_mut()
-        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
-    let code = match obj.remove("code") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(serde_json::from_value::<CodeSource>(v).map_err(|e| {
-            ApiError::bad_request(format!(
-                "code must be one of {{\"path\": ...}}, {{\"archive\": base64 tar.gz}}, {{\"files\": {{...}}}}: {e}"
-            ))
-        })?),
-    };
-    if let Some(other) = obj.get("name") {
-        if other.as_str() != Some(name) {
-            return Err(ApiError::bad_request(
-                "the body's name differs from the URL's",
-            ));
-        }
-    }
-    obj.remove("version");
-    obj.insert("name".into(), json!(name));
-    let mut spec: FunctionSpec = serde_json::from_value(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid function spec: {e}")))?;
-    spec.validate()
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    Ok((spec, code))
 }
 
 async fn list(State(w): State<Arc<Worker>>) -> Json<Value> {
@@ -197,11 +90,14 @@ async fn show(
         .map(|(_, s)| json!(s))
         .unwrap_or_else(|| json!({"warm": 0, "running": 0, "starting": 0}));
     v["pool"] = pool;
-    v["characteristics"] = w.characteristics(&name).unwrap_or_else(|| {
-        json!({"invocations": 0, "warm_ms": 0.0, "cold_ms": 0.0, "init_ms": 0.0,
+    v["characteristics"] = w
+        .characteristics(&name)
+        .map(|c| json!(c))
+        .unwrap_or_else(|| {
+            json!({"invocations": 0, "warm_ms": 0.0, "cold_ms": 0.0, "init_ms": 0.0,
                "warm_samples": 0, "cold_samples": 0, "iat_ewma_ms": 0.0,
                "last_arrival_ago_ms": null, "memory_mb": r.spec.memory_mb})
-    });
+        });
     Ok(Json(v))
 }
 
@@ -209,38 +105,11 @@ async fn remove(
     State(w): State<Arc<Worker>>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    w.unregister(&name)?;
+    w.unregister(&name).map_err(|e| match e {
+        UnregisterError::UnknownFunction(name) => ApiError::unknown_function(&name),
+        UnregisterError::Storage(m) => ApiError::internal(m),
+    })?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// `?async=true` on an invocation.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InvokeQuery {
-    #[serde(default, rename = "async")]
-    pub is_async: bool,
-}
-
-/// The query and arguments of an invocation request: 400 for a bad query or arguments that are
-/// not JSON, 413 for a body over `max_body`.
-pub fn invoke_request(
-    query: Result<Query<InvokeQuery>, QueryRejection>,
-    body: Result<Bytes, BytesRejection>,
-    max_body: usize,
-) -> Result<(InvokeQuery, Bytes), ApiError> {
-    let Query(q) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
-    let body = body.map_err(|r| body_error(r, max_body))?;
-    Ok((q, arguments(&body)?))
-}
-
-/// Checks the arguments are JSON; an empty body means `{}`.
-fn arguments(body: &Bytes) -> Result<Bytes, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Bytes::from_static(b"{}"));
-    }
-    serde_json::from_slice::<serde::de::IgnoredAny>(body)
-        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
-    Ok(body.clone())
 }
 
 async fn invoke(
@@ -253,138 +122,125 @@ async fn invoke(
     let result = async {
         let (q, args) = invoke_request(query, body, w.config().max_body_bytes)?;
         if q.is_async {
-            return invoke_async(&w, name, args);
+            let id = w.invoke_async(name, args).map_err(api_error)?;
+            return Ok(accepted(&id));
         }
-        let ok = w.invoke(&name, &args, t0).await?;
-        Ok(success_response(&w, &ok))
+        let ok = w.invoke(&name, &args, t0).await.map_err(api_error)?;
+        Ok(json_bytes(StatusCode::OK, ok.answer.to_vec()))
     }
     .await;
-    result.unwrap_or_else(|e| e.into_response())
+    result.unwrap_or_else(|e: ApiError| e.into_response())
 }
 
-fn invoke_async(w: &Arc<Worker>, name: String, args: Bytes) -> Result<Response, ApiError> {
-    if w.registry().get(&name).is_none() {
-        return Err(ApiError::unknown_function(&name));
+/// The one place a failed invocation becomes an HTTP status and an error body.
+pub fn api_error(e: InvokeError) -> ApiError {
+    let message = e.to_string();
+    match e {
+        InvokeError::ShuttingDown => ApiError::shutting_down(),
+        InvokeError::UnknownFunction(name) => ApiError::unknown_function(&name),
+        InvokeError::QueueFull { .. } => {
+            let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", message);
+            e.retry_after_s = Some(1);
+            e
+        }
+        InvokeError::NoMemory { .. } | InvokeError::AsyncStoreFull => ApiError::overloaded(message),
+        InvokeError::TooLarge { .. } => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "insufficient_memory",
+            message,
+        ),
+        InvokeError::Start { function, error } => start_error(&function, error),
+        InvokeError::Timeout { .. } => {
+            ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message)
+        }
+        InvokeError::Sandbox(error) => {
+            let code = match error {
+                SandboxError::OutOfMemory { .. } => "out_of_memory",
+                _ => "sandbox_crashed",
+            };
+            ApiError::new(StatusCode::BAD_GATEWAY, code, message)
+        }
+        InvokeError::Handler(f) => {
+            let (status, code) = match f.agent_status {
+                400 => (StatusCode::BAD_REQUEST, "bad_request"),
+                _ => (StatusCode::BAD_GATEWAY, "handler_error"),
+            };
+            ApiError::new(status, code, message)
+                .with("type", json!(f.kind))
+                .with("traceback", json!(f.traceback))
+                .with("cold", json!(f.cold))
+                .with("worker", json!(f.worker))
+                .with("timing", json!(f.timing))
+        }
+        InvokeError::Internal(m) => ApiError::internal(m),
     }
-    let id = w.invocations.start(&name).ok_or_else(|| {
-        ApiError::overloaded("too many async invocations are pending or kept; retry later")
-    })?;
-    let worker = Arc::clone(w);
-    let task_id = id.clone();
-    tokio::spawn(async move {
-        let t0 = Instant::now();
-        let (status, body) = match worker.invoke(&name, &args, t0).await {
-            Ok(ok) => (200, Bytes::from(success_body(&worker, &ok))),
-            Err(e) => (
-                e.status.as_u16(),
-                Bytes::from(e.body().to_string().into_bytes()),
-            ),
-        };
-        worker.invocations.finish(&task_id, status, body);
-    });
-    Ok(accepted(&id))
 }
 
-/// 202 for an accepted async invocation, with where its result will be.
-pub fn accepted(id: &str) -> Response {
-    (
-        StatusCode::ACCEPTED,
-        Json(json!({"id": id, "status": "running", "url": format!("/v1/invocations/{id}")})),
-    )
-        .into_response()
+fn start_error(name: &str, e: SandboxError) -> ApiError {
+    match e {
+        SandboxError::InitFailed {
+            kind,
+            message,
+            traceback,
+        } => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "init_error",
+            format!("{name} failed to initialize: {kind}: {message}"),
+        )
+        .with("type", json!(kind))
+        .with("traceback", json!(traceback)),
+        SandboxError::OutOfMemory { .. } => {
+            ApiError::new(StatusCode::BAD_GATEWAY, "out_of_memory", e.to_string())
+        }
+        other => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "sandbox_start_failed",
+            other.to_string(),
+        ),
+    }
 }
 
-/// `{"result": ..., "cold": ..., "worker": ..., "timing": {...}}`, written directly: the result is
-/// already JSON text from the agent and is not parsed again.
-fn success_body(w: &Worker, ok: &Invoked) -> Vec<u8> {
-    let mut b = Vec::with_capacity(ok.result.len() + 192);
-    b.extend_from_slice(b"{\"result\":");
-    b.extend_from_slice(&ok.result);
-    let _ = write!(b, ",\"cold\":{}", ok.cold.is_some());
-    if let Some(reason) = ok.cold {
-        let _ = write!(b, ",\"cold_reason\":\"{}\"", reason.as_str());
-        if let ColdReason::Expired { ago_us } | ColdReason::Evicted { ago_us } = reason {
-            let _ = write!(
-                b,
-                ",\"cold_reason_policy\":\"{}\",\"cold_reason_ago_us\":{ago_us}",
-                w.config().keepalive.name()
-            );
+fn register_error(e: RegisterError) -> ApiError {
+    match e {
+        RegisterError::TooMuchMemory { .. } | RegisterError::BadCode(_) => {
+            ApiError::bad_request(e.to_string())
+        }
+        RegisterError::Storage(m) => ApiError::internal(m),
+    }
+}
+
+fn prewarm_error(e: PrewarmError) -> ApiError {
+    match e {
+        PrewarmError::ShuttingDown => ApiError::shutting_down(),
+        PrewarmError::BadCount => ApiError::bad_request(e.to_string()),
+        PrewarmError::UnknownFunction(name) => ApiError::unknown_function(&name),
+        PrewarmError::NoMemory { .. } => ApiError::overloaded(e.to_string()),
+        PrewarmError::StartFailed(m) => {
+            ApiError::new(StatusCode::BAD_GATEWAY, "sandbox_start_failed", m)
         }
     }
-    b.extend_from_slice(b",\"worker\":");
-    let _ = serde_json::to_writer(&mut b, w.id());
-    let t = &ok.timing;
-    let _ = write!(
-        b,
-        ",\"timing\":{{\"queue\":{},\"init\":{},\"exec\":{},\"overhead\":{},\"e2e\":{}}}}}",
-        t.queue, t.init, t.exec, t.overhead, t.e2e
-    );
-    b
-}
-
-fn success_response(w: &Worker, ok: &Invoked) -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        success_body(w, ok),
-    )
-        .into_response()
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PrewarmBody {
-    #[serde(default = "one")]
-    count: u32,
-}
-
-fn one() -> u32 {
-    1
-}
-
-/// The `count` of a prewarm request; an empty body means 1.
-pub fn prewarm_count(body: &Bytes) -> Result<u32, ApiError> {
-    let req: PrewarmBody = if body.iter().all(u8::is_ascii_whitespace) {
-        PrewarmBody { count: 1 }
-    } else {
-        serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("invalid prewarm request: {e}")))?
-    };
-    Ok(req.count)
 }
 
 async fn prewarm(
     State(w): State<Arc<Worker>>,
     Path(name): Path<String>,
     body: Bytes,
-) -> Result<Json<Value>, ApiError> {
-    w.prewarm(&name, prewarm_count(&body)?).await.map(Json)
+) -> Result<Json<PrewarmAnswer>, ApiError> {
+    w.prewarm(&name, prewarm_count(&body)?)
+        .await
+        .map(Json)
+        .map_err(prewarm_error)
 }
 
 async fn invocation(
     State(w): State<Arc<Worker>>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<AsyncRecord>, ApiError> {
     invocation_record(&w.invocations, &id)
 }
 
-/// `GET /v1/invocations/{id}`: an async invocation's record, 404 if unknown or expired.
-pub fn invocation_record(
-    invocations: &AsyncInvocations,
-    id: &str,
-) -> Result<Json<Value>, ApiError> {
-    invocations
-        .get(id)
-        .map(Json)
-        .ok_or_else(|| ApiError::not_found("invocation", id))
-}
-
-async fn status(State(w): State<Arc<Worker>>) -> Json<Value> {
+async fn status(State(w): State<Arc<Worker>>) -> Json<WorkerStatus> {
     Json(w.status())
-}
-
-/// `GET /healthz`.
-async fn healthz() -> Json<Value> {
-    Json(json!({"status": "ok"}))
 }
 
 async fn metrics(State(w): State<Arc<Worker>>) -> Response {

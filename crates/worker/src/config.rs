@@ -6,9 +6,9 @@ use hearth_core::{AimdConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, R
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-use crate::config_checks;
-pub use crate::config_loader::ConfigError;
-use crate::config_loader::EnvKeys;
+use hearth_service::config_checks;
+pub use hearth_service::config_loader::ConfigError;
+use hearth_service::config_loader::EnvKeys;
 
 /// The concurrency limit: a number of invocations, or `aimd` (0: the worker's CPUs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -178,7 +178,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
             listen: "127.0.0.1:7878".into(),
-            data_dir: default_data_dir(),
+            data_dir: hearth_service::serving::default_data_dir(),
             worker_id: None,
             backend: BackendKind::Runc,
             memory_mb: 4096,
@@ -205,17 +205,6 @@ impl Default for WorkerConfig {
             status_interval_ms: 1000,
             advertise_url: None,
         }
-    }
-}
-
-/// `$HEARTH_DATA_DIR`, else `$XDG_DATA_HOME/hearth`, else `~/.local/share/hearth`.
-pub fn default_data_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
-        return PathBuf::from(d).join("hearth");
-    }
-    match std::env::var_os("HOME") {
-        Some(h) => PathBuf::from(h).join(".local/share/hearth"),
-        None => PathBuf::from("/var/lib/hearth"),
     }
 }
 
@@ -262,7 +251,7 @@ impl WorkerConfig {
     /// Defaults ← TOML file (if any) ← `HEARTH_*` environment (nested keys with `__`, e.g.
     /// `HEARTH_RUNC__UID`).
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        crate::config_loader::load(file, ENV_KEYS, Self::check)
+        hearth_service::config_loader::load(file, ENV_KEYS, Self::check)
     }
 
     /// Refuses settings that cannot work.

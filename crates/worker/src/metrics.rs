@@ -1,12 +1,13 @@
 //! Prometheus metrics (text exposition format at `GET /metrics`).
 
 use hearth_core::EngineStats;
+use hearth_service::metrics::{doubling_buckets, encode_text, registered};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::{Metric, Registry};
+use prometheus_client::registry::Registry;
 
 /// How an invocation ended.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -67,32 +68,6 @@ pub struct Metrics {
     pub running: Gauge,
     pub bypassed: Counter,
     pub load_normalized: Gauge<f64, std::sync::atomic::AtomicU64>,
-}
-
-/// Registers `metric` under `name` and hands it back, so that a metrics struct is built and
-/// registered in one expression (the worker's and the controller's).
-pub fn registered<M: Metric + Clone>(
-    registry: &mut Registry,
-    name: &str,
-    help: &str,
-    metric: M,
-) -> M {
-    registry.register(name, help, metric.clone());
-    metric
-}
-
-/// Histogram buckets from `first` seconds, doubling, 24 of them.
-pub fn doubling_buckets(first: f64) -> impl Iterator<Item = f64> {
-    prometheus_client::metrics::histogram::exponential_buckets(first, 2.0, 24)
-}
-
-/// The text exposition of `registry` (`GET /metrics`).
-pub fn encode_text(registry: &Registry) -> String {
-    let mut out = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
-        tracing::warn!(error = %e, "encoding metrics failed");
-    }
-    out
 }
 
 /// Latency histogram: 10 µs .. ~84 s, doubling.

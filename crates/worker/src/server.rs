@@ -1,13 +1,13 @@
 //! Runs a worker: binds, serves, and shuts down gracefully on SIGTERM or Ctrl-C.
 
 use crate::config::WorkerConfig;
-use crate::serving;
-use crate::worker::{StartError, Worker};
+use crate::facade::{StartError, Worker};
+use hearth_service::serving;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::serving::shutdown_signal;
+pub use hearth_service::serving::shutdown_signal;
 
 /// Why the server stopped with an error.
 pub type ServeError = serving::ServeError<StartError>;

@@ -8,7 +8,8 @@ pub mod runc;
 pub mod sim;
 
 use crate::agent_client::AgentReply;
-use hearth_core::{FunctionSpec, SandboxId};
+use hearth_api::FunctionSpec;
+use hearth_core::SandboxId;
 use std::path::Path;
 
 /// Why a sandbox could not start or serve.

@@ -9,7 +9,7 @@
 use super::SandboxError;
 use crate::agent_client::AgentReply;
 use bytes::Bytes;
-use hearth_core::FunctionSpec;
+use hearth_api::FunctionSpec;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::mpsc;

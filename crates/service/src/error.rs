@@ -75,6 +75,18 @@ impl ApiError {
         self
     }
 
+    /// The typed error body.
+    pub fn error_body(&self) -> hearth_api::ErrorBody {
+        let mut b = hearth_api::ErrorBody::new(
+            hearth_api::ErrorCode::parse(self.code),
+            self.message.clone(),
+        );
+        if let Some(d) = &self.details {
+            b.error.details = d.clone();
+        }
+        b
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         let mut obj = serde_json::Map::new();

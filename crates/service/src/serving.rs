@@ -29,6 +29,17 @@ pub fn open_data_dir(dir: &Path) -> std::io::Result<PathBuf> {
     std::fs::canonicalize(dir)
 }
 
+/// `$HEARTH_DATA_DIR`, else `$XDG_DATA_HOME/hearth`, else `~/.local/share/hearth`.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
+        return PathBuf::from(d).join("hearth");
+    }
+    match std::env::var_os("HOME") {
+        Some(h) => PathBuf::from(h).join(".local/share/hearth"),
+        None => PathBuf::from("/var/lib/hearth"),
+    }
+}
+
 /// Resolves on SIGTERM or SIGINT.
 pub async fn shutdown_signal() {
     let term = async {

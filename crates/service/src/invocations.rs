@@ -1,37 +1,18 @@
 //! Async invocations: accepted with 202 and an id, run in the background, their answers kept for
 //! a configurable time.
 
-use bytes::Bytes;
 use dashmap::DashMap;
-use serde_json::{json, Value};
+use hearth_api::{AsyncOutcome, AsyncRecord, AsyncState, ErrorBody, ErrorCode, InvokeAnswer};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// Where an async invocation is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Running,
-    Succeeded,
-    Failed,
-}
-
-impl Status {
-    fn as_str(self) -> &'static str {
-        match self {
-            Status::Running => "running",
-            Status::Succeeded => "succeeded",
-            Status::Failed => "failed",
-        }
-    }
-}
-
 struct Record {
     function: String,
-    status: Status,
+    status: AsyncState,
     submitted_unix_ms: u64,
     finished: Option<Instant>,
-    /// The HTTP status and JSON body a synchronous call would have answered.
-    answer: Option<(u16, Bytes)>,
+    /// The answer a synchronous call would have got.
+    outcome: Option<AsyncOutcome>,
 }
 
 /// The store of async invocations.
@@ -73,43 +54,41 @@ impl AsyncInvocations {
             id.clone(),
             Record {
                 function: function.to_string(),
-                status: Status::Running,
+                status: AsyncState::Running,
                 submitted_unix_ms,
                 finished: None,
-                answer: None,
+                outcome: None,
             },
         );
         Some(id)
     }
 
-    /// Stores the answer of a finished invocation.
-    pub fn finish(&self, id: &str, http_status: u16, body: Bytes) {
+    /// Stores the outcome of a finished invocation.
+    pub fn finish(&self, id: &str, outcome: AsyncOutcome) {
         if let Some(mut r) = self.records.get_mut(id) {
-            r.status = if http_status < 300 {
-                Status::Succeeded
-            } else {
-                Status::Failed
+            r.status = match outcome {
+                AsyncOutcome::Succeeded(_) => AsyncState::Succeeded,
+                AsyncOutcome::Failed { .. } => AsyncState::Failed,
             };
             r.finished = Some(Instant::now());
-            r.answer = Some((http_status, body));
+            r.outcome = Some(outcome);
         }
     }
 
-    /// `{"id", "function", "status", "submitted_at_ms", "http_status"?, ...answer}`.
-    pub fn get(&self, id: &str) -> Option<Value> {
+    /// Stores an answer as it came over the wire (a worker's, at the controller).
+    pub fn finish_answer(&self, id: &str, http_status: u16, body: &[u8]) {
+        self.finish(id, outcome_of(http_status, body));
+    }
+
+    /// The record, with the outcome's fields once finished.
+    pub fn get(&self, id: &str) -> Option<AsyncRecord> {
         let r = self.records.get(id)?;
-        let mut obj = serde_json::Map::new();
-        if let Some((http_status, body)) = &r.answer {
-            if let Ok(Value::Object(answer)) = serde_json::from_slice::<Value>(body) {
-                obj = answer;
-            }
-            obj.insert("http_status".into(), json!(http_status));
+        let mut record = AsyncRecord::running(id, &r.function, r.submitted_unix_ms);
+        if let Some(outcome) = &r.outcome {
+            record = record.finished(outcome);
         }
-        obj.insert("id".into(), json!(id));
-        obj.insert("function".into(), json!(r.function));
-        obj.insert("status".into(), json!(r.status.as_str()));
-        obj.insert("submitted_at_ms".into(), json!(r.submitted_unix_ms));
-        Some(Value::Object(obj))
+        record.status = r.status;
+        Some(record)
     }
 
     /// Forgets answers older than the retention time.
@@ -122,8 +101,27 @@ impl AsyncInvocations {
     pub fn running(&self) -> usize {
         self.records
             .iter()
-            .filter(|r| r.status == Status::Running)
+            .filter(|r| r.status == AsyncState::Running)
             .count()
+    }
+}
+
+/// The typed outcome of an answer read off the wire; a body that is neither a success nor an
+/// error answer is kept as an internal error that says so.
+pub fn outcome_of(http_status: u16, body: &[u8]) -> AsyncOutcome {
+    if (200..300).contains(&http_status) {
+        if let Some(a) = InvokeAnswer::parse(body) {
+            return AsyncOutcome::Succeeded(a);
+        }
+    } else if let Some(error) = ErrorBody::parse(body) {
+        return AsyncOutcome::Failed { http_status, error };
+    }
+    AsyncOutcome::Failed {
+        http_status: 502,
+        error: ErrorBody::new(
+            ErrorCode::Internal,
+            format!("the answer (HTTP {http_status}) was not a Hearth answer"),
+        ),
     }
 }
 
@@ -138,22 +136,22 @@ mod tests {
         let b = s.start("f").unwrap();
         assert_ne!(a, b);
         assert!(s.start("f").is_none(), "full store refuses");
-        assert_eq!(s.get(&a).unwrap()["status"], "running");
-        s.finish(
+        assert_eq!(s.get(&a).unwrap().status, AsyncState::Running);
+        s.finish_answer(
             &a,
             200,
-            Bytes::from_static(br#"{"result":{"x":1},"cold":true}"#),
+            br#"{"result":{"x":1},"cold":true,"worker":"w","timing":{"queue":0,"init":0,"exec":1,"overhead":1,"e2e":2}}"#,
         );
-        let got = s.get(&a).unwrap();
+        let got = serde_json::to_value(s.get(&a).unwrap()).unwrap();
         assert_eq!(got["status"], "succeeded");
         assert_eq!(got["result"]["x"], 1);
         assert_eq!(got["http_status"], 200);
-        s.finish(
+        s.finish_answer(
             &b,
             502,
-            Bytes::from_static(br#"{"error":{"code":"handler_error"}}"#),
+            br#"{"error":{"code":"handler_error","message":"m"}}"#,
         );
-        assert_eq!(s.get(&b).unwrap()["status"], "failed");
+        assert_eq!(s.get(&b).unwrap().status, AsyncState::Failed);
         s.expire(Instant::now());
         assert!(s.get(&a).is_some());
         s.expire(Instant::now() + Duration::from_millis(60));

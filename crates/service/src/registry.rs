@@ -5,7 +5,7 @@
 
 use base64::Engine;
 use dashmap::DashMap;
-use hearth_core::FunctionSpec;
+use hearth_api::FunctionSpec;
 use parking_lot::Mutex;
 use rusqlite::{params, Connection};
 use serde::Deserialize;

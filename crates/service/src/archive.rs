@@ -50,7 +50,7 @@ fn add_dir<W: std::io::Write>(
 mod tests {
     use super::*;
     use crate::registry::{CodeSource, Registry};
-    use hearth_core::FunctionSpec;
+    use hearth_api::FunctionSpec;
 
     #[test]
     fn a_packed_directory_registers_with_the_same_files() {

@@ -1,0 +1,185 @@
+//! The error body every Hearth API answers with: `{"error": {"code", "message", ...details}}`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::borrow::Cow;
+
+/// The stable codes of error answers. Which HTTP status goes with a code is the HTTP edge's
+/// business (each service's `api.rs`); clients branch on the code.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    BadRequest,
+    NotFound,
+    UnknownFunction,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    Conflict,
+    Overloaded,
+    QueueFull,
+    InsufficientMemory,
+    ShuttingDown,
+    Timeout,
+    HandlerError,
+    InitError,
+    SandboxCrashed,
+    SandboxStartFailed,
+    OutOfMemory,
+    NoWorkers,
+    WorkerUnavailable,
+    WorkerFailed,
+    WorkerTimeout,
+    WorkerRefusedFunction,
+    Internal,
+    /// A code this version does not know (a newer peer): kept as sent.
+    Other(String),
+}
+
+impl ErrorCode {
+    const NAMED: [ErrorCode; 22] = [
+        ErrorCode::BadRequest,
+        ErrorCode::NotFound,
+        ErrorCode::UnknownFunction,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::Conflict,
+        ErrorCode::Overloaded,
+        ErrorCode::QueueFull,
+        ErrorCode::InsufficientMemory,
+        ErrorCode::ShuttingDown,
+        ErrorCode::Timeout,
+        ErrorCode::HandlerError,
+        ErrorCode::InitError,
+        ErrorCode::SandboxCrashed,
+        ErrorCode::SandboxStartFailed,
+        ErrorCode::OutOfMemory,
+        ErrorCode::NoWorkers,
+        ErrorCode::WorkerUnavailable,
+        ErrorCode::WorkerFailed,
+        ErrorCode::WorkerTimeout,
+        ErrorCode::WorkerRefusedFunction,
+        ErrorCode::Internal,
+    ];
+
+    /// The code as it appears on the wire.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::UnknownFunction => "unknown_function",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::Overloaded => "overloaded",
+            ErrorCode::QueueFull => "queue_full",
+            ErrorCode::InsufficientMemory => "insufficient_memory",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::HandlerError => "handler_error",
+            ErrorCode::InitError => "init_error",
+            ErrorCode::SandboxCrashed => "sandbox_crashed",
+            ErrorCode::SandboxStartFailed => "sandbox_start_failed",
+            ErrorCode::OutOfMemory => "out_of_memory",
+            ErrorCode::NoWorkers => "no_workers",
+            ErrorCode::WorkerUnavailable => "worker_unavailable",
+            ErrorCode::WorkerFailed => "worker_failed",
+            ErrorCode::WorkerTimeout => "worker_timeout",
+            ErrorCode::WorkerRefusedFunction => "worker_refused_function",
+            ErrorCode::Internal => "internal",
+            ErrorCode::Other(s) => s,
+        }
+    }
+
+    /// The code named `s` (an unknown name becomes [`ErrorCode::Other`]).
+    pub fn parse(s: &str) -> Self {
+        Self::NAMED
+            .iter()
+            .find(|c| c.as_str() == s)
+            .cloned()
+            .unwrap_or_else(|| ErrorCode::Other(s.to_string()))
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for ErrorCode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ErrorCode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s: Cow<'de, str> = Deserialize::deserialize(d)?;
+        Ok(ErrorCode::parse(&s))
+    }
+}
+
+/// The error object: a code, a message for people, and details that depend on the code (a
+/// handler's `type` and `traceback`, the `timing` of a run that raised, …).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorObject {
+    pub code: ErrorCode,
+    pub message: String,
+    #[serde(flatten)]
+    pub details: Map<String, Value>,
+}
+
+/// `{"error": {...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorObject,
+}
+
+impl ErrorBody {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ErrorBody {
+            error: ErrorObject {
+                code,
+                message: message.into(),
+                details: Map::new(),
+            },
+        }
+    }
+
+    /// Reads an error answer; `None` when the body is not one.
+    pub fn parse(body: &[u8]) -> Option<Self> {
+        serde_json::from_slice(body).ok()
+    }
+
+    /// The JSON text.
+    pub fn to_vec(&self) -> Vec<u8> {
+        // Serializing a string, a map of JSON values and a code cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_unknown_codes_are_kept() {
+        for c in ErrorCode::NAMED {
+            let j = serde_json::to_string(&c).unwrap();
+            assert_eq!(serde_json::from_str::<ErrorCode>(&j).unwrap(), c);
+        }
+        let c: ErrorCode = serde_json::from_str("\"brand_new\"").unwrap();
+        assert_eq!(c, ErrorCode::Other("brand_new".into()));
+        assert_eq!(serde_json::to_string(&c).unwrap(), "\"brand_new\"");
+    }
+
+    #[test]
+    fn details_sit_beside_code_and_message() {
+        let mut b = ErrorBody::new(ErrorCode::HandlerError, "f raised ValueError: x");
+        b.error.details.insert("type".into(), "ValueError".into());
+        let v: Value = serde_json::from_slice(&b.to_vec()).unwrap();
+        assert_eq!(v["error"]["code"], "handler_error");
+        assert_eq!(v["error"]["type"], "ValueError");
+        assert_eq!(ErrorBody::parse(&b.to_vec()), Some(b));
+        assert_eq!(ErrorBody::parse(b"{\"result\":1}"), None);
+    }
+}

@@ -1,0 +1,22 @@
+//! Hearth's public wire types (DESIGN.md §4): what the worker and the controller answer and what
+//! the CLI, the load generator and the benchmarks read. Every part of Hearth speaks these types,
+//! so the answer contract is written down once and nobody reads answers by searching bytes.
+//!
+//! Results pass through untouched: an invocation's `result` is a [`serde_json::value::RawValue`],
+//! checked to be JSON but never turned into a tree, at the worker, the controller or the client.
+
+pub mod error;
+pub mod function;
+pub mod invocation;
+pub mod status;
+
+pub use error::{ErrorBody, ErrorCode, ErrorObject};
+pub use function::{FunctionSpec, SpecError};
+pub use invocation::{
+    raw_json, AsyncAccepted, AsyncOutcome, AsyncRecord, AsyncState, ColdReason, InvokeAnswer,
+    PrewarmAnswer, Timing,
+};
+pub use status::{
+    FunctionSandboxes, LoadStatus, LowLatencyStatus, MemoryStatus, PolicyStatus, QueueStatus,
+    StatusReport, WorkerStatus,
+};

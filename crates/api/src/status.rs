@@ -1,0 +1,217 @@
+//! A worker's status (`GET /v1/status`) and the report it pushes to its controller.
+
+use hearth_core::balance::WorkerLoad;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+
+/// Sandboxes of one function on a worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionSandboxes {
+    #[serde(default)]
+    pub warm: u32,
+    #[serde(default)]
+    pub running: u32,
+    #[serde(default)]
+    pub starting: u32,
+}
+
+/// Memory of a worker's sandboxes, MiB.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryStatus {
+    #[serde(default)]
+    pub budget_mb: u64,
+    #[serde(default)]
+    pub running_mb: u64,
+    #[serde(default)]
+    pub warm_mb: u64,
+    #[serde(default)]
+    pub free_mb: u64,
+}
+
+/// The machine's load as the worker sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoadStatus {
+    pub cpus: u32,
+    #[serde(default)]
+    pub load_avg_1m: f64,
+    /// The load average divided by the CPUs.
+    pub normalized: f64,
+}
+
+/// The invocation queue and the concurrency regulator.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueStatus {
+    pub length: u32,
+    /// Invocations running, bypasses included.
+    pub running: u32,
+    #[serde(default)]
+    pub running_bypass: u32,
+    #[serde(default)]
+    pub limit: u32,
+    /// Queued invocations per function.
+    #[serde(default)]
+    pub queued: HashMap<String, u32>,
+}
+
+/// The policies a worker runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PolicyStatus {
+    pub queue: String,
+    pub keepalive: String,
+    pub regulator: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keepalive_ttl_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bypass_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bypass_load: Option<f64>,
+}
+
+/// Whether the worker keeps its CPUs out of deep idle states.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LowLatencyStatus {
+    pub enabled: bool,
+    pub held: bool,
+}
+
+/// `GET /v1/status` of a worker. The sections a worker of this version always sends are
+/// optional when read, so that a report can be built from an older or foreign status.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    #[serde(default)]
+    pub worker: String,
+    #[serde(default)]
+    pub backend: String,
+    #[serde(default)]
+    pub uptime_s: u64,
+    #[serde(default)]
+    pub shutting_down: bool,
+    #[serde(default)]
+    pub in_flight: u64,
+    #[serde(default)]
+    pub async_running: u64,
+    #[serde(default)]
+    pub memory: MemoryStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<LoadStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueStatus>,
+    #[serde(default)]
+    pub functions: BTreeMap<String, FunctionSandboxes>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policies: Option<PolicyStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_latency: Option<LowLatencyStatus>,
+}
+
+/// What a worker tells its controller (`PUT /v1/cluster/workers/{id}`) every status interval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub worker: String,
+    /// Where the controller sends this worker's invocations.
+    pub url: String,
+    /// Random per process start: a new one tells the controller that the worker restarted and
+    /// its functions must be registered again.
+    pub incarnation: String,
+    pub backend: String,
+    pub load: WorkerLoad,
+    pub cpus: f64,
+    pub shutting_down: bool,
+    pub functions: BTreeMap<String, FunctionSandboxes>,
+}
+
+impl StatusReport {
+    /// The report of a worker with this status. The load is the normalized load average plus
+    /// the queued invocations per CPU ([`WorkerLoad::of_worker`]); where the status has no
+    /// `load` or `queue` section, the load is the running sandboxes per CPU (`host_cpus` CPUs
+    /// when the status does not say) and the queue is empty.
+    pub fn from_status(
+        status: &WorkerStatus,
+        url: &str,
+        incarnation: &str,
+        host_cpus: f64,
+    ) -> Self {
+        let sandboxes_running: u32 = status.functions.values().map(|f| f.running).sum();
+        let cpus = status
+            .load
+            .map(|l| f64::from(l.cpus))
+            .filter(|c| *c > 0.0)
+            .unwrap_or(host_cpus);
+        let load = status
+            .load
+            .map_or(f64::from(sandboxes_running) / cpus, |l| l.normalized);
+        let (queue_len, running) = status
+            .queue
+            .as_ref()
+            .map_or((0, sandboxes_running), |q| (q.length, q.running));
+        StatusReport {
+            worker: status.worker.clone(),
+            url: url.to_string(),
+            incarnation: incarnation.to_string(),
+            backend: status.backend.clone(),
+            load: WorkerLoad::of_worker(load, queue_len, running, cpus, status.memory.free_mb),
+            cpus,
+            shutting_down: status.shutting_down,
+            functions: status.functions.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn status(v: serde_json::Value) -> WorkerStatus {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn reports_read_the_load_and_queue_sections_when_present() {
+        let s = status(json!({
+            "worker": "w1", "backend": "sim", "shutting_down": false,
+            "load": {"cpus": 8, "load_avg_1m": 4.0, "normalized": 0.5},
+            "queue": {"length": 3, "running": 5, "limit": 8},
+            "memory": {"budget_mb": 4096, "running_mb": 0, "warm_mb": 128, "free_mb": 3968},
+            "functions": {"f": {"warm": 1, "running": 2, "starting": 0}},
+        }));
+        let r = StatusReport::from_status(&s, "http://127.0.0.1:1", "abc", 2.0);
+        assert_eq!(r.worker, "w1");
+        // The normalized load average plus the queue per CPU: 0.5 + 3 / 8.
+        assert_eq!(r.load.load, 0.875);
+        assert_eq!(
+            (r.load.queue_len, r.load.running, r.load.free_mb),
+            (3, 5, 3968)
+        );
+        assert_eq!(r.cpus, 8.0);
+        assert_eq!(r.functions["f"].running, 2);
+    }
+
+    #[test]
+    fn without_a_load_section_the_load_is_running_sandboxes_per_cpu() {
+        let s = status(json!({
+            "worker": "w1", "backend": "sim",
+            "memory": {"free_mb": 10},
+            "functions": {"f": {"warm": 0, "running": 3, "starting": 1}, "g": {"running": 1}},
+        }));
+        let r = StatusReport::from_status(&s, "http://x:1", "abc", 2.0);
+        assert!((r.load.load - 4.0 / 2.0).abs() < 1e-9);
+        assert_eq!((r.load.queue_len, r.load.running), (0, 4));
+    }
+
+    #[test]
+    fn a_status_round_trips() {
+        let s = WorkerStatus {
+            worker: "w".into(),
+            load: Some(LoadStatus {
+                cpus: 2,
+                load_avg_1m: 0.5,
+                normalized: 0.25,
+            }),
+            queue: Some(QueueStatus::default()),
+            ..WorkerStatus::default()
+        };
+        let back: WorkerStatus = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+    }
+}

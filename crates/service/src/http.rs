@@ -1,0 +1,208 @@
+//! The HTTP edge both services share: reading requests (bodies, queries, registrations) with
+//! the same limits and errors, the endpoints every Hearth API has, and answer helpers.
+
+use crate::error::ApiError;
+use crate::invocations::AsyncInvocations;
+use crate::registry::CodeSource;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
+use axum::extract::Query;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use hearth_api::{AsyncAccepted, AsyncRecord, FunctionSpec};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// What every Hearth API has besides its own routes (the worker's and the controller's):
+/// `/healthz`, and JSON errors for unknown paths (404) and methods (405).
+pub fn with_common_endpoints<S>(routes: Router<S>) -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    routes
+        .route("/healthz", get(healthz))
+        .fallback(no_such_endpoint)
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+/// 404 for paths the API does not have.
+async fn no_such_endpoint() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+}
+
+/// Prometheus text with its content type (`GET /metrics`).
+pub fn metrics_response(text: String) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// 405 for methods a path does not take.
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this endpoint",
+    )
+}
+
+/// A body that could not be read: 413 over the limit, else 400.
+fn body_error(rej: BytesRejection, limit: usize) -> ApiError {
+    if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::too_large(limit)
+    } else {
+        ApiError::bad_request(format!("could not read the request body: {rej}"))
+    }
+}
+
+/// A JSON body that could not be read: 413 over the limit, else 400.
+pub fn json_error(rej: JsonRejection, limit: usize) -> ApiError {
+    if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::too_large(limit)
+    } else {
+        ApiError::bad_request(rej.body_text())
+    }
+}
+
+/// The answer to a registration: the spec, with 201 when the function is new, else 200.
+pub fn registered(spec: &FunctionSpec, created: bool) -> Response {
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    (status, Json(spec)).into_response()
+}
+
+/// A registration request for the function `name`, read and validated: 413 for a body over
+/// `max_code`, 400 for anything else wrong. The controller reads registrations with the same rules.
+pub fn registration_request(
+    name: &str,
+    body: Result<Json<Value>, JsonRejection>,
+    max_code: usize,
+) -> Result<(FunctionSpec, Option<CodeSource>), ApiError> {
+    let Json(body) = body.map_err(|r| json_error(r, max_code))?;
+    parse_registration(name, body)
+}
+
+/// A registration body (the spec's fields plus `code`) for the function `name`, validated.
+fn parse_registration(
+    name: &str,
+    mut body: Value,
+) -> Result<(FunctionSpec, Option<CodeSource>), ApiError> {
+    let obj = body
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
+    let code = match obj.remove("code") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(serde_json::from_value::<CodeSource>(v).map_err(|e| {
+            ApiError::bad_request(format!(
+                "code must be one of {{\"path\": ...}}, {{\"archive\": base64 tar.gz}}, {{\"files\": {{...}}}}: {e}"
+            ))
+        })?),
+    };
+    if let Some(other) = obj.get("name") {
+        if other.as_str() != Some(name) {
+            return Err(ApiError::bad_request(
+                "the body's name differs from the URL's",
+            ));
+        }
+    }
+    obj.remove("version");
+    obj.insert("name".into(), json!(name));
+    let mut spec: FunctionSpec = serde_json::from_value(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid function spec: {e}")))?;
+    spec.validate()
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok((spec, code))
+}
+
+/// `?async=true` on an invocation.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InvokeQuery {
+    #[serde(default, rename = "async")]
+    pub is_async: bool,
+}
+
+/// The query and arguments of an invocation request: 400 for a bad query or arguments that are
+/// not JSON, 413 for a body over `max_body`.
+pub fn invoke_request(
+    query: Result<Query<InvokeQuery>, QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+    max_body: usize,
+) -> Result<(InvokeQuery, Bytes), ApiError> {
+    let Query(q) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
+    let body = body.map_err(|r| body_error(r, max_body))?;
+    Ok((q, arguments(&body)?))
+}
+
+/// Checks the arguments are JSON; an empty body means `{}`.
+fn arguments(body: &Bytes) -> Result<Bytes, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Bytes::from_static(b"{}"));
+    }
+    serde_json::from_slice::<serde::de::IgnoredAny>(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+    Ok(body.clone())
+}
+
+/// 202 for an accepted async invocation, with where its result will be.
+pub fn accepted(id: &str) -> Response {
+    (StatusCode::ACCEPTED, Json(AsyncAccepted::new(id))).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrewarmBody {
+    #[serde(default = "one")]
+    count: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// The `count` of a prewarm request; an empty body means 1.
+pub fn prewarm_count(body: &Bytes) -> Result<u32, ApiError> {
+    let req: PrewarmBody = if body.iter().all(u8::is_ascii_whitespace) {
+        PrewarmBody { count: 1 }
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid prewarm request: {e}")))?
+    };
+    Ok(req.count)
+}
+
+/// `GET /v1/invocations/{id}`: an async invocation's record, 404 if unknown or expired.
+pub fn invocation_record(
+    invocations: &AsyncInvocations,
+    id: &str,
+) -> Result<Json<AsyncRecord>, ApiError> {
+    invocations
+        .get(id)
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("invocation", id))
+}
+
+/// A JSON answer already serialized (e.g. an [`hearth_api::InvokeAnswer`]).
+pub fn json_bytes(status: StatusCode, body: impl Into<Bytes>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.into(),
+    )
+        .into_response()
+}
+
+/// `GET /healthz`.
+async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}

@@ -1,0 +1,18 @@
+//! What the worker and the controller share: the serving skeleton and graceful shutdown, the
+//! layered config loader and its checks, the HTTP edge's request readers and common endpoints,
+//! the API error type, in-flight tracking, metrics helpers, the function registry with its code
+//! store, and the store of async invocations. The controller depends on this crate and on
+//! `hearth-api`, never on the worker.
+
+pub mod archive;
+pub mod config_checks;
+pub mod config_loader;
+pub mod error;
+pub mod http;
+pub mod in_flight;
+pub mod invocations;
+pub mod metrics;
+pub mod registry;
+pub mod serving;
+
+pub use error::ApiError;

@@ -1,0 +1,104 @@
+//! The worker's domain errors: what can go wrong in each operation, in the facade's terms. The
+//! HTTP edge (`api.rs`) is the one place that turns them into status codes and error bodies.
+
+use crate::backend::SandboxError;
+use hearth_api::Timing;
+
+/// Why an invocation did not produce a result.
+#[derive(Debug, thiserror::Error)]
+pub enum InvokeError {
+    #[error("the worker is shutting down")]
+    ShuttingDown,
+    #[error("function {0:?} is not registered")]
+    UnknownFunction(String),
+    #[error("the worker's invocation queue is full ({length} waiting); retry later")]
+    QueueFull { length: usize },
+    #[error(
+        "no memory for a new sandbox of {function}: it needs {needed_mb} MiB and {free_mb} MiB \
+         are free after evicting every idle sandbox (budget {budget_mb} MiB)"
+    )]
+    NoMemory {
+        function: String,
+        needed_mb: u64,
+        free_mb: u64,
+        budget_mb: u64,
+    },
+    #[error(
+        "{function} needs {needed_mb} MiB per sandbox but this worker's whole budget is \
+         {budget_mb} MiB"
+    )]
+    TooLarge {
+        function: String,
+        needed_mb: u64,
+        budget_mb: u64,
+    },
+    /// The sandbox could not be started (the handler's import failed, it ran out of memory, …).
+    #[error("{function}: {error}")]
+    Start {
+        function: String,
+        error: SandboxError,
+    },
+    #[error(
+        "{function} did not finish within its timeout of {timeout_ms} ms; its sandbox was killed"
+    )]
+    Timeout { function: String, timeout_ms: u64 },
+    /// The sandbox died or broke its connection while running.
+    #[error("{0}")]
+    Sandbox(SandboxError),
+    /// The handler raised (or returned something that is not JSON).
+    #[error("{} raised {}: {}", .0.function, .0.kind, .0.message)]
+    Handler(Box<HandlerFailure>),
+    #[error("too many async invocations are pending or kept; retry later")]
+    AsyncStoreFull,
+    #[error("{0}")]
+    Internal(&'static str),
+}
+
+/// A handler that raised: what it raised, and the run's facts for the answer.
+#[derive(Debug)]
+pub struct HandlerFailure {
+    pub function: String,
+    /// The agent's status: 400 when the arguments were unusable for the handler.
+    pub agent_status: u16,
+    pub kind: String,
+    pub message: String,
+    pub traceback: String,
+    pub cold: bool,
+    pub worker: String,
+    pub timing: Timing,
+}
+
+/// Why a registration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error("memory_mb {memory_mb} exceeds this worker's memory budget of {budget_mb} MiB")]
+    TooMuchMemory { memory_mb: u64, budget_mb: u64 },
+    #[error("{0}")]
+    BadCode(String),
+    #[error("{0}")]
+    Storage(String),
+}
+
+/// Why a function could not be deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum UnregisterError {
+    #[error("function {0:?} is not registered")]
+    UnknownFunction(String),
+    #[error("{0}")]
+    Storage(String),
+}
+
+/// Why a prewarm started nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum PrewarmError {
+    #[error("the worker is shutting down")]
+    ShuttingDown,
+    #[error("count must be between 1 and 1000")]
+    BadCount,
+    #[error("function {0:?} is not registered")]
+    UnknownFunction(String),
+    #[error("no free memory for {no_memory} sandbox(es) of {function} (prewarm never evicts)")]
+    NoMemory { function: String, no_memory: u32 },
+    #[error("{0}")]
+    StartFailed(String),
+}

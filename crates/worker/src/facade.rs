@@ -1,0 +1,552 @@
+//! The worker's domain operations: invoke, register, delete, prewarm, status. Each returns a
+//! domain result or a domain error ([`crate::errors`]); none knows about HTTP. The engine and
+//! its sandboxes are the [`Driver`]'s.
+
+use crate::backend::{Backend, SandboxError};
+use crate::config::{BackendKind, WorkerConfig};
+use crate::driver::{Driver, LoadSampling, StartFailure};
+use crate::errors::{HandlerFailure, InvokeError, PrewarmError, RegisterError, UnregisterError};
+use crate::metrics::{ColdLabel, FnLabel, Metrics, Outcome, QueueLabel};
+use bytes::Bytes;
+use hearth_api::{
+    raw_json, AsyncOutcome, FunctionSpec, InvokeAnswer, LoadStatus, LowLatencyStatus, MemoryStatus,
+    PolicyStatus, PrewarmAnswer, QueueStatus, Timing, WorkerStatus,
+};
+use hearth_core::characteristics::CharacteristicsReport;
+use hearth_core::{EngineConfig, EngineStats, LoadSource, Micros, PoolConfig, Reject};
+use hearth_service::in_flight::InFlightTracker;
+use hearth_service::invocations::AsyncInvocations;
+use hearth_service::registry::{CodeSource, Registered, Registry, RegistryError};
+use hearth_service::serving::open_data_dir;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The worker.
+pub struct Worker {
+    id: String,
+    config: WorkerConfig,
+    epoch: Instant,
+    registry: Arc<Registry>,
+    driver: Arc<Driver>,
+    pub metrics: Arc<Metrics>,
+    pub invocations: AsyncInvocations,
+    shutting_down: AtomicBool,
+    in_flight: InFlightTracker,
+    latency: crate::latency::LowLatency,
+}
+
+/// Errors of [`Worker::start`].
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("data directory {0}: {1}")]
+    DataDir(PathBuf, std::io::Error),
+    #[error("registry: {0}")]
+    Registry(#[from] RegistryError),
+    #[error("{0}")]
+    Backend(#[from] SandboxError),
+    #[error("configuration: {0}")]
+    Config(#[from] crate::config::ConfigError),
+}
+
+/// A successful invocation.
+#[derive(Debug, Clone)]
+pub struct Invoked {
+    pub answer: InvokeAnswer,
+}
+
+impl Worker {
+    /// Opens the registry, prepares the backend (removing leftovers of a crashed run) and starts
+    /// the driver and the housekeeping task.
+    pub async fn start(config: WorkerConfig) -> Result<Arc<Self>, StartError> {
+        let data_dir = open_data_dir(&config.data_dir)
+            .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
+        let id = config.worker_id();
+        let registry = Arc::new(Registry::open(&data_dir)?);
+        let backend = match config.backend {
+            BackendKind::Runc => Backend::Runc(
+                crate::backend::runc::RuncBackend::new(config.runc.clone(), &data_dir, &id).await?,
+            ),
+            BackendKind::Sim => Backend::Sim(crate::backend::sim::SimBackend::new()),
+        };
+        backend.cleanup_all().await;
+        let cpus = config.effective_cpus();
+        let engine = EngineConfig {
+            pool: PoolConfig {
+                memory_budget_mb: config.memory_mb,
+                free_buffer_mb: config.free_buffer_mb,
+                keepalive: config.keepalive_config(),
+            },
+            queue: config.queue,
+            max_queue: config.max_queue,
+            regulator: config.regulator()?,
+            bypass: hearth_core::bypass::BypassConfig {
+                threshold_us: (config.bypass_ms * 1000.0).round() as Micros,
+                max_load: config.bypass_load,
+            },
+            cpus,
+            // Sim workers share one machine: their load is their own simulated one.
+            load_source: match config.backend {
+                BackendKind::Runc => LoadSource::External,
+                BackendKind::Sim => LoadSource::Simulated,
+            },
+        };
+        let load = match config.backend {
+            BackendKind::Runc => LoadSampling::Kernel { cpus },
+            BackendKind::Sim => LoadSampling::None,
+        };
+        let metrics = Arc::new(Metrics::default());
+        let driver = Driver::start(
+            engine,
+            backend,
+            Arc::clone(&registry),
+            Arc::clone(&metrics),
+            load,
+        );
+        let latency = crate::latency::LowLatency::new(
+            config.low_latency,
+            Duration::from_millis(config.low_latency_quiet_ms),
+        );
+        let worker = Arc::new(Worker {
+            id,
+            invocations: AsyncInvocations::new(
+                Duration::from_secs(config.async_retention_s),
+                config.async_max_records,
+            ),
+            config,
+            epoch: Instant::now(),
+            registry,
+            driver,
+            metrics,
+            shutting_down: AtomicBool::new(false),
+            in_flight: InFlightTracker::new(),
+            latency,
+        });
+        tokio::spawn(housekeeping(Arc::downgrade(&worker)));
+        Ok(worker)
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.driver.backend().name()
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn driver(&self) -> &Driver {
+        &self.driver
+    }
+
+    fn ensure_running(&self) -> Result<(), InvokeError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(InvokeError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    fn rejected(&self, name: &str, reason: Reject) -> InvokeError {
+        self.metrics.outcome(name, Outcome::rejected);
+        match reason {
+            Reject::QueueFull { length } => InvokeError::QueueFull { length },
+            Reject::NoMemory { needed_mb, free_mb } => InvokeError::NoMemory {
+                function: name.to_string(),
+                needed_mb,
+                free_mb,
+                budget_mb: self.config.memory_mb,
+            },
+            Reject::TooLarge {
+                needed_mb,
+                budget_mb,
+            } => InvokeError::TooLarge {
+                function: name.to_string(),
+                needed_mb,
+                budget_mb,
+            },
+            Reject::ShuttingDown => InvokeError::ShuttingDown,
+        }
+    }
+
+    /// Runs one invocation of `name` with JSON `args`; `t0` is when the request arrived.
+    pub async fn invoke(
+        &self,
+        name: &str,
+        args: &[u8],
+        t0: Instant,
+    ) -> Result<Invoked, InvokeError> {
+        self.ensure_running()?;
+        let _guard = self.in_flight.enter();
+        self.latency.on_activity();
+        let reg = self
+            .registry
+            .get(name)
+            .ok_or_else(|| InvokeError::UnknownFunction(name.to_string()))?;
+        let spec = &reg.spec;
+        let admitted = self
+            .driver
+            .admit(spec)
+            .await
+            .map_err(|r| self.rejected(&spec.name, r))?;
+        let run = admitted.run().clone();
+        if run.queued_us > 0 {
+            self.metrics
+                .queue_wait
+                .get_or_create(&QueueLabel {
+                    discipline: self.config.queue.name(),
+                })
+                .observe(run.queued_us as f64 / 1e6);
+        }
+        if run.bypass {
+            self.metrics.bypassed.inc();
+        }
+        let mut lease = match admitted.lease(&self.driver, &reg).await {
+            Ok(lease) => lease,
+            Err(failure) => {
+                self.metrics.outcome(&spec.name, Outcome::init_error);
+                return Err(match failure {
+                    StartFailure::Sandbox(error) => InvokeError::Start {
+                        function: spec.name.clone(),
+                        error,
+                    },
+                    StartFailure::TaskFailed => InvokeError::Internal("sandbox start task failed"),
+                    StartFailure::WarmSandboxMissing => {
+                        InvokeError::Internal("warm sandbox missing")
+                    }
+                });
+            }
+        };
+        let init_us = lease.completion.init_us.unwrap_or(0);
+        let fn_label = || FnLabel {
+            function: spec.name.clone(),
+        };
+        match run.cold {
+            None => {
+                self.metrics.warm_starts.get_or_create(&fn_label()).inc();
+            }
+            Some(reason) => {
+                self.metrics
+                    .cold_starts
+                    .get_or_create(&ColdLabel {
+                        function: spec.name.clone(),
+                        reason: reason.as_str(),
+                    })
+                    .inc();
+                self.metrics
+                    .init
+                    .get_or_create(&fn_label())
+                    .observe(init_us as f64 / 1e6);
+            }
+        }
+        let timeout = Duration::from_millis(spec.timeout_ms);
+        let backend = self.driver.backend();
+        let reply = tokio::time::timeout(timeout, backend.invoke(lease.sandbox(), args)).await;
+        let reply = match reply {
+            Err(_) => {
+                self.metrics.outcome(&spec.name, Outcome::timeout);
+                return Err(InvokeError::Timeout {
+                    function: name.to_string(),
+                    timeout_ms: spec.timeout_ms,
+                });
+            }
+            Ok(Err(e)) => {
+                let outcome = match e {
+                    SandboxError::OutOfMemory { .. } => Outcome::out_of_memory,
+                    _ => Outcome::crashed,
+                };
+                self.metrics.outcome(&spec.name, outcome);
+                return Err(InvokeError::Sandbox(e));
+            }
+            Ok(Ok(reply)) => reply,
+        };
+        let exec = reply.exec_us.unwrap_or(0);
+        // The agent answered, so the sandbox is healthy whatever the handler did.
+        lease.completion.reusable = true;
+        lease.completion.exec_us = Some(exec);
+        drop(lease);
+        let e2e = t0.elapsed().as_micros() as u64;
+        let timing = Timing {
+            queue: run.queued_us,
+            init: init_us,
+            exec,
+            overhead: e2e.saturating_sub(exec + init_us + run.queued_us),
+            e2e,
+            controller: None,
+        };
+        self.metrics
+            .exec
+            .get_or_create(&fn_label())
+            .observe(exec as f64 / 1e6);
+        self.metrics.overhead.observe(timing.overhead as f64 / 1e6);
+        let failure = |agent_status: u16, kind: String, message: String, traceback: String| {
+            InvokeError::Handler(Box::new(HandlerFailure {
+                function: name.to_string(),
+                agent_status,
+                kind,
+                message,
+                traceback,
+                cold: run.cold.is_some(),
+                worker: self.id.clone(),
+                timing,
+            }))
+        };
+        if reply.status != 200 {
+            self.metrics.outcome(&spec.name, Outcome::handler_error);
+            let (kind, message, traceback) = handler_fault(&reply.body);
+            return Err(failure(reply.status, kind, message, traceback));
+        }
+        let Ok(result) = raw_json(&reply.body) else {
+            // Code in the sandbox wrote something that is not JSON in place of its result.
+            self.metrics.outcome(&spec.name, Outcome::handler_error);
+            return Err(failure(
+                502,
+                "InvalidResult".into(),
+                "the sandbox's result is not valid JSON".into(),
+                String::new(),
+            ));
+        };
+        self.metrics.outcome(&spec.name, Outcome::success);
+        let mut answer = InvokeAnswer {
+            result,
+            cold: false,
+            cold_reason: None,
+            cold_reason_policy: None,
+            cold_reason_ago_us: None,
+            worker: self.id.clone(),
+            timing,
+        };
+        if let Some(reason) = run.cold {
+            answer = answer.with_cold_reason(reason, self.config.keepalive.name());
+        }
+        Ok(Invoked { answer })
+    }
+
+    /// Accepts an async invocation: its id, with the outcome kept in [`Self::invocations`].
+    pub fn invoke_async(
+        self: &Arc<Self>,
+        name: String,
+        args: Bytes,
+    ) -> Result<String, InvokeError> {
+        if self.registry.get(&name).is_none() {
+            return Err(InvokeError::UnknownFunction(name));
+        }
+        let id = self
+            .invocations
+            .start(&name)
+            .ok_or(InvokeError::AsyncStoreFull)?;
+        let worker = Arc::clone(self);
+        let task_id = id.clone();
+        tokio::spawn(async move {
+            let outcome = match worker.invoke(&name, &args, Instant::now()).await {
+                Ok(ok) => AsyncOutcome::Succeeded(ok.answer),
+                Err(e) => {
+                    let e = crate::api::api_error(e);
+                    AsyncOutcome::Failed {
+                        http_status: e.status.as_u16(),
+                        error: e.error_body(),
+                    }
+                }
+            };
+            worker.invocations.finish(&task_id, outcome);
+        });
+        Ok(id)
+    }
+
+    /// Starts up to `count` sandboxes for `name` and waits until they are warm.
+    pub async fn prewarm(&self, name: &str, count: u32) -> Result<PrewarmAnswer, PrewarmError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(PrewarmError::ShuttingDown);
+        }
+        if count == 0 || count > 1000 {
+            return Err(PrewarmError::BadCount);
+        }
+        let reg = self
+            .registry
+            .get(name)
+            .ok_or_else(|| PrewarmError::UnknownFunction(name.to_string()))?;
+        let done = self.driver.prewarm(&reg, count).await;
+        if done.ready == 0 && done.no_memory > 0 {
+            return Err(PrewarmError::NoMemory {
+                function: name.to_string(),
+                no_memory: done.no_memory,
+            });
+        }
+        if done.ready == 0 && !done.errors.is_empty() {
+            return Err(PrewarmError::StartFailed(done.errors.join("; ")));
+        }
+        Ok(PrewarmAnswer {
+            function: name.to_string(),
+            requested: count,
+            ready: done.ready,
+            no_memory: done.no_memory,
+            errors: done.errors,
+            worker: None,
+        })
+    }
+
+    /// Registers or updates a function; sandboxes of the previous version are retired. Returns
+    /// the registration and whether the function is new.
+    pub fn register(
+        &self,
+        spec: FunctionSpec,
+        code: Option<CodeSource>,
+    ) -> Result<(Registered, bool), RegisterError> {
+        if spec.memory_mb > self.config.memory_mb {
+            return Err(RegisterError::TooMuchMemory {
+                memory_mb: spec.memory_mb,
+                budget_mb: self.config.memory_mb,
+            });
+        }
+        let (reg, previous) = self
+            .registry
+            .put(spec, code, self.driver.backend().needs_code())
+            .map_err(|e| match e {
+                RegistryError::BadCode(m) => RegisterError::BadCode(m),
+                RegistryError::Storage(m) => RegisterError::Storage(m),
+            })?;
+        let created = previous.is_none();
+        if let Some(prev) = previous {
+            self.driver.retire(&prev);
+        }
+        Ok((reg, created))
+    }
+
+    /// Deletes a function: running invocations finish, then its sandboxes go.
+    pub fn unregister(&self, name: &str) -> Result<(), UnregisterError> {
+        let removed = self
+            .registry
+            .remove(name)
+            .map_err(|e| UnregisterError::Storage(e.to_string()))?
+            .ok_or_else(|| UnregisterError::UnknownFunction(name.to_string()))?;
+        self.driver.retire(&removed);
+        Ok(())
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.driver.stats()
+    }
+
+    /// What the worker has learned about a function (`GET /v1/functions/{name}`).
+    pub fn characteristics(&self, name: &str) -> Option<CharacteristicsReport> {
+        self.driver.characteristics(name)
+    }
+
+    /// `GET /v1/status`.
+    pub fn status(&self) -> WorkerStatus {
+        let stats = self.stats();
+        let pool = &stats.pool;
+        let used = pool.memory_running_mb + pool.memory_warm_mb;
+        let ttl = self.config.keepalive == hearth_core::KeepAliveKind::Ttl;
+        let bypass = self.config.bypass_ms > 0.0;
+        WorkerStatus {
+            worker: self.id.clone(),
+            backend: self.backend_name().to_string(),
+            uptime_s: self.epoch.elapsed().as_secs(),
+            shutting_down: self.shutting_down.load(Ordering::Acquire),
+            in_flight: self.in_flight.count() as u64,
+            async_running: self.invocations.running() as u64,
+            memory: MemoryStatus {
+                budget_mb: pool.memory_budget_mb,
+                running_mb: pool.memory_running_mb,
+                warm_mb: pool.memory_warm_mb,
+                free_mb: pool.memory_budget_mb.saturating_sub(used),
+            },
+            load: Some(LoadStatus {
+                cpus: stats.cpus,
+                load_avg_1m: stats.load_avg,
+                normalized: stats.normalized_load,
+            }),
+            queue: Some(QueueStatus {
+                length: stats.queue_length as u32,
+                running: stats.running + stats.running_bypass,
+                running_bypass: stats.running_bypass,
+                limit: stats.limit,
+                queued: stats.queued.clone(),
+            }),
+            functions: pool
+                .functions
+                .iter()
+                .map(|(name, f)| {
+                    let sandboxes = hearth_api::FunctionSandboxes {
+                        warm: f.warm,
+                        running: f.running,
+                        starting: f.starting,
+                    };
+                    (name.clone(), sandboxes)
+                })
+                .collect(),
+            policies: Some(PolicyStatus {
+                queue: self.config.queue.name().to_string(),
+                keepalive: self.config.keepalive.name().to_string(),
+                regulator: match self.config.regulator() {
+                    Ok(r) => r.name(),
+                    Err(_) => "invalid".into(),
+                },
+                keepalive_ttl_s: ttl.then_some(self.config.keepalive_ttl_s),
+                bypass_ms: bypass.then_some(self.config.bypass_ms),
+                bypass_load: bypass.then_some(self.config.bypass_load),
+            }),
+            low_latency: Some(LowLatencyStatus {
+                enabled: self.config.low_latency,
+                held: self.latency.is_held(),
+            }),
+        }
+    }
+
+    /// New invocations are refused with 503 from now on.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+    }
+
+    /// Graceful stop: refuse new work, let in-flight invocations finish within the grace period,
+    /// then remove every sandbox.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.shutting_down.store(true, Ordering::Release);
+        let deadline = tokio::time::Instant::now() + grace;
+        if !self.in_flight.wait_idle(deadline).await {
+            tracing::warn!(
+                in_flight = self.in_flight.count(),
+                "grace period over; killing the remaining sandboxes"
+            );
+        }
+        self.driver.shutdown().await;
+        tracing::info!("all sandboxes removed");
+    }
+}
+
+/// The `type`, `message` and `traceback` of a handler's error answer from the agent.
+fn handler_fault(body: &[u8]) -> (String, String, String) {
+    #[derive(serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Fault {
+        #[serde(rename = "type")]
+        kind: String,
+        message: String,
+        traceback: String,
+    }
+    let f: Fault = serde_json::from_slice(body).unwrap_or_default();
+    (f.kind, f.message, f.traceback)
+}
+
+/// How often the housekeeping task runs.
+const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(1);
+
+/// Drops the low-latency request after a quiet period and forgets expired async results.
+async fn housekeeping(worker: std::sync::Weak<Worker>) {
+    loop {
+        {
+            let Some(w) = worker.upgrade() else { return };
+            w.latency.tick();
+            w.invocations.expire(Instant::now());
+        }
+        tokio::time::sleep(HOUSEKEEPING_EVERY).await;
+    }
+}
