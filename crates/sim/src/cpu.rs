@@ -118,6 +118,15 @@ impl ProcessorSharing {
         self.virtual_time = self.virtual_time.max(tag.0);
         Some(job)
     }
+
+    /// Takes `job` off the CPUs at `now` before its work is done (its invocation timed out);
+    /// the others share the CPUs from then on. O(n), but only for jobs that are killed.
+    pub fn remove(&mut self, now: Micros, job: u32) -> bool {
+        self.advance(now);
+        let before = self.jobs.len();
+        self.jobs.retain(|Reverse((_, _, j))| *j != job);
+        self.jobs.len() < before
+    }
 }
 
 #[cfg(test)]
@@ -179,6 +188,18 @@ mod tests {
             ps.enter(100, j, 1);
         }
         assert_eq!(drain(&mut ps), [(0, 102), (1, 102), (2, 102)]);
+    }
+
+    #[test]
+    fn a_removed_job_stops_sharing_from_then_on() {
+        // 1 CPU: 100 and 100 units at 0, both at 1/2; job 1 removed at 40 (20 done each), job 2
+        // alone does its last 80 by 120.
+        let mut ps = ProcessorSharing::new(1);
+        ps.enter(0, 1, 100);
+        ps.enter(0, 2, 100);
+        assert!(ps.remove(40, 1));
+        assert!(!ps.remove(40, 1));
+        assert_eq!(drain(&mut ps), [(2, 120)]);
     }
 
     #[test]

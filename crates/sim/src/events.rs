@@ -14,6 +14,9 @@ use std::collections::BinaryHeap;
 pub enum Kind {
     /// A worker's processor-sharing server may have finished a job.
     Cpu { worker: u32 },
+    /// An execution reaches its function's timeout (`id`: the invocation, since job slots are
+    /// reused); stale if the job ended in time.
+    Timeout { job: u32, id: u32 },
     /// A cold start's init delay is over: the job starts executing.
     InitDone { job: u32 },
     /// A pre-warmed sandbox (a keep-alive policy's pre-warm) finished starting.
@@ -25,16 +28,17 @@ pub enum Kind {
 }
 
 /// The rank of arrivals among kinds at the same instant: after all of them.
-pub const ARRIVAL_RANK: u8 = 5;
+pub const ARRIVAL_RANK: u8 = 6;
 
 impl Kind {
     fn rank(&self) -> u8 {
         match self {
             Kind::Cpu { .. } => 0,
-            Kind::InitDone { .. } => 1,
-            Kind::SandboxReady { .. } => 2,
-            Kind::Timer { .. } => 3,
-            Kind::Status { .. } => 4,
+            Kind::Timeout { .. } => 1,
+            Kind::InitDone { .. } => 2,
+            Kind::SandboxReady { .. } => 3,
+            Kind::Timer { .. } => 4,
+            Kind::Status { .. } => 5,
         }
     }
 }

@@ -63,6 +63,15 @@ pub enum End {
         exec_us: Micros,
     },
     Dropped(Refusal),
+    /// It ran past its function's timeout: killed `timeout_us` after it started executing, its
+    /// sandbox destroyed (the worker's 504 `timeout`). Times as for [`End::Done`]; `exec_us` is
+    /// the timeout.
+    TimedOut {
+        cold: Option<ColdReason>,
+        queue_us: Micros,
+        init_us: Micros,
+        exec_us: Micros,
+    },
 }
 
 /// One invocation's fate.
@@ -157,6 +166,17 @@ pub fn result_row(w: &Workload, r: &Record) -> ResultRow {
             row.status = d.status();
             row.outcome = Outcome::from_status(row.status);
             row.error = d.describe();
+        }
+        End::TimedOut { exec_us, .. } => {
+            // As the load generator records the worker's 504: no timings, the error's code and
+            // message.
+            row.status = 504;
+            row.outcome = Outcome::from_status(row.status);
+            row.error = format!(
+                "timeout: {} did not finish within its timeout of {} ms; its sandbox was killed",
+                f.name,
+                exec_us / 1000
+            );
         }
     }
     row

@@ -13,8 +13,8 @@ use crate::router::Router;
 use crate::workload::Workload;
 use hearth_core::balance::{Finished, WorkerLoad};
 use hearth_core::{
-    Admission, Arrival, Completion, EngineAction, InvocationId, Micros, Run, SandboxId,
-    WorkerEngine,
+    Admission, Arrival, Completion, DestroyReason, EngineAction, InvocationId, Micros, Run,
+    SandboxId, WorkerEngine,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -84,7 +84,11 @@ pub struct SimStats {
     pub invocations: u64,
     pub completed: u64,
     pub dropped: u64,
+    /// Killed at their function's timeout (neither completed nor dropped).
+    pub timed_out: u64,
     pub cold: u64,
+    /// Idle sandboxes evicted for memory, all workers together.
+    pub evicted: u64,
     /// Virtual time when the last invocation ended (µs).
     pub end_us: Micros,
     /// Events processed, arrivals included.
@@ -219,6 +223,7 @@ impl<'a> Simulation<'a> {
             self.stats.events += 1;
             match kind {
                 Kind::Cpu { worker } => self.on_cpu(worker as usize)?,
+                Kind::Timeout { job, id } => self.on_exec_timeout(job, id)?,
                 Kind::InitDone { job } => self.on_init_done(job)?,
                 Kind::SandboxReady { worker, sandbox } => {
                     self.on_ready(worker as usize, sandbox)?
@@ -228,6 +233,11 @@ impl<'a> Simulation<'a> {
             }
         }
         self.stats.invocations = arrivals as u64;
+        self.stats.evicted = self
+            .workers
+            .iter()
+            .map(|w| w.engine.pool().destroyed(DestroyReason::Evicted))
+            .sum();
         Ok(self.stats)
     }
 
@@ -327,12 +337,17 @@ impl<'a> Simulation<'a> {
             return;
         };
         j.cpu_from = self.now;
-        let w = j.worker as usize;
-        let work = self
+        let (w, id) = (j.worker as usize, j.id);
+        let f = self
             .workload
-            .function(self.workload.arrivals[j.id as usize].function)
-            .warm_us;
+            .function(self.workload.arrivals[id as usize].function);
+        let (work, timeout) = (f.warm_us, f.timeout_us);
         self.workers[w].cpu.enter(self.now, job, work);
+        // Functions without a timeout pay nothing; with one, one event that is stale (skipped) if
+        // the execution ends in time.
+        if let Some(t) = timeout {
+            self.events.push(self.now + t, Kind::Timeout { job, id });
+        }
         self.schedule_cpu(w);
     }
 
@@ -418,6 +433,54 @@ impl<'a> Simulation<'a> {
                 queue_us: j.run.queued_us,
                 init_us: j.init_us,
                 exec_us,
+            },
+        })?;
+        self.after_engine(w)
+    }
+
+    /// An execution reached its function's timeout, as the worker's `tokio::time::timeout`
+    /// around the handler: the invocation ends in a 504, its sandbox is destroyed, never reused.
+    fn on_exec_timeout(&mut self, job: u32, id: u32) -> Result<()> {
+        // Stale if the job ended in time (its slot may hold another invocation by now).
+        if self.jobs.get(job).map(|j| j.id) != Some(id) {
+            return Ok(());
+        }
+        let j = self
+            .jobs
+            .remove(job)
+            .ok_or_else(|| SimError::Internal(format!("timeout of unknown job {job}")))?;
+        let w = j.worker as usize;
+        if !self.workers[w].cpu.remove(self.now, job) {
+            return Err(SimError::Internal(format!(
+                "timed-out job {job} not executing"
+            )));
+        }
+        self.schedule_cpu(w);
+        let arrival = self.workload.arrivals[id as usize];
+        let f = self.workload.function(arrival.function);
+        let cold = j.run.cold;
+        self.workers[w].engine.on_completed(
+            self.now,
+            &j.run,
+            Completion {
+                exec_us: None,
+                init_us: cold.map(|_| j.init_us),
+                reusable: false,
+            },
+        );
+        self.router.finished(self.now, w, f, Finished::Failed);
+        self.stats.timed_out += 1;
+        self.end(Record {
+            id,
+            function: arrival.function,
+            worker: Some(j.worker),
+            scheduled_us: arrival.at_us,
+            end_us: self.now,
+            end: End::TimedOut {
+                cold,
+                queue_us: j.run.queued_us,
+                init_us: j.init_us,
+                exec_us: self.now - j.cpu_from,
             },
         })?;
         self.after_engine(w)

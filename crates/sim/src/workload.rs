@@ -30,10 +30,15 @@ pub struct SimFunction {
     /// Sandboxes started on every worker before the trace begins (as `hearth load trace
     /// --prewarm` does before it starts its clock).
     pub prewarm: u32,
+    /// The function's `timeout_ms`: an execution (init excluded, as the worker times only the
+    /// handler) still running this long after it started is killed, ends in a 504 and its
+    /// sandbox is not reused. None: no limit (the metadata has no column for it, and `hearth
+    /// load trace` registers a generous one).
+    pub timeout_us: Option<Micros>,
 }
 
 impl SimFunction {
-    /// A function of priority 0 without deadline or prewarming.
+    /// A function of priority 0 without deadline, prewarming or timeout.
     pub fn new(name: &str, warm_us: Micros, init_us: Micros, memory_mb: u64) -> Self {
         SimFunction {
             name: Arc::from(name),
@@ -44,6 +49,7 @@ impl SimFunction {
             priority: 0,
             deadline_us: None,
             prewarm: 0,
+            timeout_us: None,
         }
     }
 

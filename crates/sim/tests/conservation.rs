@@ -29,7 +29,10 @@ fn check(config: &SimConfig, w: &hearth_sim::Workload) -> (u64, u64) {
         }
     }
     assert!(seen.iter().all(|n| *n == 1), "each invocation ends once");
-    assert_eq!(stats.completed + stats.dropped, w.arrivals.len() as u64);
+    assert_eq!(
+        stats.completed + stats.dropped + stats.timed_out,
+        w.arrivals.len() as u64
+    );
     assert_eq!(stats.invocations, w.arrivals.len() as u64);
     (stats.completed, stats.dropped)
 }

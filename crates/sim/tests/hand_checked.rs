@@ -71,3 +71,69 @@ fn with_enough_cpus_nothing_stretches() {
     // b#2 finds b's only sandbox busy: a concurrent cold start (no init for b).
     assert_eq!(e2e, [(1, ms(50)), (2, ms(50)), (0, ms(150)), (3, ms(100))]);
 }
+
+#[test]
+fn an_execution_past_its_timeout_is_killed_and_its_sandbox_not_reused() {
+    // a: 100 ms of work, 50 ms init, timeout 80 ms (always too slow); b: 60 ms, timeout 100 ms
+    // (in time alone, not when it shares the CPU); c: 200 ms, no timeout. 1 CPU, limit 2.
+    let mut a = function("a", 100, 50, 128);
+    a.timeout_us = Some(ms(80));
+    let mut b = function("b", 60, 0, 128);
+    b.timeout_us = Some(ms(100));
+    let w = workload(
+        vec![a, b, function("c", 200, 0, 128)],
+        &[(0, 0), (ms(300), 2), (ms(300), 1), (ms(700), 1)],
+    );
+    let mut config = common::cluster(1, 1, BalanceKind::RoundRobin, 1);
+    config.regulator = RegulatorConfig::Fixed(2);
+    let mut out = Collect::default();
+    let stats = simulate(&w, &config, &mut out).unwrap();
+    // By hand:
+    //  0      a#0 cold: init until 50, executes from 50; the timeout (exec only, as the worker
+    //         times the handler) kills it at 130.
+    //  300    c#1 and b#2 arrive, both cold (new), both at rate 1/2 on the one CPU.
+    //  400    b#2 has done 50 of its 60 ms: killed at its 100 ms timeout. c#1 has done 50.
+    //  550    c#1 done: its last 150 alone (exec 250).
+    //  700    b#3: b's sandbox was destroyed, not kept warm: cold again; 60 alone, done at 760.
+    let rec = |id: u32, function, end_ms, end| Record {
+        id,
+        function,
+        worker: Some(0),
+        scheduled_us: w.arrivals[id as usize].at_us,
+        end_us: ms(end_ms),
+        end,
+    };
+    let new = Some(ColdReason::New);
+    let timed_out = |init_ms, exec_ms| End::TimedOut {
+        cold: new,
+        queue_us: 0,
+        init_us: ms(init_ms),
+        exec_us: ms(exec_ms),
+    };
+    let done = |exec_ms| End::Done {
+        cold: new,
+        queue_us: 0,
+        init_us: 0,
+        exec_us: ms(exec_ms),
+    };
+    assert_eq!(
+        out.records,
+        [
+            rec(0, 0, 130, timed_out(50, 80)),
+            rec(2, 1, 400, timed_out(0, 100)),
+            rec(1, 2, 550, done(250)),
+            rec(3, 1, 760, done(60)),
+        ]
+    );
+    assert_eq!(
+        (stats.completed, stats.timed_out, stats.dropped, stats.cold),
+        (2, 2, 0, 2)
+    );
+    // In the results format, as the load generator records the worker's 504.
+    let row = hearth_sim::record::result_row(&w, &out.records[0]);
+    assert_eq!((row.status, row.cold), (504, false));
+    assert_eq!(
+        row.error,
+        "timeout: a did not finish within its timeout of 80 ms; its sandbox was killed"
+    );
+}

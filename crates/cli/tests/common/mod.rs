@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod scenario;
 
 use hearth_cli::client::{Client, Response};
 use serde_json::Value;

@@ -18,6 +18,8 @@ pub struct FunctionMetrics {
     pub invocations: u64,
     pub completed: u64,
     pub dropped: u64,
+    /// Killed at their function's timeout.
+    pub timed_out: u64,
     pub cold: u64,
     /// Σ e2e ÷ warm over completed invocations (functions with a warm time).
     pub sum_stretch: f64,
@@ -210,6 +212,7 @@ impl Sink for RunMetrics {
                 }
             }
             End::Dropped(_) => f.dropped += 1,
+            End::TimedOut { .. } => f.timed_out += 1,
         }
         Ok(())
     }
