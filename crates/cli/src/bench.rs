@@ -1,7 +1,8 @@
 //! `hearth bench`: control-plane overhead and cold-start benchmarks against a running API.
 
-use crate::client::Client;
+use crate::client::{Client, Response};
 use crate::stats::percentile;
+use hearth_api::InvokeAnswer;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -122,20 +123,20 @@ fn client_loop(
         }
         let r = c.post(path, body).map_err(|e| e.to_string())?;
         let us = t.elapsed().as_micros() as u64;
-        if r.status != 200 {
+        // Read after the clock stopped: the parse (the result stays raw) is not measured.
+        let Some(a) = answer(&r) else {
             s.errors += 1;
             continue;
-        }
-        if r.body.windows(11).any(|w| w == b"\"cold\":true") {
+        };
+        if a.cold {
             s.cold += 1;
         }
-        let exec = timing_field(&r.body, b"\"exec\":");
-        s.server.push(timing_field(&r.body, b"\"overhead\":"));
-        if let Some(c) = optional_field(&r.body, b"\"controller\":") {
+        s.server.push(a.timing.overhead);
+        if let Some(c) = a.timing.controller {
             s.controller.push(c);
         }
         s.e2e.push(us);
-        s.overhead.push(us.saturating_sub(exec));
+        s.overhead.push(us.saturating_sub(a.timing.exec));
     }
 }
 
@@ -196,25 +197,12 @@ pub fn closed_loop(
     Ok(report)
 }
 
-/// Pulls a number such as `"exec":N` out of a success body without a full JSON parse (the
-/// timing object comes last, so the key is searched from the end).
-pub fn timing_field(body: &[u8], key: &[u8]) -> u64 {
-    body.windows(key.len())
-        .rposition(|w| w == key)
-        .map(|i| {
-            body[i + key.len()..]
-                .iter()
-                .take_while(|c| c.is_ascii_digit())
-                .fold(0u64, |acc, c| acc * 10 + u64::from(c - b'0'))
-        })
-        .unwrap_or(0)
-}
-
-/// Like [`timing_field`], but None when the key is absent.
-fn optional_field(body: &[u8], key: &[u8]) -> Option<u64> {
-    body.windows(key.len())
-        .rposition(|w| w == key)
-        .map(|_| timing_field(body, key))
+/// A success answer; `None` for an error status or a body that is not an invocation answer.
+fn answer(r: &Response) -> Option<InvokeAnswer> {
+    if r.status != 200 {
+        return None;
+    }
+    InvokeAnswer::parse(&r.body)
 }
 
 /// Cold starts of a hello function: each round re-registers it (a new version is never served by
@@ -240,15 +228,14 @@ pub fn cold_starts(url: &str, rounds: usize) -> Result<(Vec<u64>, Vec<u64>), Str
             .post("/v1/functions/hearth-bench-hello/invoke", b"{}")
             .map_err(|e| e.to_string())?;
         let us = t.elapsed().as_micros() as u64;
-        let v = r.json();
-        if r.status != 200 || v["cold"] != true {
+        let Some(a) = answer(&r).filter(|a| a.cold) else {
             return Err(format!(
                 "expected a cold start, got {} {}",
                 r.status,
                 r.text()
             ));
-        }
-        init.push(v["timing"]["init"].as_u64().unwrap_or(0));
+        };
+        init.push(a.timing.init);
         e2e.push(us);
     }
     let _ = c.delete("/v1/functions/hearth-bench-hello");
@@ -259,11 +246,33 @@ pub fn cold_starts(url: &str, rounds: usize) -> Result<(Vec<u64>, Vec<u64>), Str
 
 #[cfg(test)]
 mod tests {
+    use super::answer;
+    use crate::client::Response;
+
+    fn response(status: u16, body: &[u8]) -> Response {
+        Response {
+            status,
+            headers: Vec::new(),
+            body: body.to_vec(),
+        }
+    }
+
     #[test]
     fn exec_is_read_from_the_timing_object() {
         let b = br#"{"result":{},"cold":false,"worker":"w","timing":{"queue":0,"init":0,"exec":1234,"overhead":5,"e2e":1239}}"#;
-        assert_eq!(super::timing_field(b, b"\"exec\":"), 1234);
-        assert_eq!(super::timing_field(b, b"\"overhead\":"), 5);
-        assert_eq!(super::timing_field(b"{}", b"\"exec\":"), 0);
+        let a = answer(&response(200, b)).unwrap();
+        assert_eq!(a.timing.exec, 1234);
+        assert_eq!(a.timing.overhead, 5);
+        assert_eq!(a.timing.controller, None);
+        assert!(answer(&response(200, b"{}")).is_none());
+        assert!(answer(&response(503, b)).is_none());
+    }
+
+    #[test]
+    fn a_result_holding_timing_keys_does_not_fool_the_reader() {
+        let b = br#"{"result":{"timing":{"exec":9},"cold":true},"cold":false,"worker":"w","timing":{"queue":0,"init":0,"exec":7,"overhead":5,"e2e":12,"controller":3}}"#;
+        let a = answer(&response(200, b)).unwrap();
+        assert!(!a.cold);
+        assert_eq!((a.timing.exec, a.timing.controller), (7, Some(3)));
     }
 }

@@ -36,6 +36,19 @@ impl Response {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
     }
+    /// The body read as one of the wire types of `hearth_api`; `None` when it is not one.
+    pub fn typed<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
+        serde_json::from_slice(&self.body).ok()
+    }
+    /// The body as an error answer (`{"error": {"code", "message", ...}}`); `None` when it is not one.
+    pub fn error_body(&self) -> Option<hearth_api::ErrorBody> {
+        hearth_api::ErrorBody::parse(&self.body)
+    }
+    /// The message of an error answer, else the body as text.
+    pub fn error_message(&self) -> String {
+        self.error_body()
+            .map_or_else(|| self.text(), |e| e.error.message)
+    }
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }

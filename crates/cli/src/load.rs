@@ -164,10 +164,7 @@ fn prewarm(client: &mut Client, function: &str, count: u32) -> Result<()> {
         body.as_bytes(),
     )?;
     if r.status >= 300 {
-        let v = r.json();
-        let why = v["error"]["message"]
-            .as_str()
-            .map_or_else(|| r.text(), str::to_string);
+        let why = r.error_message();
         eprintln!(
             "warning: prewarming {count} sandbox(es) of {function}: {} {why}",
             r.status

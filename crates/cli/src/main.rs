@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use hearth_api::{AsyncRecord, AsyncState, ErrorBody};
 use hearth_cli::client::{default_url, Client, Response};
 use hearth_cli::{bench, cluster, code, route_bench, stats::percentile};
 use hearth_core::balance::BalanceKind;
@@ -323,7 +324,10 @@ fn run(cli: Cli) -> Result<()> {
             let mut c = client(&url)?;
             loop {
                 let r = c.get(&format!("/v1/invocations/{id}"))?;
-                if !wait || r.status != 200 || r.json()["status"] != "running" {
+                let running = r
+                    .typed::<AsyncRecord>()
+                    .is_some_and(|rec| rec.status == AsyncState::Running);
+                if !wait || r.status != 200 || !running {
                     return print_response(r);
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -371,18 +375,17 @@ fn client(url: &UrlArg) -> Result<Client> {
 
 /// Prints a JSON answer; an error status becomes a non-zero exit with the server's message.
 fn print_response(r: Response) -> Result<()> {
-    let v = r.json();
     if r.status >= 400 {
-        let msg = v["error"]["message"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| r.text());
-        let code = v["error"]["code"].as_str().unwrap_or("error");
-        if let Some(tb) = v["error"]["traceback"].as_str().filter(|t| !t.is_empty()) {
+        let Some(ErrorBody { error }) = r.error_body() else {
+            bail!("{} error: {}", r.status, r.text());
+        };
+        let traceback = error.details.get("traceback").and_then(Value::as_str);
+        if let Some(tb) = traceback.filter(|t| !t.is_empty()) {
             eprintln!("{tb}");
         }
-        bail!("{} {code}: {msg}", r.status);
+        bail!("{} {}: {}", r.status, error.code, error.message);
     }
+    let v = r.json();
     if v.is_null() {
         if !r.body.is_empty() {
             println!("{}", r.text());

@@ -1,8 +1,12 @@
-//! The controller's HTTP API: the workers' public API (DESIGN.md §4), so a client cannot tell a
-//! cluster from a single worker, plus the membership endpoints workers push to.
+//! The controller's HTTP edge: the workers' public API (DESIGN.md §4), so a client cannot tell a
+//! cluster from a single worker, plus the membership endpoints workers push to. Routes, request
+//! reading, and the one place where the facade's domain errors become status codes and error
+//! bodies; a worker's own answers pass through unchanged.
 
-use crate::controller::Controller;
+use crate::errors::{InvokeError, PrewarmError, RegisterError, UnregisterError};
+use crate::facade::Controller;
 use crate::forward::Answer;
+use crate::status::ControllerStatus;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -10,12 +14,13 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use hearth_api::StatusReport;
+use hearth_api::{PrewarmAnswer, StatusReport};
 use hearth_service::error::ApiError;
 use hearth_service::http::{
-    accepted, invocation_record, invoke_request, json_error, metrics_response, prewarm_count,
-    registered, registration_request, with_common_endpoints, InvokeQuery,
+    accepted, invocation_record, invoke_request, json_bytes, json_error, metrics_response,
+    prewarm_count, registered, registration_request, with_common_endpoints, InvokeQuery,
 };
+use hearth_service::registry::RegistryError;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -52,7 +57,7 @@ async fn register(
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let (spec, code) = registration_request(&name, body, c.config().max_code_bytes)?;
-    let (reg, created) = c.register(spec, code).await?;
+    let (reg, created) = c.register(spec, code).await.map_err(register_error)?;
     Ok(registered(&reg.spec, created))
 }
 
@@ -63,7 +68,7 @@ async fn list(State(c): State<Arc<Controller>>) -> Json<Value> {
         .into_iter()
         .map(|r| {
             let mut v = json!(*r.spec);
-            v["pool"] = c.sandboxes(&r.spec.name)["pool"].clone();
+            v["pool"] = json!(c.sandboxes(&r.spec.name).pool);
             v
         })
         .collect();
@@ -80,9 +85,9 @@ async fn show(
         .ok_or_else(|| ApiError::unknown_function(&name))?;
     let mut v = json!(*r.spec);
     let s = c.sandboxes(&name);
-    v["pool"] = s["pool"].clone();
-    v["workers"] = s["workers"].clone();
-    v["balancing"] = c.balancing(&name);
+    v["pool"] = json!(s.pool);
+    v["workers"] = json!(s.workers);
+    v["balancing"] = json!(c.balancing(&name));
     Ok(Json(v))
 }
 
@@ -90,7 +95,10 @@ async fn remove(
     State(c): State<Arc<Controller>>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    c.unregister(&name)?;
+    c.unregister(&name).map_err(|e| match e {
+        UnregisterError::UnknownFunction(name) => ApiError::unknown_function(&name),
+        UnregisterError::Registry(e) => registry_error(e),
+    })?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -104,16 +112,96 @@ async fn invoke(
     let result = async {
         let (q, args) = invoke_request(query, body, c.config().max_body_bytes)?;
         if q.is_async {
-            return Ok(accepted(&c.invoke_async(&name, args)?));
+            let id = c.invoke_async(&name, args).map_err(invoke_error)?;
+            return Ok(accepted(&id));
         }
-        Ok(answer(c.invoke(&name, args, t0).await?))
+        match c.invoke(&name, args, t0).await {
+            Ok(answer) => Ok(json_bytes(StatusCode::OK, answer.to_vec())),
+            Err(InvokeError::WorkerAnswer(a)) => Ok(pass_through(a)),
+            Err(e) => Err(invoke_error(e)),
+        }
     }
     .await;
     result.unwrap_or_else(|e: ApiError| e.into_response())
 }
 
+/// The one place a failed invocation becomes an HTTP status and an error body. A worker's own
+/// answer is not an error of ours: the invoke handler passes it on.
+pub fn invoke_error(e: InvokeError) -> ApiError {
+    let message = e.to_string();
+    let unavailable = |code| {
+        let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, message.clone());
+        e.retry_after_s = Some(1);
+        e
+    };
+    match e {
+        InvokeError::ShuttingDown => unavailable("shutting_down"),
+        InvokeError::UnknownFunction(name) => ApiError::unknown_function(&name),
+        InvokeError::NoWorkers => unavailable("no_workers"),
+        InvokeError::Overloaded { .. } | InvokeError::AsyncStoreFull => {
+            ApiError::overloaded(message)
+        }
+        InvokeError::WorkerUnavailable { .. } => unavailable("worker_unavailable"),
+        InvokeError::WorkerFailed { worker, .. } => {
+            let mut e = ApiError::new(StatusCode::BAD_GATEWAY, "worker_failed", message)
+                .with("worker", json!(worker));
+            e.retry_after_s = Some(1);
+            e
+        }
+        InvokeError::WorkerTimeout { .. } => {
+            ApiError::new(StatusCode::GATEWAY_TIMEOUT, "worker_timeout", message)
+        }
+        InvokeError::WorkerRefused { status, .. } => {
+            ApiError::new(worker_status(status), "worker_refused_function", message)
+        }
+        InvokeError::WorkerAnswer(a) => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "internal",
+            format!("the worker's answer (HTTP {}) was not passed on", a.status),
+        ),
+        InvokeError::Internal(m) => ApiError::internal(m),
+    }
+}
+
+/// A status a worker answered with, kept as it is.
+fn worker_status(status: u16) -> StatusCode {
+    StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY)
+}
+
+fn registry_error(e: RegistryError) -> ApiError {
+    match e {
+        RegistryError::BadCode(m) => ApiError::bad_request(m),
+        RegistryError::Storage(m) => ApiError::internal(m),
+    }
+}
+
+fn register_error(e: RegisterError) -> ApiError {
+    match e {
+        RegisterError::Registry(e) => registry_error(e),
+        RegisterError::Packing(m) => ApiError::internal(m),
+    }
+}
+
+fn prewarm_error(e: PrewarmError) -> ApiError {
+    let message = e.to_string();
+    match e {
+        PrewarmError::Invoke(e) => invoke_error(e),
+        PrewarmError::WorkerRefused { status, .. } => {
+            let code = if status == StatusCode::TOO_MANY_REQUESTS.as_u16() {
+                "overloaded"
+            } else {
+                "prewarm_failed"
+            };
+            ApiError::new(worker_status(status), code, message)
+        }
+        PrewarmError::UnreadableAnswer { .. } => {
+            ApiError::new(StatusCode::BAD_GATEWAY, "internal", message)
+        }
+    }
+}
+
 /// A worker's answer, passed through.
-fn answer(a: Answer) -> Response {
+fn pass_through(a: Answer) -> Response {
     let mut resp = (
         a.status,
         [(header::CONTENT_TYPE, "application/json")],
@@ -130,12 +218,15 @@ async fn prewarm(
     State(c): State<Arc<Controller>>,
     Path(name): Path<String>,
     body: Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PrewarmAnswer>, ApiError> {
     let count = prewarm_count(&body)?;
     if count == 0 || count > 1000 {
         return Err(ApiError::bad_request("count must be between 1 and 1000"));
     }
-    c.prewarm(&name, count).await.map(Json)
+    c.prewarm(&name, count)
+        .await
+        .map(Json)
+        .map_err(prewarm_error)
 }
 
 async fn invocation(
@@ -145,12 +236,12 @@ async fn invocation(
     invocation_record(&c.invocations, &id)
 }
 
-async fn status(State(c): State<Arc<Controller>>) -> Json<Value> {
+async fn status(State(c): State<Arc<Controller>>) -> Json<ControllerStatus> {
     Json(c.status())
 }
 
 async fn workers(State(c): State<Arc<Controller>>) -> Json<Value> {
-    Json(json!({ "workers": c.status()["workers"] }))
+    Json(json!({ "workers": c.status().workers }))
 }
 
 /// `PUT /v1/cluster/workers/{id}`: a worker's status push (the first one joins it).
@@ -165,7 +256,8 @@ async fn report(
             "the report's worker differs from the URL's",
         ));
     }
-    c.on_report(report, false)?;
+    c.on_report(report)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok(Json(
         json!({"status_timeout_ms": c.config().status_timeout_ms}),
     ))

@@ -6,6 +6,7 @@
 //! [`ForwardError::TimedOut`]). Only the first kind is ever retried.
 
 use bytes::Bytes;
+use hearth_api::{ErrorBody, ErrorCode};
 use http_body_util::{BodyExt, Full};
 use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, StatusCode};
@@ -19,6 +20,55 @@ pub struct Answer {
     pub status: StatusCode,
     pub retry_after: Option<HeaderValue>,
     pub body: Bytes,
+}
+
+impl Answer {
+    /// A 2xx answer.
+    pub fn is_success(&self) -> bool {
+        self.status.is_success()
+    }
+
+    /// A 200 answer: what a worker sends with an invocation's result.
+    pub fn is_ok(&self) -> bool {
+        self.status == StatusCode::OK
+    }
+
+    /// The worker refused because it is shutting down (503), whatever the body says.
+    pub fn is_unavailable(&self) -> bool {
+        self.status == StatusCode::SERVICE_UNAVAILABLE
+    }
+
+    /// The worker refused because it is overloaded (429).
+    pub fn is_overloaded(&self) -> bool {
+        self.status == StatusCode::TOO_MANY_REQUESTS
+    }
+
+    /// The worker does not have the function (it lost it, e.g. a fresh data directory): 404
+    /// with `unknown_function`.
+    pub fn lost_function(&self) -> bool {
+        self.status == StatusCode::NOT_FOUND
+            && self.error_code() == Some(ErrorCode::UnknownFunction)
+    }
+
+    /// The worker is shutting down: 503 with `shutting_down`.
+    pub fn shutting_down(&self) -> bool {
+        self.is_unavailable() && self.error_code() == Some(ErrorCode::ShuttingDown)
+    }
+
+    fn error_code(&self) -> Option<ErrorCode> {
+        ErrorBody::parse(&self.body).map(|b| b.error.code)
+    }
+
+    /// The message of an error answer, or the start of the body when it is not one.
+    pub fn error_message(&self) -> String {
+        match ErrorBody::parse(&self.body) {
+            Some(b) => b.error.message,
+            None => String::from_utf8_lossy(&self.body)
+                .chars()
+                .take(300)
+                .collect(),
+        }
+    }
 }
 
 /// Why a request to a worker failed.

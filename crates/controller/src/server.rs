@@ -1,7 +1,8 @@
 //! Runs a controller: binds, serves, and shuts down gracefully on SIGTERM or Ctrl-C.
 
 use crate::config::ControllerConfig;
-use crate::controller::{Controller, StartError};
+use crate::errors::StartError;
+use crate::facade::Controller;
 use hearth_service::serving;
 use std::future::Future;
 use std::sync::Arc;

@@ -95,7 +95,7 @@ impl AsyncInvocations {
     pub fn expire(&self, now: Instant) {
         let keep = self.retention;
         self.records
-            .retain(|_, r| r.finished.is_none_or(|t| now.duration_since(t) < keep));
+            .retain(|_, r| r.finished.map_or(true, |t| now.duration_since(t) < keep));
     }
 
     pub fn running(&self) -> usize {

@@ -13,7 +13,7 @@ fn worker_engine(e: &hearth_worker::driver::Engine) -> usize {
 }
 
 /// Accepts only the controller's policy type.
-fn controller_policy(b: &hearth_controller::controller::RoutingPolicy) -> usize {
+fn controller_policy(b: &hearth_controller::driver::RoutingPolicy) -> usize {
     b.workers().live().len()
 }
 

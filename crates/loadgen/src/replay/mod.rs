@@ -10,7 +10,7 @@ pub mod open_loop;
 use crate::error::{LoadgenError, Result};
 use crate::results::{Outcome, ResultRow};
 use bytes::Bytes;
-use serde::Deserialize;
+use hearth_api::{ErrorBody, InvokeAnswer};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,36 +87,6 @@ impl Interrupt {
     }
 }
 
-#[derive(Deserialize)]
-struct Answer {
-    cold: bool,
-    #[serde(default)]
-    cold_reason: Option<String>,
-    #[serde(default)]
-    worker: String,
-    timing: Timing,
-}
-
-#[derive(Deserialize)]
-struct Timing {
-    queue: u64,
-    init: u64,
-    exec: u64,
-    overhead: u64,
-    e2e: u64,
-}
-
-#[derive(Deserialize)]
-struct ErrorAnswer {
-    error: ErrorDetail,
-}
-
-#[derive(Deserialize)]
-struct ErrorDetail {
-    code: String,
-    message: String,
-}
-
 fn us_since(t0: Instant, t: Instant) -> u64 {
     t.saturating_duration_since(t0).as_micros() as u64
 }
@@ -154,10 +124,13 @@ fn result_row(
             row.status = status;
             row.outcome = Outcome::from_status(status);
             if status == 200 {
-                match serde_json::from_slice::<Answer>(&body) {
+                // Not `InvokeAnswer::parse`: the row keeps why an answer was refused.
+                match serde_json::from_slice::<InvokeAnswer>(&body) {
                     Ok(a) => {
                         row.cold = a.cold;
-                        row.cold_reason = a.cold_reason.unwrap_or_default();
+                        row.cold_reason = a
+                            .cold_reason
+                            .map_or_else(String::new, |r| r.as_str().to_string());
                         row.worker = a.worker;
                         row.queue_us = Some(a.timing.queue);
                         row.init_us = Some(a.timing.init);
@@ -171,9 +144,9 @@ fn result_row(
                     }
                 }
             } else {
-                row.error = match serde_json::from_slice::<ErrorAnswer>(&body) {
-                    Ok(a) => format!("{}: {}", a.error.code, a.error.message),
-                    Err(_) => String::from_utf8_lossy(&body).chars().take(200).collect(),
+                row.error = match ErrorBody::parse(&body) {
+                    Some(a) => format!("{}: {}", a.error.code, a.error.message),
+                    None => String::from_utf8_lossy(&body).chars().take(200).collect(),
                 };
             }
         }

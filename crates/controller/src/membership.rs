@@ -1,12 +1,18 @@
 //! The controller's side of membership: where each worker is, which functions it already has,
-//! and a signal that fires when it leaves so that invocations waiting on it end at once.
+//! and a signal that fires when it leaves so that invocations waiting on it end at once; and the
+//! two tasks that keep the ring honest without a push: the status-deadline sweep and the polling
+//! of the config's static workers. Joining and leaving themselves are the [`crate::driver`]'s,
+//! under the policy's lock.
 
+use crate::facade::Controller;
+use bytes::Bytes;
 use dashmap::DashMap;
-use hearth_api::StatusReport;
+use hearth_api::{StatusReport, WorkerStatus};
 use hearth_core::balance::WorkerId;
+use hyper::Method;
 use parking_lot::Mutex;
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// One incarnation of a worker, as the controller knows it.
@@ -96,5 +102,73 @@ impl Member {
 
     pub fn report(&self) -> Option<(StatusReport, Instant)> {
         self.last.lock().clone()
+    }
+}
+
+/// Workers that miss their status deadline leave the ring; expired async records go too.
+pub(crate) async fn sweep(c: Weak<Controller>) {
+    loop {
+        let period = {
+            let Some(c) = c.upgrade() else { return };
+            let timeout_ms = c.config().status_timeout_ms;
+            c.driver().expire(timeout_ms);
+            c.invocations.expire(Instant::now());
+            Duration::from_millis((timeout_ms / 4).clamp(10, 1000))
+        };
+        tokio::time::sleep(period).await;
+    }
+}
+
+/// CPUs of this host: the fallback for a status that does not say.
+fn host_cpus() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
+}
+
+/// Polls a worker from the config's static list; its status stands in for the report it does
+/// not push, and a lower uptime than last time means it restarted (a new incarnation).
+pub(crate) async fn poll_static(c: Weak<Controller>, url: String) {
+    let url = url.trim_end_matches('/').to_string();
+    let mut incarnation = 0u64;
+    let mut last_uptime = 0u64;
+    loop {
+        let Some(ctl) = c.upgrade() else { return };
+        let interval = Duration::from_millis(ctl.config().status_interval_ms);
+        let sent = ctl
+            .forwarder()
+            .send(
+                Method::GET,
+                &url,
+                "/v1/status",
+                Bytes::new(),
+                interval.max(Duration::from_secs(1)),
+            )
+            .await;
+        match sent {
+            Ok(a) if a.is_success() => match serde_json::from_slice::<WorkerStatus>(&a.body) {
+                Ok(status) => {
+                    let uptime = status.uptime_s;
+                    if uptime < last_uptime {
+                        incarnation += 1; // it restarted
+                    }
+                    last_uptime = uptime;
+                    let report = StatusReport::from_status(
+                        &status,
+                        &url,
+                        &format!("static-{incarnation}"),
+                        host_cpus(),
+                    );
+                    if let Err(e) = ctl.driver().on_report(report, true) {
+                        tracing::warn!(%url, error = %e, "unusable status from a static worker");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%url, error = %e, "unreadable status from a static worker");
+                }
+            },
+            Ok(a) => tracing::debug!(%url, status = %a.status, "static worker answered an error"),
+            Err(e) => tracing::debug!(%url, error = %e, "static worker unreachable"),
+        }
+        drop(ctl);
+        tokio::time::sleep(interval).await;
     }
 }

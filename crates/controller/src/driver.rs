@@ -1,0 +1,223 @@
+//! The driver: owns the sans-I/O routing policy ([`RoutingPolicy`]) behind one lock, feeds it
+//! events with the time, and keeps the membership bookkeeping that must change together with it
+//! (the [`Member`] of each worker id), so that no decision ever sees a worker without its address.
+//!
+//! Every call takes the lock once and briefly; nothing here awaits or does I/O. The facade asks it
+//! where to run an invocation and tells it how that ended; the membership tasks and the
+//! cluster endpoints tell it who joined, reported or left.
+
+use crate::errors::ReportError;
+use crate::membership::Member;
+use crate::metrics::{Metrics, PlacementLabel};
+use dashmap::DashMap;
+use hearth_api::StatusReport;
+use hearth_core::balance::{
+    Balancer, Decision, Finished, FunctionInfo, FunctionKey, Rejection, WorkerId,
+};
+use hearth_core::Micros;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The routing policy a controller drives; the simulator drives this same type.
+pub type RoutingPolicy = Balancer;
+
+/// The policy, its clock and the members it routes to.
+pub struct Driver {
+    epoch: Instant,
+    policy: Mutex<RoutingPolicy>,
+    members: DashMap<u32, Arc<Member>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Driver {
+    pub fn new(policy: RoutingPolicy, metrics: Arc<Metrics>) -> Self {
+        Driver {
+            epoch: Instant::now(),
+            policy: Mutex::new(policy),
+            members: DashMap::new(),
+            metrics,
+        }
+    }
+
+    /// Microseconds since start: the policy's clock.
+    pub fn now(&self) -> Micros {
+        self.epoch.elapsed().as_micros() as Micros
+    }
+
+    /// Seconds since start.
+    pub fn uptime_s(&self) -> u64 {
+        self.epoch.elapsed().as_secs()
+    }
+
+    /// Reads the policy under its lock (for status pages: keep `f` short).
+    pub fn read<R>(&self, f: impl FnOnce(&RoutingPolicy) -> R) -> R {
+        f(&self.policy.lock())
+    }
+
+    pub fn member(&self, id: WorkerId) -> Option<Arc<Member>> {
+        self.members.get(&id.0).map(|m| Arc::clone(&m))
+    }
+
+    /// Every member known, up or not.
+    pub fn members(&self) -> Vec<Arc<Member>> {
+        self.members.iter().map(|m| Arc::clone(&m)).collect()
+    }
+
+    // ---- functions ----
+
+    pub fn register(&self, key: FunctionKey, info: FunctionInfo) {
+        self.policy.lock().register(self.now(), key, info);
+    }
+
+    /// Forgets a function in the policy; returns the members that had it registered, which
+    /// forget it too.
+    pub fn unregister(&self, name: &str) -> Vec<Arc<Member>> {
+        self.policy
+            .lock()
+            .unregister(self.now(), FunctionKey::of(name));
+        self.members
+            .iter()
+            .filter(|m| m.forget(name))
+            .map(|m| Arc::clone(&m))
+            .collect()
+    }
+
+    // ---- routing ----
+
+    /// The policy's decision for one invocation. Books the decision's time and placement, or
+    /// the rejection's outcome.
+    pub fn route(&self, key: FunctionKey) -> Result<WorkerId, Rejection> {
+        let t = Instant::now();
+        let decision = self.policy.lock().route(self.now(), key);
+        self.metrics.route.observe(t.elapsed().as_secs_f64());
+        match decision {
+            Decision::Run { worker, how } => {
+                self.metrics
+                    .placements
+                    .get_or_create(&PlacementLabel { how: how.as_str() })
+                    .inc();
+                Ok(worker)
+            }
+            Decision::Reject(r) => {
+                self.metrics.outcome(match r {
+                    Rejection::NoWorkers => "no_workers",
+                    Rejection::Overloaded { .. } => "rejected",
+                });
+                Err(r)
+            }
+        }
+    }
+
+    /// Tells the policy how an invocation routed to `worker` ended.
+    pub fn finished(&self, worker: WorkerId, key: FunctionKey, how: Finished) {
+        self.policy.lock().finished(self.now(), worker, key, how);
+    }
+
+    /// The function's home worker, if it is up.
+    pub fn home(&self, key: FunctionKey) -> Option<WorkerId> {
+        let b = self.policy.lock();
+        b.home(key)
+            .filter(|w| b.workers().get(*w).is_some_and(|s| s.up))
+    }
+
+    /// Live workers' reported loads, for metrics.
+    pub fn loads(&self) -> Vec<(String, f64)> {
+        let b = self.policy.lock();
+        b.workers()
+            .live()
+            .iter()
+            .map(|w| (b.workers().name(*w).to_string(), b.workers().load(*w)))
+            .collect()
+    }
+
+    // ---- membership ----
+
+    /// A status report (a push, or a poll of a static worker): joins or refreshes the worker.
+    /// A report from a new incarnation replaces the member (its functions must be registered
+    /// again); the same incarnation coming back keeps what it has.
+    pub fn on_report(&self, report: StatusReport, is_static: bool) -> Result<(), ReportError> {
+        if report.worker.is_empty() || !report.url.starts_with("http://") {
+            return Err(ReportError::Unusable);
+        }
+        if report.shutting_down {
+            self.leave_named(&report.worker, "it is shutting down", "leave");
+            return Ok(());
+        }
+        let now = self.now();
+        // Under the policy's lock, so that no decision sees the worker without its address.
+        let (member, was_up) = {
+            let mut b = self.policy.lock();
+            let was_up = b
+                .workers()
+                .id(&report.worker)
+                .and_then(|id| b.workers().get(id))
+                .is_some_and(|w| w.up);
+            let id = b.join(now, &report.worker);
+            b.report(now, id, report.load);
+            let existing = self.member(id);
+            let member = match existing {
+                Some(m) if m.same_process(&report) && !m.is_gone() => m,
+                Some(m) if m.same_process(&report) => {
+                    let m = Arc::new(m.rejoined());
+                    self.members.insert(id.0, Arc::clone(&m));
+                    m
+                }
+                old => {
+                    if let Some(old) = old {
+                        old.mark_gone();
+                    }
+                    let m = Arc::new(Member::new(id, &report, is_static));
+                    self.members.insert(id.0, Arc::clone(&m));
+                    m
+                }
+            };
+            (member, was_up)
+        };
+        if !was_up {
+            tracing::info!(worker = %report.worker, url = %report.url, "worker joined");
+            self.metrics.event("join");
+        }
+        member.set_report(report);
+        Ok(())
+    }
+
+    /// A worker says goodbye; false when no live worker has that name.
+    pub fn on_leave(&self, name: &str) -> bool {
+        self.leave_named(name, "it left", "leave")
+    }
+
+    fn leave_named(&self, name: &str, why: &str, event: &'static str) -> bool {
+        let id = self.policy.lock().workers().id(name);
+        id.is_some_and(|id| self.leave(id, why, event))
+    }
+
+    /// Takes a worker out of the ring and ends the invocations waiting on it.
+    pub fn leave(&self, id: WorkerId, why: &str, event: &'static str) -> bool {
+        let left = self.policy.lock().leave(self.now(), id);
+        if let Some(m) = self.members.get(&id.0) {
+            m.mark_gone();
+            if left && event == "leave" {
+                tracing::info!(worker = %m.name, url = %m.url, "worker left the ring: {why}");
+            } else if left {
+                tracing::warn!(worker = %m.name, url = %m.url, "worker left the ring: {why}");
+            }
+        }
+        if left {
+            self.metrics.event(event);
+        }
+        left
+    }
+
+    /// Workers silent for longer than `timeout_ms` leave the ring.
+    pub fn expire(&self, timeout_ms: u64) {
+        let expired = self.policy.lock().expire(self.now(), timeout_ms * 1000);
+        for id in expired {
+            if let Some(m) = self.member(id) {
+                m.mark_gone();
+                tracing::warn!(worker = %m.name, url = %m.url, "worker missed its status deadline ({timeout_ms} ms); it left the ring");
+            }
+            self.metrics.event("expired");
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The controller's domain errors: what can go wrong in each operation, in the facade's terms.
+//! The HTTP edge (`api.rs`) is the one place that turns them into status codes and error bodies.
+
+use crate::forward::Answer;
+use hearth_service::registry::RegistryError;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Errors of [`crate::Controller::start`].
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("data directory {0}: {1}")]
+    DataDir(PathBuf, std::io::Error),
+    #[error("registry: {0}")]
+    Registry(#[from] RegistryError),
+    #[error("{0}")]
+    Balance(#[from] hearth_core::balance::ParamsError),
+}
+
+/// Why an invocation (or an async one's acceptance) did not produce a result here.
+#[derive(Debug, thiserror::Error)]
+pub enum InvokeError {
+    #[error("the controller is shutting down")]
+    ShuttingDown,
+    #[error("function {0:?} is not registered")]
+    UnknownFunction(String),
+    #[error("no worker is available: none has joined, or all have left")]
+    NoWorkers,
+    #[error(
+        "every worker is overloaded: the least-loaded reports a load of {load:.2}, above b_max = \
+         {b_max}"
+    )]
+    Overloaded { load: f64, b_max: f64 },
+    #[error("too many async invocations are pending or kept; retry later")]
+    AsyncStoreFull,
+    /// It provably never started on any worker tried (each reason in order), so it is safe to
+    /// retry.
+    #[error("the invocation could not be delivered (it never started): {}", .why.join("; then "))]
+    WorkerUnavailable { why: Vec<String> },
+    /// The worker failed after the request went out: it may have run, so it is not retried.
+    #[error(
+        "worker {worker} failed during the invocation; it may or may not have run, so it is not \
+         retried: {why}"
+    )]
+    WorkerFailed { worker: String, why: String },
+    /// A slow answer, not a dead worker: the invocation may still be queued or running there.
+    #[error(
+        "worker {worker}: the worker did not answer within {after:?}; the invocation may still \
+         be queued or running there (not retried)"
+    )]
+    WorkerTimeout { worker: String, after: Duration },
+    /// The worker refused the function's registration; `status` is the worker's.
+    #[error("worker {worker} refused to register {function}: {message}")]
+    WorkerRefused {
+        worker: String,
+        function: String,
+        status: u16,
+        message: String,
+    },
+    /// The worker's own answer (an error answer, or a success the controller could not read),
+    /// passed to the client unchanged.
+    #[error("worker answered HTTP {}", .0.status)]
+    WorkerAnswer(Answer),
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// Why a registration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error("{0}")]
+    Registry(#[from] RegistryError),
+    /// Reading and compressing the function's code failed.
+    #[error("{0}")]
+    Packing(String),
+}
+
+/// Why a function could not be deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum UnregisterError {
+    #[error("function {0:?} is not registered")]
+    UnknownFunction(String),
+    #[error("{0}")]
+    Registry(#[from] RegistryError),
+}
+
+/// Why a prewarm started nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum PrewarmError {
+    /// Everything an invocation can fail with before the prewarm request goes out (shutting
+    /// down, unknown function, no or overloaded workers, a failed registration).
+    #[error(transparent)]
+    Invoke(#[from] InvokeError),
+    /// The worker answered the prewarm with an error; `status` is the worker's.
+    #[error("worker {worker}: {message}")]
+    WorkerRefused {
+        worker: String,
+        status: u16,
+        message: String,
+    },
+    /// The worker's success answer was not a prewarm answer.
+    #[error("worker {worker}: the answer was not a Hearth prewarm answer")]
+    UnreadableAnswer { worker: String },
+}
+
+/// Why a status report was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("a status report needs a worker id and an http:// url")]
+    Unusable,
+}

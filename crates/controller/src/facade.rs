@@ -1,0 +1,796 @@
+//! The controller's domain operations: register, delete, invoke (sync and async), prewarm, and
+//! what it tells about itself. Each returns a domain result or a domain error
+//! ([`crate::errors`]); none knows about HTTP status codes. Routing is the [`Driver`]'s.
+//!
+//! Hot path of an invocation: registry lookup → one short lock for the routing decision → (once
+//! per worker and function version) a registration on the worker → one request over a pooled
+//! persistent connection → the worker's answer, with the controller's time added to `timing`.
+//!
+//! Failure semantics (docs/cluster.md): an invocation is sent at most once per attempt. It is
+//! retried once, on the worker the policy picks next, only when it provably never started: the
+//! worker could not be reached (connect failed), refused it while shutting down, or failed while
+//! the function was being registered there. A failure after the request went out is answered
+//! as a failure and never retried, because the function may have run.
+
+use crate::config::ControllerConfig;
+use crate::driver::{Driver, RoutingPolicy};
+use crate::errors::{
+    InvokeError, PrewarmError, RegisterError, ReportError, StartError, UnregisterError,
+};
+use crate::forward::{Answer, ForwardError, Forwarder};
+use crate::membership::{self, Member};
+use crate::metrics::{Metrics, WorkerLabel};
+use crate::status::{
+    Balancing, ControllerStatus, FunctionBalancing, MemoryView, PoolView, SandboxCounts, Sandboxes,
+    WorkerView,
+};
+use bytes::Bytes;
+use dashmap::DashMap;
+use hearth_api::{AsyncOutcome, FunctionSpec, InvokeAnswer, PrewarmAnswer, StatusReport};
+use hearth_core::balance::{Finished, FunctionInfo, FunctionKey, Rejection, WorkerId};
+use hearth_service::in_flight::InFlightTracker;
+use hearth_service::invocations::AsyncInvocations;
+use hearth_service::registry::{CodeSource, Registered, Registry};
+use hearth_service::serving::open_data_dir;
+use hyper::Method;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How one attempt on one worker ended, when it did not produce an answer.
+enum Attempt {
+    /// The invocation provably never started there: try the next worker.
+    NotStarted(String),
+    /// Final: answer this error.
+    Failed(InvokeError),
+}
+
+/// The controller.
+pub struct Controller {
+    config: ControllerConfig,
+    registry: Registry,
+    /// Code of each function version, packed once for registering it on workers.
+    code: DashMap<String, (u64, Arc<Value>)>,
+    driver: Driver,
+    forwarder: Forwarder,
+    pub invocations: AsyncInvocations,
+    pub metrics: Arc<Metrics>,
+    shutting_down: AtomicBool,
+    in_flight: InFlightTracker,
+}
+
+impl Controller {
+    /// Opens the registry, announces its functions to the policy and starts the membership
+    /// tasks (deadline sweep, polling of static workers).
+    pub async fn start(config: ControllerConfig) -> Result<Arc<Self>, StartError> {
+        let data_dir = open_data_dir(&config.data_dir)
+            .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
+        let registry = Registry::open(&data_dir)?;
+        let mut policy = RoutingPolicy::new(config.balance, config.balance_params.clone())?;
+        for r in registry.list() {
+            policy.register(0, FunctionKey::of(&r.spec.name), function_info(&r.spec));
+        }
+        let metrics = Arc::new(Metrics::default());
+        let c = Arc::new(Controller {
+            forwarder: Forwarder::new(Duration::from_millis(config.connect_timeout_ms)),
+            invocations: AsyncInvocations::new(
+                Duration::from_secs(config.async_retention_s),
+                config.async_max_records,
+            ),
+            config,
+            registry,
+            code: DashMap::new(),
+            driver: Driver::new(policy, Arc::clone(&metrics)),
+            metrics,
+            shutting_down: AtomicBool::new(false),
+            in_flight: InFlightTracker::new(),
+        });
+        tokio::spawn(membership::sweep(Arc::downgrade(&c)));
+        for url in c.config.workers.clone() {
+            tokio::spawn(membership::poll_static(Arc::downgrade(&c), url));
+        }
+        Ok(c)
+    }
+
+    pub fn config(&self) -> &ControllerConfig {
+        &self.config
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub(crate) fn driver(&self) -> &Driver {
+        &self.driver
+    }
+
+    pub(crate) fn forwarder(&self) -> &Forwarder {
+        &self.forwarder
+    }
+
+    // ---- membership ----
+
+    /// A worker's status push: joins or refreshes it.
+    pub fn on_report(&self, report: StatusReport) -> Result<(), ReportError> {
+        self.driver.on_report(report, false)
+    }
+
+    /// A worker says goodbye; false when no live worker has that name.
+    pub fn on_leave(&self, name: &str) -> bool {
+        self.driver.on_leave(name)
+    }
+
+    // ---- functions ----
+
+    /// Registers or updates a function; true when it is new.
+    pub async fn register(
+        &self,
+        spec: FunctionSpec,
+        code: Option<CodeSource>,
+    ) -> Result<(Registered, bool), RegisterError> {
+        let (reg, previous) = self.registry.put(spec, code, false)?;
+        if let Some(dir) = reg.code_dir.clone() {
+            let code = pack_code(dir).await?;
+            self.code
+                .insert(reg.spec.name.clone(), (reg.spec.version, code));
+        }
+        if let Some(old) = previous.as_ref().and_then(|p| p.code_dir.as_deref()) {
+            if reg.code_dir.as_deref() != Some(old) {
+                self.registry.remove_code_dir(old);
+            }
+        }
+        self.driver
+            .register(FunctionKey::of(&reg.spec.name), function_info(&reg.spec));
+        Ok((reg, previous.is_none()))
+    }
+
+    /// Deletes a function here and, in the background, on every worker that has it.
+    pub fn unregister(self: &Arc<Self>, name: &str) -> Result<(), UnregisterError> {
+        let removed = self
+            .registry
+            .remove(name)?
+            .ok_or_else(|| UnregisterError::UnknownFunction(name.to_string()))?;
+        self.code.remove(name);
+        if let Some(dir) = &removed.code_dir {
+            self.registry.remove_code_dir(dir);
+        }
+        let holders = self.driver.unregister(name);
+        let me = Arc::clone(self);
+        let path = format!("/v1/functions/{name}");
+        tokio::spawn(async move {
+            for m in holders {
+                let res = me
+                    .forwarder
+                    .send(
+                        Method::DELETE,
+                        &m.url,
+                        &path,
+                        Bytes::new(),
+                        Duration::from_secs(10),
+                    )
+                    .await;
+                if let Err(e) = res {
+                    tracing::warn!(worker = %m.name, error = %e, "could not delete the function on the worker");
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// The code to send along with a registration on a worker.
+    async fn code_for(&self, reg: &Registered) -> Result<Option<Arc<Value>>, RegisterError> {
+        if let Some(c) = self.code.get(&reg.spec.name) {
+            if c.0 == reg.spec.version {
+                return Ok(Some(Arc::clone(&c.1)));
+            }
+        }
+        let Some(dir) = reg.code_dir.clone() else {
+            return Ok(None);
+        };
+        let code = pack_code(dir).await?;
+        self.code
+            .insert(reg.spec.name.clone(), (reg.spec.version, Arc::clone(&code)));
+        Ok(Some(code))
+    }
+
+    /// Registers the function's current version on `m` unless it already has it.
+    async fn ensure_registered(&self, m: &Member, reg: &Registered) -> Result<(), Attempt> {
+        let (name, version) = (&reg.spec.name, reg.spec.version);
+        if m.has(name, version) {
+            return Ok(());
+        }
+        let _one_at_a_time = m.registering.lock().await;
+        if m.has(name, version) {
+            return Ok(());
+        }
+        // The registration request: the spec without the controller's version, plus the code.
+        let mut body = json!(*reg.spec);
+        if let Some(obj) = body.as_object_mut() {
+            obj.remove("version");
+            let code = self
+                .code_for(reg)
+                .await
+                .map_err(|e| Attempt::Failed(InvokeError::Internal(e.to_string())))?;
+            if let Some(code) = code {
+                obj.insert("code".into(), (*code).clone());
+            }
+        }
+        let body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+        let path = format!("/v1/functions/{name}");
+        let sent = self
+            .forwarder
+            .send(Method::PUT, &m.url, &path, body, Duration::from_secs(60))
+            .await;
+        match sent {
+            Ok(a) if a.is_success() => {
+                m.registered_as(name, version);
+                tracing::debug!(worker = %m.name, function = %name, version, "registered on worker");
+                Ok(())
+            }
+            Ok(a) if a.is_unavailable() => Err(Attempt::NotStarted(format!(
+                "worker {} is shutting down",
+                m.name
+            ))),
+            Ok(a) => Err(Attempt::Failed(InvokeError::WorkerRefused {
+                worker: m.name.clone(),
+                function: name.clone(),
+                status: a.status.as_u16(),
+                message: a.error_message(),
+            })),
+            // A failed registration never started the invocation.
+            Err(e) => Err(Attempt::NotStarted(format!(
+                "registering {name} on worker {}: {e}",
+                m.name
+            ))),
+        }
+    }
+
+    // ---- invocations ----
+
+    /// One invocation of `name` with JSON `args`; `t0` is when the request arrived. A worker's
+    /// error answer comes back as [`InvokeError::WorkerAnswer`], to be passed on unchanged.
+    pub async fn invoke(
+        &self,
+        name: &str,
+        args: Bytes,
+        t0: Instant,
+    ) -> Result<InvokeAnswer, InvokeError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(InvokeError::ShuttingDown);
+        }
+        let _guard = self.in_flight.enter();
+        let reg = self
+            .registry
+            .get(name)
+            .ok_or_else(|| InvokeError::UnknownFunction(name.to_string()))?;
+        let key = FunctionKey::of(name);
+        let timeout = Duration::from_millis(reg.spec.timeout_ms + self.config.forward_grace_ms);
+        let mut not_started = Vec::new();
+        for _attempt in 0..2 {
+            let worker = self.route(key)?;
+            let Some(m) = self.driver.member(worker) else {
+                self.driver.finished(worker, key, Finished::Failed);
+                self.driver
+                    .leave(worker, "its address is unknown", "failed");
+                continue;
+            };
+            match self.attempt(&m, &reg, args.clone(), timeout).await {
+                Ok(answer) => return self.answered(worker, key, answer, t0),
+                Err(Attempt::NotStarted(why)) => {
+                    self.driver.finished(worker, key, Finished::Failed);
+                    self.driver.leave(worker, &why, "failed");
+                    not_started.push(why);
+                }
+                Err(Attempt::Failed(e)) => {
+                    self.driver.finished(worker, key, Finished::Failed);
+                    self.metrics.outcome(match e {
+                        InvokeError::WorkerTimeout { .. } => "worker_timeout",
+                        _ => "worker_failed",
+                    });
+                    return Err(e);
+                }
+            }
+        }
+        self.metrics.outcome("worker_failed");
+        Err(InvokeError::WorkerUnavailable { why: not_started })
+    }
+
+    /// The policy's decision, as a worker or the error to answer.
+    fn route(&self, key: FunctionKey) -> Result<WorkerId, InvokeError> {
+        self.driver.route(key).map_err(|r| match r {
+            Rejection::NoWorkers => InvokeError::NoWorkers,
+            Rejection::Overloaded { load, b_max } => InvokeError::Overloaded { load, b_max },
+        })
+    }
+
+    /// One attempt on one worker: register if needed, forward, and tell apart what may have run.
+    async fn attempt(
+        &self,
+        m: &Member,
+        reg: &Registered,
+        args: Bytes,
+        timeout: Duration,
+    ) -> Result<Answer, Attempt> {
+        let name = &reg.spec.name;
+        let path = format!("/v1/functions/{name}/invoke");
+        let failed = |why: &str| {
+            Attempt::Failed(InvokeError::WorkerFailed {
+                worker: m.name.clone(),
+                why: why.to_string(),
+            })
+        };
+        for _ in 0..2 {
+            self.ensure_registered(m, reg).await?;
+            if m.is_gone() {
+                return Err(Attempt::NotStarted(format!(
+                    "worker {} left the cluster",
+                    m.name
+                )));
+            }
+            let sent = tokio::select! {
+                biased;
+                r = self.forwarder.send(Method::POST, &m.url, &path, args.clone(), timeout) => r,
+                _ = m.gone() => {
+                    return Err(failed("it left the cluster (missed status deadlines or failed) while running the invocation"));
+                }
+            };
+            let answer = match sent {
+                Ok(a) => a,
+                Err(ForwardError::NotStarted(e)) => return Err(Attempt::NotStarted(e)),
+                Err(e @ ForwardError::MaybeStarted(_)) => {
+                    self.driver.leave(m.id, &e.to_string(), "failed");
+                    return Err(failed(&e.to_string()));
+                }
+                // A slow answer is not a dead worker: one whose queue holds the invocation past
+                // the deadline still pushes status, and ejecting it would fail everything else
+                // running there. Liveness is the status deadline's job.
+                Err(ForwardError::TimedOut(after)) => {
+                    return Err(Attempt::Failed(InvokeError::WorkerTimeout {
+                        worker: m.name.clone(),
+                        after,
+                    }));
+                }
+            };
+            if answer.lost_function() {
+                // The worker lost the function (e.g. a fresh data directory): it did not run.
+                m.forget(name);
+                continue;
+            }
+            if answer.shutting_down() {
+                return Err(Attempt::NotStarted(format!(
+                    "worker {} is shutting down",
+                    m.name
+                )));
+            }
+            return Ok(answer);
+        }
+        Err(Attempt::Failed(InvokeError::Internal(format!(
+            "worker {} keeps losing function {name}",
+            m.name
+        ))))
+    }
+
+    /// Books a worker's answer; a success gets the controller's time added, anything else is
+    /// passed on unchanged.
+    fn answered(
+        &self,
+        worker: WorkerId,
+        key: FunctionKey,
+        a: Answer,
+        t0: Instant,
+    ) -> Result<InvokeAnswer, InvokeError> {
+        if !a.is_ok() {
+            self.driver.finished(worker, key, Finished::Failed);
+            self.metrics.outcome("error");
+            return Err(InvokeError::WorkerAnswer(a));
+        }
+        let total = t0.elapsed().as_micros() as u64;
+        let timed = with_controller_time(&a.body, total);
+        let how = match &timed {
+            Some((_, ran)) => {
+                self.metrics
+                    .overhead
+                    .observe(total.saturating_sub(ran.e2e_us) as f64 / 1e6);
+                ran.finished()
+            }
+            None => Finished::Failed,
+        };
+        self.driver.finished(worker, key, how);
+        self.metrics.outcome("ok");
+        if let Some(m) = self.driver.member(worker) {
+            self.metrics
+                .forwarded
+                .get_or_create(&WorkerLabel {
+                    worker: m.name.clone(),
+                })
+                .inc();
+        }
+        match timed {
+            Some((answer, _)) => Ok(answer),
+            // A 200 that is not an invocation answer: passed on as the worker sent it.
+            None => Err(InvokeError::WorkerAnswer(a)),
+        }
+    }
+
+    /// Accepts an async invocation: its id, with the outcome kept in [`Self::invocations`].
+    pub fn invoke_async(self: &Arc<Self>, name: &str, args: Bytes) -> Result<String, InvokeError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(InvokeError::ShuttingDown);
+        }
+        if self.registry.get(name).is_none() {
+            return Err(InvokeError::UnknownFunction(name.to_string()));
+        }
+        let id = self
+            .invocations
+            .start(name)
+            .ok_or(InvokeError::AsyncStoreFull)?;
+        let me = Arc::clone(self);
+        let (name, task_id) = (name.to_string(), id.clone());
+        tokio::spawn(async move {
+            let record = Record {
+                c: &me,
+                id: &task_id,
+                done: false,
+            };
+            let result = me.invoke(&name, args, Instant::now()).await;
+            record.finish(result);
+        });
+        Ok(id)
+    }
+
+    /// Starts `count` sandboxes of `name` on the worker its invocations would go to.
+    pub async fn prewarm(&self, name: &str, count: u32) -> Result<PrewarmAnswer, PrewarmError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(InvokeError::ShuttingDown.into());
+        }
+        let reg = self
+            .registry
+            .get(name)
+            .ok_or_else(|| InvokeError::UnknownFunction(name.to_string()))?;
+        let key = FunctionKey::of(name);
+        let worker = match self.driver.home(key) {
+            Some(w) => w,
+            None => {
+                let w = self.route(key)?;
+                self.driver.finished(w, key, Finished::Failed);
+                w
+            }
+        };
+        let m = self
+            .driver
+            .member(worker)
+            .ok_or_else(|| InvokeError::Internal("the chosen worker has no address".to_string()))?;
+        let failed = |why: String| InvokeError::WorkerFailed {
+            worker: m.name.clone(),
+            why,
+        };
+        self.ensure_registered(&m, &reg)
+            .await
+            .map_err(|e| match e {
+                Attempt::Failed(e) => e,
+                Attempt::NotStarted(why) => failed(why),
+            })?;
+        let body = Bytes::from(json!({ "count": count }).to_string());
+        let timeout = Duration::from_millis(reg.spec.timeout_ms.max(60_000));
+        let path = format!("/v1/functions/{name}/prewarm");
+        let a = self
+            .forwarder
+            .send(Method::POST, &m.url, &path, body, timeout)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        if !a.is_success() {
+            return Err(PrewarmError::WorkerRefused {
+                worker: m.name.clone(),
+                status: a.status.as_u16(),
+                message: a.error_message(),
+            });
+        }
+        let mut answer: PrewarmAnswer =
+            serde_json::from_slice(&a.body).map_err(|_| PrewarmError::UnreadableAnswer {
+                worker: m.name.clone(),
+            })?;
+        answer.worker = Some(m.name.clone());
+        Ok(answer)
+    }
+
+    // ---- status ----
+
+    /// Sandboxes of `name` per worker, from the last reports.
+    pub fn sandboxes(&self, name: &str) -> Sandboxes {
+        let mut s = Sandboxes {
+            pool: SandboxCounts::default(),
+            workers: BTreeMap::new(),
+        };
+        for m in self.driver.members() {
+            if let Some((r, _)) = m.report() {
+                if let Some(f) = r.functions.get(name) {
+                    s.pool.add(f);
+                    s.workers.insert(m.name.clone(), *f);
+                }
+            }
+        }
+        s
+    }
+
+    /// What the policy knows about a function.
+    pub fn balancing(&self, name: &str) -> Balancing {
+        let key = FunctionKey::of(name);
+        let now = self.driver.now();
+        self.driver.read(|b| {
+            let p = b.params();
+            Balancing {
+                home: b.home(key).map(|w| b.workers().name(w).to_string()),
+                function: b.function(key).map(|f| FunctionBalancing {
+                    popular: b.is_popular(now, key),
+                    priority: f.priority,
+                    warm_us: f.warm_us.get().map(|v| v.round()),
+                    cold_us: f.cold_us.get().map(|v| v.round()),
+                    load_bound: f.bound(p.b, p.b_max),
+                }),
+            }
+        })
+    }
+
+    /// `GET /v1/status`.
+    pub fn status(&self) -> ControllerStatus {
+        let members = self.driver.members();
+        self.driver.read(|b| {
+            let workers: Vec<WorkerView> = members
+                .iter()
+                .map(|m| {
+                    let state = b.workers().get(m.id);
+                    let report = m.report();
+                    WorkerView {
+                        worker: m.name.clone(),
+                        url: m.url.clone(),
+                        up: state.is_some_and(|s| s.up),
+                        is_static: m.is_static,
+                        load: state.map(|s| s.report.load),
+                        queue_len: state.map(|s| s.report.queue_len),
+                        running: state.map(|s| s.report.running),
+                        free_mb: state.map(|s| s.report.free_mb),
+                        in_flight: state.map(|s| s.in_flight),
+                        backend: report.as_ref().map(|r| r.0.backend.clone()),
+                        cpus: report.as_ref().map(|r| r.0.cpus),
+                        last_report_ms_ago: report
+                            .as_ref()
+                            .map(|r| r.1.elapsed().as_millis() as u64),
+                    }
+                })
+                .collect();
+            let mut backends: Vec<String> = workers
+                .iter()
+                .filter(|w| w.up)
+                .filter_map(|w| w.backend.clone())
+                .collect();
+            backends.sort();
+            backends.dedup();
+            let backend = match backends.len() {
+                0 => "none".to_string(),
+                1 => backends.remove(0),
+                _ => "mixed".to_string(),
+            };
+            let pools = b
+                .pools()
+                .iter()
+                .map(|p| PoolView {
+                    level: p.level,
+                    b_max: p.b_max,
+                    workers: p
+                        .members
+                        .iter()
+                        .map(|w| b.workers().name(*w).to_string())
+                        .collect(),
+                })
+                .collect();
+            let mut functions: BTreeMap<String, SandboxCounts> = BTreeMap::new();
+            let mut free_mb = 0u64;
+            for m in &members {
+                if !b.workers().get(m.id).is_some_and(|s| s.up) {
+                    continue;
+                }
+                if let Some((r, _)) = m.report() {
+                    free_mb += r.load.free_mb;
+                    for (name, f) in &r.functions {
+                        functions.entry(name.clone()).or_default().add(f);
+                    }
+                }
+            }
+            let threshold = b.popularity_threshold();
+            ControllerStatus {
+                role: "controller",
+                backend,
+                uptime_s: self.driver.uptime_s(),
+                shutting_down: self.shutting_down.load(Ordering::Acquire),
+                in_flight: self.in_flight.count(),
+                async_running: self.invocations.running(),
+                balance: b.kind().as_str(),
+                balance_params: b.params().clone(),
+                popularity_threshold: threshold.is_finite().then_some(threshold),
+                workers_up: b.workers().live().len(),
+                workers,
+                pools,
+                memory: MemoryView { free_mb },
+                functions,
+            }
+        })
+    }
+
+    /// Live workers' reported loads, for metrics.
+    pub fn loads(&self) -> Vec<(String, f64)> {
+        self.driver.loads()
+    }
+
+    // ---- shutdown ----
+
+    /// New invocations are refused from now on.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+    }
+
+    /// Waits up to `grace` for in-flight invocations (sync and async) to finish.
+    pub async fn drain(&self, grace: Duration) {
+        self.begin_shutdown();
+        let deadline = tokio::time::Instant::now() + grace;
+        if !self.in_flight.wait_idle(deadline).await {
+            tracing::warn!(
+                in_flight = self.in_flight.count(),
+                "grace period over with invocations still running"
+            );
+        }
+    }
+}
+
+/// What the policy is told about a function at registration: its priority and, for `sim`
+/// functions, the cold and warm times the spec declares.
+fn function_info(spec: &FunctionSpec) -> FunctionInfo {
+    let us = |v: f64| (v > 0.0).then_some((v * 1000.0) as u64);
+    FunctionInfo {
+        priority: spec.priority,
+        warm_us: us(spec.sim_warm_ms),
+        cold_us: us(spec.sim_cold_ms).map(|c| c + us(spec.sim_warm_ms).unwrap_or(0)),
+    }
+}
+
+/// A function's code directory packed as the `code` of a registration on a worker (off the
+/// async threads: it reads and compresses files).
+async fn pack_code(dir: PathBuf) -> Result<Arc<Value>, RegisterError> {
+    let packed =
+        tokio::task::spawn_blocking(move || hearth_service::archive::pack_dir_base64(&dir))
+            .await
+            .map_err(|e| RegisterError::Packing(e.to_string()))?
+            .map_err(|e| RegisterError::Packing(format!("packing the code: {e}")))?;
+    Ok(Arc::new(json!({ "archive": packed })))
+}
+
+/// How an invocation ran at the worker, as its answer says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ran {
+    cold: bool,
+    /// The worker's own end-to-end time.
+    e2e_us: u64,
+}
+
+impl Ran {
+    /// What the policy learns from it.
+    fn finished(self) -> Finished {
+        let e2e_us = self.e2e_us;
+        if self.cold {
+            Finished::Cold { e2e_us }
+        } else {
+            Finished::Warm { e2e_us }
+        }
+    }
+}
+
+/// A worker's success answer with the controller's share of `total_us` (the end-to-end time
+/// here) added to its timing, and how it ran there. None when the body is not an invocation
+/// answer.
+fn with_controller_time(body: &[u8], total_us: u64) -> Option<(InvokeAnswer, Ran)> {
+    let mut answer = InvokeAnswer::parse(body)?;
+    let ran = Ran {
+        cold: answer.cold,
+        e2e_us: answer.timing.e2e,
+    };
+    answer.timing.add_controller(total_us);
+    Some((answer, ran))
+}
+
+/// An accepted async invocation's record: always finished, with an error if its task ends
+/// without an answer (so no accepted invocation is ever lost without a record).
+struct Record<'a> {
+    c: &'a Controller,
+    id: &'a str,
+    done: bool,
+}
+
+impl Record<'_> {
+    fn finish(mut self, result: Result<InvokeAnswer, InvokeError>) {
+        match result {
+            Ok(answer) => self
+                .c
+                .invocations
+                .finish(self.id, AsyncOutcome::Succeeded(answer)),
+            // The worker's own answer is kept as it came.
+            Err(InvokeError::WorkerAnswer(a)) => {
+                self.c
+                    .invocations
+                    .finish_answer(self.id, a.status.as_u16(), &a.body)
+            }
+            Err(e) => self.c.invocations.finish(self.id, failed(e)),
+        }
+        self.done = true;
+    }
+}
+
+impl Drop for Record<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let e = InvokeError::Internal("the invocation ended without an answer".to_string());
+            self.c.invocations.finish(self.id, failed(e));
+        }
+    }
+}
+
+/// The outcome an error of the controller's own leaves in an async record: what a synchronous
+/// call would have been answered (the HTTP edge decides that).
+fn failed(e: InvokeError) -> AsyncOutcome {
+    let e = crate::api::invoke_error(e);
+    AsyncOutcome::Failed {
+        http_status: e.status.as_u16(),
+        error: e.error_body(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BODY: &[u8] = br#"{"result":{"timing":{"e2e":1},"cold":true},"cold":false,"worker":"w","timing":{"queue":0,"init":0,"exec":1000,"overhead":40,"e2e":1040}}"#;
+
+    #[test]
+    fn controller_time_is_added_to_overhead_and_e2e() {
+        let (answer, ran) = with_controller_time(BODY, 1100).unwrap();
+        assert_eq!(
+            ran,
+            Ran {
+                cold: false,
+                e2e_us: 1040
+            }
+        );
+        let v: Value = serde_json::from_slice(&answer.to_vec()).unwrap();
+        assert_eq!(v["timing"]["controller"], 60);
+        assert_eq!(v["timing"]["overhead"], 100);
+        assert_eq!(v["timing"]["e2e"], 1100);
+        assert_eq!(v["timing"]["exec"], 1000);
+        assert_eq!(v["worker"], "w");
+    }
+
+    #[test]
+    fn the_result_is_untouched_even_when_it_mimics_the_answer() {
+        let (answer, ran) = with_controller_time(BODY, 1100).unwrap();
+        assert_eq!(answer.result.get(), r#"{"timing":{"e2e":1},"cold":true}"#);
+        assert!(!ran.cold, "the answer's own flag, not the result's");
+        let v: Value = serde_json::from_slice(&answer.to_vec()).unwrap();
+        assert_eq!(v["result"]["cold"], true, "the result is untouched");
+        assert_eq!(v["result"]["timing"]["e2e"], 1);
+    }
+
+    #[test]
+    fn a_cold_answer_is_booked_cold_with_the_workers_time() {
+        let body = String::from_utf8(BODY.to_vec())
+            .unwrap()
+            .replace(r#""cold":false"#, r#""cold":true"#);
+        let (_, ran) = with_controller_time(body.as_bytes(), 2000).unwrap();
+        assert!(matches!(ran.finished(), Finished::Cold { e2e_us: 1040 }));
+    }
+
+    #[test]
+    fn what_is_not_a_success_answer_is_not_read() {
+        assert!(with_controller_time(br#"{"error":{"code":"x","message":"y"}}"#, 1).is_none());
+        assert!(with_controller_time(b"not json", 1).is_none());
+    }
+}
