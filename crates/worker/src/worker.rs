@@ -19,9 +19,8 @@ use axum::http::StatusCode;
 use bytes::Bytes;
 use dashmap::DashMap;
 use hearth_core::{
-    Admission, Arrival, ColdReason, Completion, EngineAction, EngineConfig, EngineStats,
-    FunctionSpec, InvocationId, LoadSource, Micros, PoolConfig, Reject, Run, SandboxId,
-    WorkerEngine,
+    Arrival, ColdReason, Completion, EngineAction, EngineConfig, EngineStats, FunctionSpec,
+    InvocationId, LoadSource, Micros, PoolConfig, Reject, Run, SandboxId, WorkerEngine,
 };
 use parking_lot::Mutex;
 use serde_json::json;
@@ -197,6 +196,13 @@ impl Worker {
 
     /// Carries out the engine's actions. Called with the state locked, right after every event.
     fn drain(&self, st: &mut EngineState) {
+        let _none = self.drain_for(st, None);
+    }
+
+    /// [`Self::drain`], but the Run or Reject of `mine` (the invocation being admitted, which
+    /// has no waiter) is returned to the caller instead of sent.
+    fn drain_for(&self, st: &mut EngineState, mine: Option<InvocationId>) -> Option<Dispatch> {
+        let mut own = None;
         while let Some(action) = st.engine.poll_action() {
             match action {
                 EngineAction::Run(run) => {
@@ -204,6 +210,10 @@ impl Worker {
                         None => st.parked.remove(&run.sandbox),
                         Some(_) => None,
                     };
+                    if mine == Some(run.invocation) {
+                        own = Some(Dispatch::Run(run, sandbox));
+                        continue;
+                    }
                     let waiter = st.waiters.remove(&run.invocation);
                     let undelivered = match waiter {
                         Some(tx) => tx.send(Dispatch::Run(run, sandbox)).err(),
@@ -218,6 +228,10 @@ impl Worker {
                     }
                 }
                 EngineAction::Reject { invocation, reason } => {
+                    if mine == Some(invocation) {
+                        own = Some(Dispatch::Rejected(reason));
+                        continue;
+                    }
                     if let Some(tx) = st.waiters.remove(&invocation) {
                         let _ = tx.send(Dispatch::Rejected(reason));
                     }
@@ -239,6 +253,7 @@ impl Worker {
                 }
             }
         }
+        own
     }
 
     /// Reports the end of a run and hands its sandbox back.
@@ -254,10 +269,10 @@ impl Worker {
 
     /// Admission: runs at once, waits in the queue, or is refused.
     async fn admit(&self, spec: &FunctionSpec) -> Result<(Run, Option<Sandbox>), ApiError> {
-        let (admission, rx) = {
+        let (id, admission, rx) = {
             let now = self.now();
             let mut st = self.state.lock();
-            let a = st.engine.on_invocation(
+            let id = st.engine.on_invocation(
                 now,
                 Arrival {
                     function: &spec.name,
@@ -265,44 +280,32 @@ impl Worker {
                     deadline_us: spec.deadline_ms.map(|d| d * 1000),
                 },
             );
-            let rx = match &a {
-                Admission::Queued(id) => {
-                    let (tx, rx) = oneshot::channel();
-                    st.waiters.insert(*id, tx);
-                    Some(rx)
-                }
-                _ => None,
-            };
-            let out = match a {
-                Admission::Run(run) => {
-                    let sb = match run.cold {
-                        None => st.parked.remove(&run.sandbox),
-                        Some(_) => None,
-                    };
-                    Ok((run, sb))
-                }
-                Admission::Queued(id) => Err(Ok(id)),
-                Admission::Rejected(_, reason) => Err(Err(reason)),
-            };
-            self.drain(&mut st);
-            (out, rx)
+            let admission = self.drain_for(&mut st, Some(id));
+            // No Run or Reject for it: it is queued. Its waiter is registered under the same
+            // lock, before any later event can dispatch it.
+            let rx = admission.is_none().then(|| {
+                let (tx, rx) = oneshot::channel();
+                st.waiters.insert(id, tx);
+                rx
+            });
+            (id, admission, rx)
         };
-        match (admission, rx) {
-            (Ok(run), _) => Ok(run),
-            (Err(Err(reason)), _) => Err(self.rejected(&spec.name, reason)),
-            (Err(Ok(id)), Some(rx)) => {
+        let dispatch = match (admission, rx) {
+            (Some(d), _) => Some(d),
+            (None, Some(rx)) => {
                 let mut wait = QueueWait {
                     worker: self,
                     id,
                     rx: Some(rx),
                 };
-                match wait.wait().await {
-                    Some(Dispatch::Run(run, sb)) => Ok((run, sb)),
-                    Some(Dispatch::Rejected(reason)) => Err(self.rejected(&spec.name, reason)),
-                    None => Err(ApiError::internal("the queue dropped an invocation")),
-                }
+                wait.wait().await
             }
-            (Err(Ok(_)), None) => Err(ApiError::internal("queued without a waiter")),
+            (None, None) => None,
+        };
+        match dispatch {
+            Some(Dispatch::Run(run, sb)) => Ok((run, sb)),
+            Some(Dispatch::Rejected(reason)) => Err(self.rejected(&spec.name, reason)),
+            None => Err(ApiError::internal("the queue dropped an invocation")),
         }
     }
 
