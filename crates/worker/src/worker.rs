@@ -196,7 +196,7 @@ impl Worker {
 
     /// Carries out the engine's actions. Called with the state locked, right after every event.
     fn drain(&self, st: &mut EngineState) {
-        let _none = self.drain_for(st, None);
+        self.drain_for(st, None);
     }
 
     /// [`Self::drain`], but the Run or Reject of `mine` (the invocation being admitted, which
