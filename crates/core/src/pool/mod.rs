@@ -583,6 +583,119 @@ impl SandboxPool {
         }
     }
 
+    /// Idle (warm) sandboxes, in no particular order. For tests and property checks.
+    #[doc(hidden)]
+    pub fn idle_sandboxes(&self) -> Vec<SandboxId> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| s.state == State::Idle)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Whether `id` belongs to a retired function version (it is destroyed, never reused, when
+    /// it finishes); `None` for an unknown sandbox. For tests and property checks.
+    #[doc(hidden)]
+    pub fn is_retired(&self, id: SandboxId) -> Option<bool> {
+        self.slots.get(&id).map(|s| s.doomed)
+    }
+
+    /// Checks the pool's internal consistency (memory accounting, the idle sets, per-function
+    /// counts, the eviction and expiry indexes); O(sandboxes). For tests and property checks.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let (mut running, mut warm) = (0, 0);
+        let mut counts: HashMap<FnId, (usize, u32, u32)> = HashMap::new();
+        for (id, s) in &self.slots {
+            let c = counts.entry(s.function).or_default();
+            match s.state {
+                State::Idle => {
+                    warm += s.memory_mb;
+                    if s.doomed {
+                        return Err(format!("{id} is idle but retired"));
+                    }
+                    c.0 += 1;
+                    let listed = self
+                        .functions
+                        .get(&s.function)
+                        .is_some_and(|e| e.idle.contains(id));
+                    if !listed {
+                        return Err(format!("{id} is idle but not in its function's idle set"));
+                    }
+                    if let Some(d) = s.deadline {
+                        if !self.expiry.contains(&(d, *id)) {
+                            return Err(format!("{id}'s deadline is not in the expiry index"));
+                        }
+                    }
+                }
+                State::Busy | State::Starting => {
+                    running += s.memory_mb;
+                    if s.deadline.is_some() {
+                        return Err(format!("{id} is {:?} with a deadline", s.state));
+                    }
+                    if !s.doomed {
+                        if s.state == State::Busy {
+                            c.1 += 1;
+                        } else {
+                            c.2 += 1;
+                        }
+                    }
+                }
+            }
+        }
+        if (running, warm) != (self.used_running_mb, self.used_warm_mb) {
+            return Err(format!(
+                "memory accounting: counted running {running} warm {warm}, kept {} and {}",
+                self.used_running_mb, self.used_warm_mb
+            ));
+        }
+        if running + warm > self.config.memory_budget_mb {
+            return Err(format!(
+                "over budget: {running} + {warm} > {}",
+                self.config.memory_budget_mb
+            ));
+        }
+        for (fid, e) in &self.functions {
+            let (idle, busy, starting) = counts.get(fid).copied().unwrap_or_default();
+            if (e.idle.len(), e.busy, e.starting) != (idle, busy, starting) {
+                return Err(format!(
+                    "function {}: kept idle/busy/starting {}/{}/{}, counted {idle}/{busy}/{starting}",
+                    self.names[fid.0 as usize],
+                    e.idle.len(),
+                    e.busy,
+                    e.starting
+                ));
+            }
+            match e.evict_key {
+                Some(k) if !self.evict_index.contains(&k) || e.idle.is_empty() => {
+                    return Err(format!("function {} has a stale eviction key", fid.0));
+                }
+                None if !e.idle.is_empty() => {
+                    return Err(format!(
+                        "function {} is idle but not in the eviction index",
+                        fid.0
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if self.evict_index.len()
+            != self
+                .functions
+                .values()
+                .filter(|e| !e.idle.is_empty())
+                .count()
+        {
+            return Err("the eviction index has entries of no idle function".into());
+        }
+        for (_, id) in &self.expiry {
+            if self.slots.get(id).is_none_or(|s| s.state != State::Idle) {
+                return Err(format!("{id} is in the expiry index but not idle"));
+            }
+        }
+        Ok(())
+    }
+
     /// Landlord's remaining credit of `function`'s idle sandboxes (ms of init cost), for tests
     /// and status pages.
     pub fn credit(&self, function: &str) -> Option<f64> {
