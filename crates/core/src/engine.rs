@@ -2,10 +2,15 @@
 //! characteristics and the sandbox pool, glued into one sans-I/O state machine (DESIGN.md §1).
 //!
 //! The real worker and the discrete-event simulator drive the same engine: events in, each with
-//! the time; [`EngineAction`]s out. An arriving invocation learns its fate at once
-//! ([`Admission`]): it runs now (fast path: empty queue and room under the limit, or a bypass),
-//! waits in the queue, or is rejected. Queued invocations are started later by
-//! [`EngineAction::Run`] when a completion, a higher limit or freed memory lets them.
+//! the time; [`EngineAction`]s out of [`WorkerEngine::poll_action`], the one exit for decisions
+//! (the whole driver loop is in the crate docs). [`WorkerEngine::on_invocation`] returns the
+//! arriving invocation's id; its [`EngineAction::Run`] or [`EngineAction::Reject`] comes out
+//! first among the actions that call queued, or nothing comes for it and it waits in the queue.
+//! Queued invocations are started later by [`EngineAction::Run`] when a completion, a higher
+//! limit or freed memory lets them, or rejected (no memory will ever come, shutdown).
+//!
+//! Every invocation the engine gave an id gets exactly one Run or Reject over its life, unless
+//! its caller cancels it while queued ([`WorkerEngine::on_cancel`]).
 
 use crate::bypass::BypassConfig;
 use crate::characteristics::{Characteristics, CharacteristicsReport};
@@ -92,20 +97,13 @@ pub enum Reject {
     ShuttingDown,
 }
 
-/// What happens to an arriving invocation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Admission {
-    Run(Run),
-    Queued(InvocationId),
-    Rejected(InvocationId, Reject),
-}
-
-/// An action for the driver.
+/// An action for the driver: the engine's one exit for decisions.
+#[must_use]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineAction {
-    /// A queued invocation may start.
+    /// An invocation (arriving or queued) may start.
     Run(Run),
-    /// A queued invocation will never run.
+    /// An invocation (arriving or queued) will never run.
     Reject {
         invocation: InvocationId,
         reason: Reject,
@@ -205,13 +203,34 @@ impl WorkerEngine {
         }
     }
 
-    /// An invocation arrives.
-    pub fn on_invocation(&mut self, now: Micros, a: Arrival<'_>) -> Admission {
+    /// An invocation arrives. Its fate comes out of [`Self::poll_action`] under the returned id,
+    /// like every other decision: [`EngineAction::Run`] (it runs now: the fast path of an empty
+    /// queue with room under the limit, or a bypass) or [`EngineAction::Reject`]; when neither
+    /// comes for it, it waits in the queue and a later event starts or rejects it. Its own Run
+    /// or Reject is always the first action this call queues, before the pool's actions it caused
+    /// (evictions to make room).
+    #[must_use = "the invocation's Run or Reject comes out of poll_action under this id"]
+    pub fn on_invocation(&mut self, now: Micros, a: Arrival<'_>) -> InvocationId {
         let id = InvocationId(self.next_invocation);
         self.next_invocation += 1;
+        if let Some(action) = self.admit(now, id, a) {
+            self.actions.push_back(action);
+            self.absorb_pool_actions();
+        }
+        id
+    }
+
+    /// Runs, rejects or queues an arriving invocation; `None` when it was queued.
+    fn admit(&mut self, now: Micros, id: InvocationId, a: Arrival<'_>) -> Option<EngineAction> {
         self.advance_load(now);
+        let reject = |reason| {
+            Some(EngineAction::Reject {
+                invocation: id,
+                reason,
+            })
+        };
         if self.shutting_down {
-            return Admission::Rejected(id, Reject::ShuttingDown);
+            return reject(Reject::ShuttingDown);
         }
         let function = self.intern(a.function);
         let queued_here = self.queued_per_fn.get(&function).copied().unwrap_or(0) as usize;
@@ -230,13 +249,10 @@ impl WorkerEngine {
         self.pool.on_arrival(now, &function, a.memory_mb);
         let budget = self.config.pool.memory_budget_mb;
         if a.memory_mb > budget {
-            return Admission::Rejected(
-                id,
-                Reject::TooLarge {
-                    needed_mb: a.memory_mb,
-                    budget_mb: budget,
-                },
-            );
+            return reject(Reject::TooLarge {
+                needed_mb: a.memory_mb,
+                budget_mb: budget,
+            });
         }
         if self
             .config
@@ -244,27 +260,21 @@ impl WorkerEngine {
             .allows(known, expected, self.normalized_load())
         {
             if let Some(run) = self.try_start(now, id, &function, a.memory_mb, now, true) {
-                self.absorb_pool_actions();
-                return Admission::Run(run);
+                return Some(EngineAction::Run(run));
             }
         }
         if self.queue.is_empty() && self.running < self.regulator.limit() {
             if let Some(run) = self.try_start(now, id, &function, a.memory_mb, now, false) {
-                self.absorb_pool_actions();
-                return Admission::Run(run);
+                return Some(EngineAction::Run(run));
             }
             if self.pool.running_mb() == 0 {
-                self.absorb_pool_actions();
-                return Admission::Rejected(id, self.no_memory(a.memory_mb));
+                return reject(self.no_memory(a.memory_mb));
             }
         }
         if self.queue.len() >= self.config.max_queue {
-            return Admission::Rejected(
-                id,
-                Reject::QueueFull {
-                    length: self.queue.len(),
-                },
-            );
+            return reject(Reject::QueueFull {
+                length: self.queue.len(),
+            });
         }
         let keys = KeyInputs {
             arrival: now,
@@ -282,7 +292,7 @@ impl WorkerEngine {
                 arrival: now,
             },
         );
-        Admission::Queued(id)
+        None
     }
 
     fn no_memory(&self, needed_mb: u64) -> Reject {
@@ -429,7 +439,10 @@ impl WorkerEngine {
     }
 
     /// Starts up to `count` sandboxes of `function` ahead of demand, with free memory only.
-    /// Returns the sandboxes to start and how many found no memory.
+    /// Returns the sandboxes to start and how many found no memory. The driver starts each and
+    /// reports [`Self::on_sandbox_ready`] or [`Self::on_prewarm_failed`]; until then their
+    /// memory stays reserved.
+    #[must_use = "each returned sandbox must be started and reported ready or failed"]
     pub fn prewarm(
         &mut self,
         now: Micros,

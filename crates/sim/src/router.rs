@@ -168,7 +168,7 @@ impl Router {
 mod tests {
     use super::*;
     use crate::config::SimConfig;
-    use hearth_core::{Admission, Arrival, Completion};
+    use hearth_core::{Arrival, Completion, EngineAction};
 
     /// Three engines; the middle one has an idle sandbox of `f`.
     fn engines(f: &SimFunction) -> Vec<WorkerEngine> {
@@ -180,9 +180,11 @@ mod tests {
             memory_mb: f.memory_mb,
             deadline_us: None,
         };
-        let Admission::Run(run) = e[1].on_invocation(0, arrival) else {
+        let id = e[1].on_invocation(0, arrival);
+        let Some(EngineAction::Run(run)) = e[1].poll_action() else {
             panic!("runs at once");
         };
+        assert_eq!(run.invocation, id);
         let done = Completion {
             exec_us: Some(f.warm_us),
             init_us: Some(f.init_us),

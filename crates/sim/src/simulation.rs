@@ -13,8 +13,8 @@ use crate::router::Router;
 use crate::workload::Workload;
 use hearth_core::balance::{Finished, WorkerLoad};
 use hearth_core::{
-    Admission, Arrival, Completion, DestroyReason, EngineAction, InvocationId, Micros, Run,
-    SandboxId, WorkerEngine,
+    Arrival, Completion, DestroyReason, EngineAction, InvocationId, Micros, Run, SandboxId,
+    WorkerEngine,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -254,7 +254,7 @@ impl<'a> Simulation<'a> {
             Ok(w) => w,
             Err(r) => return self.refuse(id, None, Refusal::Balancer(r)),
         };
-        let admission = self.workers[w].engine.on_invocation(
+        let inv = self.workers[w].engine.on_invocation(
             self.now,
             Arrival {
                 function: &f.name,
@@ -262,26 +262,25 @@ impl<'a> Simulation<'a> {
                 deadline_us: f.deadline_us,
             },
         );
-        match admission {
-            Admission::Run(run) => self.start(w, id, run),
-            Admission::Queued(inv) => {
-                self.workers[w].waiting.insert(inv, id);
-            }
-            Admission::Rejected(_, reason) => self.refuse(id, Some(w), Refusal::Worker(reason))?,
-        }
-        self.after_engine(w)
+        self.carry_out(w, Some((inv, id)))
     }
 
     /// Carries out the engine's actions, then re-arms its timer.
     fn after_engine(&mut self, w: usize) -> Result<()> {
+        self.carry_out(w, None)
+    }
+
+    /// Carries out the engine's actions after an event; `arriving` is the invocation that event
+    /// brought, if any: its Run or Reject is among them, or it was queued.
+    fn carry_out(&mut self, w: usize, mut arriving: Option<(InvocationId, u32)>) -> Result<()> {
         while let Some(action) = self.workers[w].engine.poll_action() {
             match action {
                 EngineAction::Run(run) => {
-                    let id = self.unqueue(w, run.invocation)?;
+                    let id = self.ended_wait(w, &mut arriving, run.invocation)?;
                     self.start(w, id, run);
                 }
                 EngineAction::Reject { invocation, reason } => {
-                    let id = self.unqueue(w, invocation)?;
+                    let id = self.ended_wait(w, &mut arriving, invocation)?;
                     self.refuse(id, Some(w), Refusal::Worker(reason))?;
                 }
                 // Memory is the engine's to account; a destroyed sandbox costs nothing here.
@@ -297,8 +296,28 @@ impl<'a> Simulation<'a> {
                 }
             }
         }
+        if let Some((inv, id)) = arriving {
+            self.workers[w].waiting.insert(inv, id);
+        }
         self.schedule_timer(w);
         Ok(())
+    }
+
+    /// The workload index of an invocation the engine just started or refused: the arriving one
+    /// (never queued, so not in `waiting`), or a queued one.
+    fn ended_wait(
+        &mut self,
+        w: usize,
+        arriving: &mut Option<(InvocationId, u32)>,
+        inv: InvocationId,
+    ) -> Result<u32> {
+        match *arriving {
+            Some((a, id)) if a == inv => {
+                *arriving = None;
+                Ok(id)
+            }
+            _ => self.unqueue(w, inv),
+        }
     }
 
     fn unqueue(&mut self, w: usize, inv: InvocationId) -> Result<u32> {

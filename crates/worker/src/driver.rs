@@ -14,8 +14,8 @@ use dashmap::DashMap;
 use hearth_api::FunctionSpec;
 use hearth_core::characteristics::CharacteristicsReport;
 use hearth_core::{
-    Admission, Arrival, Completion, EngineAction, EngineConfig, EngineStats, InvocationId, Micros,
-    Reject, Run, SandboxId, WorkerEngine,
+    Arrival, Completion, EngineAction, EngineConfig, EngineStats, InvocationId, Micros, Reject,
+    Run, SandboxId, WorkerEngine,
 };
 use hearth_service::registry::{Registered, Registry};
 use parking_lot::Mutex;
@@ -129,6 +129,13 @@ impl Driver {
     /// Carries out the engine's actions and re-arms the timer if its deadline moved earlier.
     /// Called with the state locked, right after every event.
     fn drain(&self, st: &mut EngineState) {
+        let _none = self.drain_for(st, None);
+    }
+
+    /// [`Self::drain`], but the Run or Reject of `mine` (the invocation being admitted, which has
+    /// no waiter) is handed to the caller instead of sent.
+    fn drain_for(&self, st: &mut EngineState, mine: Option<InvocationId>) -> Option<Dispatch> {
+        let mut own = None;
         while let Some(action) = st.engine.poll_action() {
             match action {
                 EngineAction::Run(run) => {
@@ -136,6 +143,10 @@ impl Driver {
                         None => st.parked.remove(&run.sandbox),
                         Some(_) => None,
                     };
+                    if mine == Some(run.invocation) {
+                        own = Some(Dispatch::Run(run, sandbox));
+                        continue;
+                    }
                     let waiter = st.waiters.remove(&run.invocation);
                     let undelivered = match waiter {
                         Some(tx) => tx.send(Dispatch::Run(run, sandbox)).err(),
@@ -150,6 +161,10 @@ impl Driver {
                     }
                 }
                 EngineAction::Reject { invocation, reason } => {
+                    if mine == Some(invocation) {
+                        own = Some(Dispatch::Rejected(reason));
+                        continue;
+                    }
                     if let Some(tx) = st.waiters.remove(&invocation) {
                         let _ = tx.send(Dispatch::Rejected(reason));
                     }
@@ -176,6 +191,7 @@ impl Driver {
             st.armed = next;
             self.timer.notify_one();
         }
+        own
     }
 
     /// Runs `event` on the engine under the lock, then carries out its actions.
@@ -201,10 +217,10 @@ impl Driver {
     /// Admission: the invocation runs at once, waits in the queue until dispatched, or is
     /// refused. A warm run carries its sandbox; a cold one must start it ([`Self::cold_start`]).
     pub async fn admit(&self, spec: &FunctionSpec) -> Result<Admitted<'_>, Reject> {
-        let (admission, rx) = {
+        let (id, admission, rx) = {
             let now = self.now();
             let mut st = self.state.lock();
-            let a = st.engine.on_invocation(
+            let id = st.engine.on_invocation(
                 now,
                 Arrival {
                     function: &spec.name,
@@ -212,46 +228,34 @@ impl Driver {
                     deadline_us: spec.deadline_ms.map(|d| d * 1000),
                 },
             );
-            let rx = match &a {
-                Admission::Queued(id) => {
-                    let (tx, rx) = oneshot::channel();
-                    st.waiters.insert(*id, tx);
-                    Some(rx)
-                }
-                _ => None,
-            };
-            let out = match a {
-                Admission::Run(run) => {
-                    let sb = match run.cold {
-                        None => st.parked.remove(&run.sandbox),
-                        Some(_) => None,
-                    };
-                    Ok((run, sb))
-                }
-                Admission::Queued(id) => Err(Ok(id)),
-                Admission::Rejected(_, reason) => Err(Err(reason)),
-            };
-            self.drain(&mut st);
-            (out, rx)
+            let admission = self.drain_for(&mut st, Some(id));
+            // No Run or Reject for it: it is queued. Its waiter is registered under the same
+            // lock, before any later event can dispatch it.
+            let rx = admission.is_none().then(|| {
+                let (tx, rx) = oneshot::channel();
+                st.waiters.insert(id, tx);
+                rx
+            });
+            (id, admission, rx)
         };
-        let (run, sandbox) = match (admission, rx) {
-            (Ok(run), _) => run,
-            (Err(Err(reason)), _) => return Err(reason),
-            (Err(Ok(id)), Some(rx)) => {
+        let dispatch = match (admission, rx) {
+            (Some(d), _) => Some(d),
+            (None, Some(rx)) => {
                 let mut wait = QueueWait {
                     driver: self,
                     id,
                     rx: Some(rx),
                 };
-                match wait.wait().await {
-                    Some(Dispatch::Run(run, sb)) => (run, sb),
-                    Some(Dispatch::Rejected(reason)) => return Err(reason),
-                    // The engine ends every queued invocation with a run or a rejection; a
-                    // dropped sender means the driver is gone, i.e. shutting down.
-                    None => return Err(Reject::ShuttingDown),
-                }
+                wait.wait().await
             }
-            (Err(Ok(_)), None) => return Err(Reject::ShuttingDown),
+            (None, None) => None,
+        };
+        let (run, sandbox) = match dispatch {
+            Some(Dispatch::Run(run, sb)) => (run, sb),
+            Some(Dispatch::Rejected(reason)) => return Err(reason),
+            // The engine ends every queued invocation with a run or a rejection; a dropped
+            // sender means the driver is gone, i.e. shutting down.
+            None => return Err(Reject::ShuttingDown),
         };
         Ok(Admitted {
             driver: self,

@@ -23,8 +23,40 @@ fn config(queue: QueueDiscipline, limit: u32) -> EngineConfig {
     }
 }
 
+/// What became of an arriving invocation, as the tests read it.
+#[derive(Debug)]
+enum Admission {
+    Run(Run),
+    Queued(InvocationId),
+    Rejected(Reject),
+}
+
+/// An invocation arrives: its Run or Reject is the first action of the call (then the pool's
+/// actions it caused, which are dropped here); no action for it means it was queued.
+fn admit(e: &mut WorkerEngine, now: Micros, a: Arrival<'_>) -> Admission {
+    let id = e.on_invocation(now, a);
+    let actions: Vec<EngineAction> = std::iter::from_fn(|| e.poll_action()).collect();
+    let mine = |a: &EngineAction| match a {
+        EngineAction::Run(r) => r.invocation == id,
+        EngineAction::Reject { invocation, .. } => *invocation == id,
+        _ => false,
+    };
+    assert!(
+        actions.iter().skip(1).all(|a| !mine(a)),
+        "the arrival's own action comes first: {actions:?}"
+    );
+    match actions.into_iter().next() {
+        Some(EngineAction::Run(r)) if r.invocation == id => Admission::Run(r),
+        Some(EngineAction::Reject { invocation, reason }) if invocation == id => {
+            Admission::Rejected(reason)
+        }
+        _ => Admission::Queued(id),
+    }
+}
+
 fn arrive(e: &mut WorkerEngine, now: Micros, f: &str) -> Admission {
-    e.on_invocation(
+    admit(
+        e,
         now,
         Arrival {
             function: f,
@@ -152,7 +184,7 @@ fn a_full_queue_rejects() {
     queued(arrive(&mut e, 2, "f"));
     assert!(matches!(
         arrive(&mut e, 3, "f"),
-        Admission::Rejected(_, Reject::QueueFull { length: 2 })
+        Admission::Rejected(Reject::QueueFull { length: 2 })
     ));
 }
 
@@ -162,7 +194,8 @@ fn an_invocation_without_memory_waits_for_running_ones_then_runs_warm() {
     c.pool.memory_budget_mb = 256;
     let mut e = WorkerEngine::new(c);
     let big = |e: &mut WorkerEngine, t| {
-        e.on_invocation(
+        admit(
+            e,
             t,
             Arrival {
                 function: "big",
@@ -182,7 +215,8 @@ fn an_invocation_without_memory_waits_for_running_ones_then_runs_warm() {
     assert_eq!(r[0].queued_us, ms(100) - 10);
     // More than the whole budget: rejected at once.
     assert!(matches!(
-        e.on_invocation(
+        admit(
+            &mut e,
             ms(200),
             Arrival {
                 function: "huge",
@@ -190,13 +224,10 @@ fn an_invocation_without_memory_waits_for_running_ones_then_runs_warm() {
                 deadline_us: None
             }
         ),
-        Admission::Rejected(
-            _,
-            Reject::TooLarge {
-                needed_mb: 300,
-                budget_mb: 256
-            }
-        )
+        Admission::Rejected(Reject::TooLarge {
+            needed_mb: 300,
+            budget_mb: 256
+        })
     ));
 }
 
@@ -208,7 +239,8 @@ fn an_invocation_waits_for_memory_held_by_a_starting_prewarm() {
     let (ids, no_mem) = e.prewarm(0, "p", 200, 1);
     assert_eq!((ids.len(), no_mem), (1, 0));
     // The prewarm holds 200 MiB while starting; "q" needs 100: it waits for the prewarm.
-    let q = e.on_invocation(
+    let q = admit(
+        &mut e,
         1,
         Arrival {
             function: "q",
@@ -353,7 +385,7 @@ fn shutdown_rejects_the_queue_and_new_arrivals() {
     assert_eq!(rejected, vec![(q, Reject::ShuttingDown)]);
     assert!(matches!(
         arrive(&mut e, 2, "f"),
-        Admission::Rejected(_, Reject::ShuttingDown)
+        Admission::Rejected(Reject::ShuttingDown)
     ));
     e.on_completed(3, &r, done(2));
     let destroyed: Vec<_> = std::iter::from_fn(|| e.poll_action()).collect();

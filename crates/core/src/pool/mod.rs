@@ -10,256 +10,30 @@
 //!
 //! Memory invariant: the memory of starting, busy and idle sandboxes never exceeds the budget.
 
-use crate::policy::hist::IatHistogram;
-use crate::policy::keepalive::{
-    FunctionFacts, KeepAlive, KeepAliveConfig, KeepAliveKind, SandboxFacts,
+mod function;
+mod index;
+mod types;
+
+pub use function::FnId;
+pub use types::{
+    Acquire, ColdReason, DestroyReason, FunctionPoolStats, PoolAction, PoolConfig, PoolStats,
+    SandboxId,
 };
+
+use crate::policy::keepalive::{new_policy, IdleAfter, KeepAlivePolicy, SandboxFacts};
+#[cfg(test)]
+use crate::policy::keepalive::{KeepAliveConfig, KeepAliveKind};
 use crate::time::Micros;
-use serde::Serialize;
-use std::cmp::Ordering;
+use function::{FunctionEntry, Slot, State};
+use index::{EvictKey, Prio};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
-
-/// A sandbox's identity, unique within one pool for its lifetime.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct SandboxId(pub u64);
-
-impl std::fmt::Display for SandboxId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "sb{}", self.0)
-    }
-}
-
-/// Pool limits and the keep-alive policy.
-#[derive(Debug, Clone)]
-pub struct PoolConfig {
-    /// Memory that starting, running and warm sandboxes may use together.
-    pub memory_budget_mb: u64,
-    /// Background eviction keeps at least this much of the budget free, so that a cold start
-    /// rarely has to evict on the invocation path.
-    pub free_buffer_mb: u64,
-    pub keepalive: KeepAliveConfig,
-}
-
-/// Why an invocation had to start a new sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(tag = "reason", rename_all = "snake_case")]
-pub enum ColdReason {
-    /// The function never had a sandbox on this worker (or was re-registered since).
-    New,
-    /// Its last warm sandbox's keep-alive window ended `ago_us` before this invocation.
-    Expired { ago_us: Micros },
-    /// Its last warm sandbox was evicted for memory `ago_us` before this invocation.
-    Evicted { ago_us: Micros },
-    /// All its warm sandboxes were busy.
-    Concurrent,
-    /// A prewarmed sandbox was still starting.
-    PrewarmMiss,
-}
-
-impl ColdReason {
-    /// The reason's name, as used in answers and metric labels.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            ColdReason::New => "new",
-            ColdReason::Expired { .. } => "expired",
-            ColdReason::Evicted { .. } => "evicted",
-            ColdReason::Concurrent => "concurrent",
-            ColdReason::PrewarmMiss => "prewarm_miss",
-        }
-    }
-
-    /// How long ago the function's last warm sandbox went, for `expired` and `evicted`.
-    pub fn ago_us(&self) -> Option<Micros> {
-        match self {
-            ColdReason::Expired { ago_us } | ColdReason::Evicted { ago_us } => Some(*ago_us),
-            _ => None,
-        }
-    }
-}
-
-/// What the pool decided for one invocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Acquire {
-    /// Run on this idle sandbox.
-    Warm(SandboxId),
-    /// Start this new sandbox (its memory is reserved) and run on it.
-    Cold {
-        sandbox: SandboxId,
-        reason: ColdReason,
-    },
-    /// Not enough memory even after evicting every idle sandbox.
-    NoMemory { needed_mb: u64, free_mb: u64 },
-}
-
-/// Why a sandbox is being destroyed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DestroyReason {
-    Expired,
-    Evicted,
-    /// Its function was updated or deleted.
-    Retired,
-    /// It timed out, crashed or could not start; never reused.
-    Failed,
-    Shutdown,
-}
-
-impl DestroyReason {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            DestroyReason::Expired => "expired",
-            DestroyReason::Evicted => "evicted",
-            DestroyReason::Retired => "retired",
-            DestroyReason::Failed => "failed",
-            DestroyReason::Shutdown => "shutdown",
-        }
-    }
-}
-
-/// An action for the driver to carry out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PoolAction {
-    Destroy {
-        sandbox: SandboxId,
-        reason: DestroyReason,
-    },
-    /// Start `sandbox` for `function` ahead of demand (the policy's pre-warm; memory is
-    /// reserved). Report [`SandboxPool::on_sandbox_ready`] or [`SandboxPool::on_start_failed`].
-    Prewarm {
-        sandbox: SandboxId,
-        function: Arc<str>,
-    },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    Starting,
-    Idle,
-    Busy,
-}
-
-/// A function's index in the pool (interned name).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct FnId(u32);
-
-#[derive(Debug)]
-struct Slot {
-    function: FnId,
-    memory_mb: u64,
-    state: State,
-    last_used: Micros,
-    /// The policy clock when last used.
-    clock: f64,
-    /// When its keep-alive window ends, while idle.
-    deadline: Option<Micros>,
-    /// Retired: destroyed instead of becoming idle.
-    doomed: bool,
-}
-
-/// A total order on priorities (they are finite and non-negative).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Prio(f64);
-
-impl Eq for Prio {}
-impl PartialOrd for Prio {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Prio {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.0.total_cmp(&other.0)
-    }
-}
-
-/// A function in the eviction index: its priority, then the age of its LRU idle sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct EvictKey {
-    prio: Prio,
-    last_used: Micros,
-    function: FnId,
-}
-
-#[derive(Debug)]
-struct FunctionEntry {
-    /// Idle sandboxes, least recently used first; the most recent is reused first (its caches
-    /// are hottest) and the least recent is the eviction candidate.
-    idle: VecDeque<SandboxId>,
-    busy: u32,
-    starting: u32,
-    /// How the function's last warm sandbox went, and when.
-    last_gone: Option<(DestroyReason, Micros)>,
-    /// Invocations since the function last had no sandbox at all.
-    freq: u64,
-    cost_ms: f64,
-    memory_mb: u64,
-    last_clock: f64,
-    evict_key: Option<EvictKey>,
-    last_arrival: Option<Micros>,
-    hist: IatHistogram,
-    /// HIST: end of the current keep-alive window, and the scheduled pre-warm.
-    keep_until: Option<Micros>,
-    prewarm_at: Option<Micros>,
-}
-
-impl FunctionEntry {
-    fn new(memory_mb: u64) -> Self {
-        FunctionEntry {
-            idle: VecDeque::new(),
-            busy: 0,
-            starting: 0,
-            last_gone: None,
-            freq: 0,
-            cost_ms: 0.0,
-            memory_mb,
-            last_clock: 0.0,
-            evict_key: None,
-            last_arrival: None,
-            hist: IatHistogram::default(),
-            keep_until: None,
-            prewarm_at: None,
-        }
-    }
-
-    fn facts(&self) -> FunctionFacts {
-        FunctionFacts {
-            freq: self.freq,
-            cost_ms: self.cost_ms,
-            size_mb: self.memory_mb,
-            last_clock: self.last_clock,
-        }
-    }
-
-    fn has_sandboxes(&self) -> bool {
-        !self.idle.is_empty() || self.busy > 0 || self.starting > 0
-    }
-}
-
-/// Per-function counts for status reports.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct FunctionPoolStats {
-    pub warm: u32,
-    pub running: u32,
-    pub starting: u32,
-}
-
-/// Memory and sandbox counts.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct PoolStats {
-    pub memory_budget_mb: u64,
-    /// Memory of starting and busy sandboxes.
-    pub memory_running_mb: u64,
-    /// Memory of idle (warm) sandboxes.
-    pub memory_warm_mb: u64,
-    pub functions: Vec<(String, FunctionPoolStats)>,
-}
 
 /// The pool state machine.
 #[derive(Debug)]
 pub struct SandboxPool {
     config: PoolConfig,
-    policy: KeepAlive,
+    policy: Box<dyn KeepAlivePolicy>,
     next_id: u64,
     slots: HashMap<SandboxId, Slot>,
     ids: HashMap<Arc<str>, FnId>,
@@ -280,7 +54,7 @@ pub struct SandboxPool {
 impl SandboxPool {
     pub fn new(config: PoolConfig) -> Self {
         SandboxPool {
-            policy: KeepAlive::new(config.keepalive.clone()),
+            policy: new_policy(&config.keepalive),
             config,
             next_id: 1,
             slots: HashMap::new(),
@@ -301,8 +75,8 @@ impl SandboxPool {
         &self.config
     }
 
-    pub fn policy(&self) -> &KeepAlive {
-        &self.policy
+    pub fn policy(&self) -> &dyn KeepAlivePolicy {
+        &*self.policy
     }
 
     pub fn free_mb(&self) -> u64 {
@@ -346,16 +120,12 @@ impl SandboxPool {
 
     /// An invocation of `function` arrived (HIST learns inter-arrival times from this).
     pub fn on_arrival(&mut self, now: Micros, function: &str, memory_mb: u64) {
-        if self.policy.kind() != KeepAliveKind::Hist {
+        if !self.policy.observes_arrivals() {
             return;
         }
         let fid = self.intern(function);
-        let hist_cfg = self.config.keepalive.hist.clone();
-        let e = self.entry(fid, memory_mb);
-        if let Some(last) = e.last_arrival {
-            e.hist.record(now.saturating_sub(last), &hist_cfg);
-        }
-        e.last_arrival = Some(now);
+        self.entry(fid, memory_mb);
+        self.policy.on_arrival(now, fid);
     }
 
     /// The cost of a cold start of `function` (its init time) changed.
@@ -558,8 +328,6 @@ impl SandboxPool {
     /// A prewarmed sandbox finished starting.
     pub fn on_sandbox_ready(&mut self, now: Micros, id: SandboxId) {
         let clock = self.policy.clock();
-        let ttl_deadline = self.policy.ttl_deadline(now);
-        let hist = self.policy.kind() == KeepAliveKind::Hist;
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
@@ -580,19 +348,25 @@ impl SandboxPool {
         slot.clock = clock;
         self.used_warm_mb += slot.memory_mb;
         let fid = slot.function;
-        let mut deadline = ttl_deadline;
+        let mut plan = None;
         if let Some(e) = self.functions.get_mut(&fid) {
             e.starting -= 1;
             e.idle.push_back(id);
-            if hist {
-                deadline = e.keep_until.filter(|k| *k > now);
-            }
+            plan = Some(self.policy.on_idle(now, fid, IdleAfter::Prewarm));
         }
-        if let Some(d) = deadline {
+        let plan = plan.unwrap_or_default();
+        if let Some(d) = plan.deadline {
             slot.deadline = Some(d);
             self.expiry.insert((d, id));
         }
-        self.reindex(fid);
+        if let Some(at) = plan.prewarm_at {
+            self.prewarms.insert((at, fid));
+        }
+        if plan.unload {
+            self.destroy_idle(now, id, DestroyReason::Expired);
+        } else {
+            self.reindex(fid);
+        }
     }
 
     /// A sandbox could not be started (cold or prewarm): its memory is released. The driver
@@ -658,20 +432,11 @@ impl SandboxPool {
         slot.state = State::Idle;
         slot.last_used = now;
         slot.clock = clock;
-        slot.deadline = self.policy.ttl_deadline(now);
-        let mut unload = false;
-        if self.policy.kind() == KeepAliveKind::Hist {
-            let hist_cfg = &self.config.keepalive.hist;
-            if let Some(e) = self.functions.get_mut(&fid) {
-                let plan = e.hist.plan(now, hist_cfg);
-                e.keep_until = Some(plan.keep_until);
-                slot.deadline = Some(plan.keep_until);
-                unload = plan.unload;
-                e.prewarm_at = plan.prewarm_at;
-                if let Some(at) = plan.prewarm_at {
-                    self.prewarms.insert((at, fid));
-                }
-            }
+        let plan = self.policy.on_idle(now, fid, IdleAfter::Run);
+        slot.deadline = plan.deadline;
+        let unload = plan.unload;
+        if let Some(at) = plan.prewarm_at {
+            self.prewarms.insert((at, fid));
         }
         if let Some(d) = slot.deadline {
             self.expiry.insert((d, id));
@@ -683,7 +448,7 @@ impl SandboxPool {
             e.idle.push_back(id);
         }
         if unload {
-            // HIST: gone until its pre-warm, which the next arrival is expected after.
+            // The policy unloads it (HIST: gone until its pre-warm, before the next arrival).
             self.destroy_idle(now, id, DestroyReason::Expired);
         } else {
             self.reindex(fid);
@@ -716,14 +481,10 @@ impl SandboxPool {
     /// Starts a scheduled pre-warm unless the function is gone, rescheduled, or already has a
     /// sandbox.
     fn start_policy_prewarm(&mut self, now: Micros, at: Micros, fid: FnId) {
-        let Some(e) = self.functions.get_mut(&fid) else {
+        let Some(e) = self.functions.get(&fid) else {
             return;
         };
-        if e.prewarm_at != Some(at) {
-            return;
-        }
-        e.prewarm_at = None;
-        if e.has_sandboxes() || e.keep_until.is_some_and(|k| k <= now) {
+        if !self.policy.take_prewarm(now, fid, at) || e.has_sandboxes() {
             return;
         }
         let memory_mb = e.memory_mb;
@@ -755,6 +516,7 @@ impl SandboxPool {
         let Some(entry) = self.functions.remove(&fid) else {
             return;
         };
+        self.policy.forget(fid);
         if let Some(k) = entry.evict_key {
             self.evict_index.remove(&k);
         }
@@ -834,11 +596,124 @@ impl SandboxPool {
         }
     }
 
+    /// Idle (warm) sandboxes, in no particular order. For tests and property checks.
+    #[doc(hidden)]
+    pub fn idle_sandboxes(&self) -> Vec<SandboxId> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| s.state == State::Idle)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Whether `id` belongs to a retired function version (it is destroyed, never reused, when
+    /// it finishes); `None` for an unknown sandbox. For tests and property checks.
+    #[doc(hidden)]
+    pub fn is_retired(&self, id: SandboxId) -> Option<bool> {
+        self.slots.get(&id).map(|s| s.doomed)
+    }
+
+    /// Checks the pool's internal consistency (memory accounting, the idle sets, per-function
+    /// counts, the eviction and expiry indexes); O(sandboxes). For tests and property checks.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let (mut running, mut warm) = (0, 0);
+        let mut counts: HashMap<FnId, (usize, u32, u32)> = HashMap::new();
+        for (id, s) in &self.slots {
+            let c = counts.entry(s.function).or_default();
+            match s.state {
+                State::Idle => {
+                    warm += s.memory_mb;
+                    if s.doomed {
+                        return Err(format!("{id} is idle but retired"));
+                    }
+                    c.0 += 1;
+                    let listed = self
+                        .functions
+                        .get(&s.function)
+                        .is_some_and(|e| e.idle.contains(id));
+                    if !listed {
+                        return Err(format!("{id} is idle but not in its function's idle set"));
+                    }
+                    if let Some(d) = s.deadline {
+                        if !self.expiry.contains(&(d, *id)) {
+                            return Err(format!("{id}'s deadline is not in the expiry index"));
+                        }
+                    }
+                }
+                State::Busy | State::Starting => {
+                    running += s.memory_mb;
+                    if s.deadline.is_some() {
+                        return Err(format!("{id} is {:?} with a deadline", s.state));
+                    }
+                    if !s.doomed {
+                        if s.state == State::Busy {
+                            c.1 += 1;
+                        } else {
+                            c.2 += 1;
+                        }
+                    }
+                }
+            }
+        }
+        if (running, warm) != (self.used_running_mb, self.used_warm_mb) {
+            return Err(format!(
+                "memory accounting: counted running {running} warm {warm}, kept {} and {}",
+                self.used_running_mb, self.used_warm_mb
+            ));
+        }
+        if running + warm > self.config.memory_budget_mb {
+            return Err(format!(
+                "over budget: {running} + {warm} > {}",
+                self.config.memory_budget_mb
+            ));
+        }
+        for (fid, e) in &self.functions {
+            let (idle, busy, starting) = counts.get(fid).copied().unwrap_or_default();
+            if (e.idle.len(), e.busy, e.starting) != (idle, busy, starting) {
+                return Err(format!(
+                    "function {}: kept idle/busy/starting {}/{}/{}, counted {idle}/{busy}/{starting}",
+                    self.names[fid.0 as usize],
+                    e.idle.len(),
+                    e.busy,
+                    e.starting
+                ));
+            }
+            match e.evict_key {
+                Some(k) if !self.evict_index.contains(&k) || e.idle.is_empty() => {
+                    return Err(format!("function {} has a stale eviction key", fid.0));
+                }
+                None if !e.idle.is_empty() => {
+                    return Err(format!(
+                        "function {} is idle but not in the eviction index",
+                        fid.0
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if self.evict_index.len()
+            != self
+                .functions
+                .values()
+                .filter(|e| !e.idle.is_empty())
+                .count()
+        {
+            return Err("the eviction index has entries of no idle function".into());
+        }
+        for (_, id) in &self.expiry {
+            if self.slots.get(id).is_none_or(|s| s.state != State::Idle) {
+                return Err(format!("{id} is in the expiry index but not idle"));
+            }
+        }
+        Ok(())
+    }
+
     /// Landlord's remaining credit of `function`'s idle sandboxes (ms of init cost), for tests
     /// and status pages.
     pub fn credit(&self, function: &str) -> Option<f64> {
         let e = self.functions.get(self.ids.get(function)?)?;
-        Some(self.policy.landlord_credit(&e.facts()))
+        Some(self.policy.credit(&e.facts()))
     }
 }
 

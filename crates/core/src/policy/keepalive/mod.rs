@@ -6,8 +6,21 @@
 //! go to the least recently used. Caching policies (LRU, GDSF, LFU, Landlord) are resource
 //! conserving: an idle sandbox stays until its memory is needed. TTL (OpenWhisk's default) and
 //! HIST also end keep-alive windows on a timer.
+//!
+//! Each policy is a [`KeepAlivePolicy`] in its own module and owns whatever it learns per
+//! function; the pool ([`crate::pool`]) keeps only the mechanics and calls the policy's hooks.
+//! They are dispatched through a `Box<dyn KeepAlivePolicy>`: one indirect call per hook, which
+//! does not show in the simulator's run time (the pool's index updates dominate).
+
+pub mod gdsf;
+pub mod hist;
+pub mod landlord;
+pub mod lfu;
+pub mod lru;
+pub mod ttl;
 
 use super::hist::HistConfig;
+pub use crate::pool::FnId;
 use crate::time::{secs, Micros};
 use serde::{Deserialize, Serialize};
 
@@ -118,57 +131,76 @@ pub struct SandboxFacts {
     pub last_used: Micros,
 }
 
-/// The running policy: its configuration and its logical clock.
-#[derive(Debug, Clone)]
-pub struct KeepAlive {
-    config: KeepAliveConfig,
-    /// GDSF's clock and Landlord's accumulated rent; the evicted priority (the maximum over a
-    /// batch) becomes the clock.
-    clock: f64,
+/// How a sandbox became idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleAfter {
+    /// An invocation ended on it.
+    Run,
+    /// It was pre-warmed and finished starting.
+    Prewarm,
 }
 
-impl KeepAlive {
-    pub fn new(config: KeepAliveConfig) -> Self {
-        KeepAlive { config, clock: 0.0 }
-    }
+/// What the policy decides for a sandbox that just became idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IdlePlan {
+    /// When its keep-alive window ends; `None`: it stays until its memory is needed.
+    pub deadline: Option<Micros>,
+    /// Unload it now (destroyed as expired; HIST pre-warms it again later).
+    pub unload: bool,
+    /// Start a sandbox of the function at this time, ahead of its next expected arrival. The pool
+    /// asks [`KeepAlivePolicy::take_prewarm`] when the time comes.
+    pub prewarm_at: Option<Micros>,
+}
 
-    pub fn kind(&self) -> KeepAliveKind {
-        self.config.kind
-    }
+/// A keep-alive and eviction policy. It owns whatever per-function state it needs, keyed by the
+/// pool's interned function index; the pool keeps only the mechanics (slots, memory, the
+/// eviction and expiry indexes, the pre-warm schedule) and asks the policy at these hooks.
+///
+/// Implementations: [`ttl`], [`lru`], [`gdsf`], [`lfu`], [`landlord`], [`hist`]; [`new_policy`]
+/// picks one by [`KeepAliveKind`].
+pub trait KeepAlivePolicy: std::fmt::Debug + Send + Sync {
+    fn kind(&self) -> KeepAliveKind;
 
-    pub fn config(&self) -> &KeepAliveConfig {
-        &self.config
-    }
-
-    /// The logical clock a sandbox is stamped with when used.
-    pub fn clock(&self) -> f64 {
-        self.clock
+    /// The logical clock a sandbox is stamped with when used (Greedy-Dual policies move it).
+    fn clock(&self) -> f64 {
+        0.0
     }
 
     /// Eviction priority of an idle sandbox: the lowest is evicted first.
-    pub fn priority(&self, f: &FunctionFacts, sb: &SandboxFacts) -> f64 {
-        let size = f.size_mb.max(1) as f64;
-        match self.config.kind {
-            KeepAliveKind::Ttl | KeepAliveKind::Lru | KeepAliveKind::Hist => sb.last_used as f64,
-            KeepAliveKind::Gdsf => sb.clock + f.freq as f64 * f.cost_ms / size,
-            KeepAliveKind::Lfu => f.freq as f64,
-            KeepAliveKind::Landlord => f.last_clock + f.cost_ms / size,
-        }
+    fn priority(&self, f: &FunctionFacts, sb: &SandboxFacts) -> f64;
+
+    /// Whether priorities depend on frequency or cost, so the pool must recompute them when
+    /// those change (not only when the function's idle set changes).
+    fn uses_function_facts(&self) -> bool {
+        false
     }
 
-    /// A sandbox with `priority` was evicted.
-    pub fn on_evicted(&mut self, priority: f64) {
-        if matches!(
-            self.config.kind,
-            KeepAliveKind::Gdsf | KeepAliveKind::Landlord
-        ) {
-            self.clock = self.clock.max(priority);
-        }
+    /// A sandbox with `priority` was evicted (the Greedy-Dual clock).
+    fn on_evicted(&mut self, _priority: f64) {}
+
+    /// Whether [`Self::on_arrival`] is worth calling: the pool skips the lookup otherwise.
+    fn observes_arrivals(&self) -> bool {
+        false
     }
 
-    /// Landlord's remaining credit of a sandbox (its priority above the rent paid so far),
-    /// scaled back to milliseconds of init cost: size × (priority − clock).
-    pub fn landlord_credit(&self, f: &FunctionFacts) -> f64 {
+    /// An invocation of `function` arrived.
+    fn on_arrival(&mut self, _now: Micros, _function: FnId) {}
+
+    /// A sandbox of `function` became idle at `now`: its keep-alive plan.
+    fn on_idle(&mut self, now: Micros, function: FnId, after: IdleAfter) -> IdlePlan;
+
+    /// A pre-warm of `function` scheduled for `at` is due: whether it still applies (it may have
+    /// been rescheduled since, or its window passed). Consumes the schedule when it applies.
+    fn take_prewarm(&mut self, _now: Micros, _function: FnId, _at: Micros) -> bool {
+        false
+    }
+
+    /// The function was retired (updated or deleted): forget what was learned about it.
+    fn forget(&mut self, _function: FnId) {}
+
+    /// Landlord's remaining credit of a function's sandbox (its priority above the rent paid so
+    /// far), scaled back to milliseconds of init cost: size × (priority − clock).
+    fn credit(&self, f: &FunctionFacts) -> f64 {
         let size = f.size_mb.max(1) as f64;
         size * (self.priority(
             f,
@@ -176,21 +208,36 @@ impl KeepAlive {
                 clock: 0.0,
                 last_used: 0,
             },
-        ) - self.clock)
+        ) - self.clock())
     }
+}
 
-    /// When a sandbox idle since `now` expires under a fixed TTL.
-    pub fn ttl_deadline(&self, now: Micros) -> Option<Micros> {
-        (self.config.kind == KeepAliveKind::Ttl).then(|| now.saturating_add(self.config.ttl))
+/// The policy `config` names.
+pub fn new_policy(config: &KeepAliveConfig) -> Box<dyn KeepAlivePolicy> {
+    match config.kind {
+        KeepAliveKind::Ttl => Box::new(ttl::Ttl::new(config.ttl)),
+        KeepAliveKind::Lru => Box::new(lru::Lru),
+        KeepAliveKind::Gdsf => Box::new(gdsf::Gdsf::default()),
+        KeepAliveKind::Lfu => Box::new(lfu::Lfu),
+        KeepAliveKind::Landlord => Box::new(landlord::Landlord::default()),
+        KeepAliveKind::Hist => Box::new(hist::Hist::new(config.hist.clone())),
     }
+}
 
-    /// Whether priorities depend on frequency or cost (so they change on every invocation).
-    pub fn uses_function_facts(&self) -> bool {
-        matches!(
-            self.config.kind,
-            KeepAliveKind::Gdsf | KeepAliveKind::Lfu | KeepAliveKind::Landlord
-        )
+/// Greedy-Dual's logical clock (GDSF, Landlord): the evicted priority (the maximum over a batch)
+/// becomes the clock, so it never goes back.
+#[derive(Debug, Clone, Copy, Default)]
+struct GreedyDualClock(f64);
+
+impl GreedyDualClock {
+    fn on_evicted(&mut self, priority: f64) {
+        self.0 = self.0.max(priority);
     }
+}
+
+/// A sandbox's size in MiB as a divisor.
+fn size(f: &FunctionFacts) -> f64 {
+    f.size_mb.max(1) as f64
 }
 
 #[cfg(test)]
@@ -218,7 +265,7 @@ mod tests {
             clock: 1.5,
             last_used: 7,
         };
-        let prio = |k| KeepAlive::new(KeepAliveConfig::new(k)).priority(&f, &sb);
+        let prio = |k| new_policy(&KeepAliveConfig::new(k)).priority(&f, &sb);
         assert_eq!(prio(KeepAliveKind::Lru), 7.0);
         assert_eq!(prio(KeepAliveKind::Ttl), 7.0);
         assert_eq!(prio(KeepAliveKind::Gdsf), 1.5 + 4.0 * 300.0 / 100.0);
@@ -228,15 +275,17 @@ mod tests {
 
     #[test]
     fn the_clock_only_moves_for_greedy_dual_policies_and_never_back() {
-        let mut g = KeepAlive::new(KeepAliveConfig::new(KeepAliveKind::Gdsf));
+        let ttl_deadline =
+            |p: &mut dyn KeepAlivePolicy, now| p.on_idle(now, FnId(0), IdleAfter::Run).deadline;
+        let mut g = new_policy(&KeepAliveConfig::new(KeepAliveKind::Gdsf));
         g.on_evicted(3.0);
         g.on_evicted(2.0);
         assert_eq!(g.clock(), 3.0);
-        let mut l = KeepAlive::new(KeepAliveConfig::new(KeepAliveKind::Lru));
+        let mut l = new_policy(&KeepAliveConfig::new(KeepAliveKind::Lru));
         l.on_evicted(3.0);
         assert_eq!(l.clock(), 0.0);
-        assert_eq!(l.ttl_deadline(5), None);
-        let t = KeepAlive::new(KeepAliveConfig::new(KeepAliveKind::Ttl));
-        assert_eq!(t.ttl_deadline(5), Some(5 + secs(600)));
+        assert_eq!(ttl_deadline(&mut *l, 5), None);
+        let mut t = new_policy(&KeepAliveConfig::new(KeepAliveKind::Ttl));
+        assert_eq!(ttl_deadline(&mut *t, 5), Some(5 + secs(600)));
     }
 }

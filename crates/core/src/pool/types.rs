@@ -1,0 +1,140 @@
+//! The pool's vocabulary: identities, configuration, decisions, actions and statistics.
+
+use crate::policy::keepalive::KeepAliveConfig;
+use crate::time::Micros;
+use serde::Serialize;
+use std::sync::Arc;
+
+/// A sandbox's identity, unique within one pool for its lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct SandboxId(pub u64);
+
+impl std::fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "sb{}", self.0)
+    }
+}
+
+/// Pool limits and the keep-alive policy.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Memory that starting, running and warm sandboxes may use together.
+    pub memory_budget_mb: u64,
+    /// Background eviction keeps at least this much of the budget free, so that a cold start
+    /// rarely has to evict on the invocation path.
+    pub free_buffer_mb: u64,
+    pub keepalive: KeepAliveConfig,
+}
+
+/// Why an invocation had to start a new sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum ColdReason {
+    /// The function never had a sandbox on this worker (or was re-registered since).
+    New,
+    /// Its last warm sandbox's keep-alive window ended `ago_us` before this invocation.
+    Expired { ago_us: Micros },
+    /// Its last warm sandbox was evicted for memory `ago_us` before this invocation.
+    Evicted { ago_us: Micros },
+    /// All its warm sandboxes were busy.
+    Concurrent,
+    /// A prewarmed sandbox was still starting.
+    PrewarmMiss,
+}
+
+impl ColdReason {
+    /// The reason's name, as used in answers and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ColdReason::New => "new",
+            ColdReason::Expired { .. } => "expired",
+            ColdReason::Evicted { .. } => "evicted",
+            ColdReason::Concurrent => "concurrent",
+            ColdReason::PrewarmMiss => "prewarm_miss",
+        }
+    }
+
+    /// How long ago the function's last warm sandbox went, for `expired` and `evicted`.
+    pub fn ago_us(&self) -> Option<Micros> {
+        match self {
+            ColdReason::Expired { ago_us } | ColdReason::Evicted { ago_us } => Some(*ago_us),
+            _ => None,
+        }
+    }
+}
+
+/// What the pool decided for one invocation. A `Cold` sandbox's memory is reserved until it is
+/// released or its start fails, so the decision must be carried out or handed back.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquire {
+    /// Run on this idle sandbox.
+    Warm(SandboxId),
+    /// Start this new sandbox (its memory is reserved) and run on it.
+    Cold {
+        sandbox: SandboxId,
+        reason: ColdReason,
+    },
+    /// Not enough memory even after evicting every idle sandbox.
+    NoMemory { needed_mb: u64, free_mb: u64 },
+}
+
+/// Why a sandbox is being destroyed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DestroyReason {
+    Expired,
+    Evicted,
+    /// Its function was updated or deleted.
+    Retired,
+    /// It timed out, crashed or could not start; never reused.
+    Failed,
+    Shutdown,
+}
+
+impl DestroyReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DestroyReason::Expired => "expired",
+            DestroyReason::Evicted => "evicted",
+            DestroyReason::Retired => "retired",
+            DestroyReason::Failed => "failed",
+            DestroyReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// An action for the driver to carry out.
+#[must_use]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolAction {
+    Destroy {
+        sandbox: SandboxId,
+        reason: DestroyReason,
+    },
+    /// Start `sandbox` for `function` ahead of demand (the policy's pre-warm; memory is
+    /// reserved). Report [`SandboxPool::on_sandbox_ready`] or [`SandboxPool::on_start_failed`].
+    Prewarm {
+        sandbox: SandboxId,
+        function: Arc<str>,
+    },
+}
+
+/// Per-function counts for status reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FunctionPoolStats {
+    pub warm: u32,
+    pub running: u32,
+    pub starting: u32,
+}
+
+/// Memory and sandbox counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PoolStats {
+    pub memory_budget_mb: u64,
+    /// Memory of starting and busy sandboxes.
+    pub memory_running_mb: u64,
+    /// Memory of idle (warm) sandboxes.
+    pub memory_warm_mb: u64,
+    pub functions: Vec<(String, FunctionPoolStats)>,
+}
