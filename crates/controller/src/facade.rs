@@ -738,11 +738,7 @@ impl Drop for Record<'_> {
 /// The outcome an error of the controller's own leaves in an async record: what a synchronous
 /// call would have been answered (the HTTP edge decides that).
 fn failed(e: InvokeError) -> AsyncOutcome {
-    let e = crate::api::invoke_error(e);
-    AsyncOutcome::Failed {
-        http_status: e.status.as_u16(),
-        error: e.error_body(),
-    }
+    crate::api::invoke_error(e).async_outcome()
 }
 
 #[cfg(test)]

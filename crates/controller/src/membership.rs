@@ -119,11 +119,6 @@ pub(crate) async fn sweep(c: Weak<Controller>) {
     }
 }
 
-/// CPUs of this host: the fallback for a status that does not say.
-fn host_cpus() -> f64 {
-    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
-}
-
 /// Polls a worker from the config's static list; its status stands in for the report it does
 /// not push, and a lower uptime than last time means it restarted (a new incarnation).
 pub(crate) async fn poll_static(c: Weak<Controller>, url: String) {
@@ -155,7 +150,7 @@ pub(crate) async fn poll_static(c: Weak<Controller>, url: String) {
                         &status,
                         &url,
                         &format!("static-{incarnation}"),
-                        host_cpus(),
+                        hearth_service::serving::host_cpus(),
                     );
                     if let Err(e) = ctl.driver().on_report(report, true) {
                         tracing::warn!(%url, error = %e, "unusable status from a static worker");

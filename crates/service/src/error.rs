@@ -2,7 +2,6 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
 /// An error answer: `{"error": {"code", "message", ...details}}`.
 #[derive(Debug, Clone)]
@@ -87,17 +86,13 @@ impl ApiError {
         b
     }
 
-    /// The JSON body.
-    pub fn body(&self) -> serde_json::Value {
-        let mut obj = serde_json::Map::new();
-        obj.insert("code".into(), json!(self.code));
-        obj.insert("message".into(), json!(self.message));
-        if let Some(d) = &self.details {
-            for (k, v) in d {
-                obj.insert(k.clone(), v.clone());
-            }
+    /// What this error leaves in an async invocation's record: the answer a synchronous call
+    /// would have got.
+    pub fn async_outcome(&self) -> hearth_api::AsyncOutcome {
+        hearth_api::AsyncOutcome::Failed {
+            http_status: self.status.as_u16(),
+            error: self.error_body(),
         }
-        json!({ "error": obj })
     }
 }
 
@@ -117,7 +112,7 @@ impl std::error::Error for ApiError {}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        let mut resp = (self.status, axum::Json(self.error_body())).into_response();
         if let Some(s) = self.retry_after_s {
             if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
                 resp.headers_mut().insert(header::RETRY_AFTER, v);

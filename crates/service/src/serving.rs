@@ -40,6 +40,11 @@ pub fn default_data_dir() -> PathBuf {
     }
 }
 
+/// CPUs of this host: what a status report assumes when a worker's status does not say.
+pub fn host_cpus() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
+}
+
 /// Resolves on SIGTERM or SIGINT.
 pub async fn shutdown_signal() {
     let term = async {

@@ -233,11 +233,6 @@ impl<'a> Simulation<'a> {
             }
         }
         self.stats.invocations = arrivals as u64;
-        self.stats.evicted = self
-            .workers
-            .iter()
-            .map(|w| w.engine.pool().destroyed(DestroyReason::Evicted))
-            .sum();
         Ok(self.stats)
     }
 
@@ -283,8 +278,13 @@ impl<'a> Simulation<'a> {
                     let id = self.ended_wait(w, &mut arriving, invocation)?;
                     self.refuse(id, Some(w), Refusal::Worker(reason))?;
                 }
-                // Memory is the engine's to account; a destroyed sandbox costs nothing here.
-                EngineAction::Destroy { .. } => {}
+                // Memory is the engine's to account; a destroyed sandbox costs nothing here but
+                // its count.
+                EngineAction::Destroy { reason, .. } => {
+                    if reason == DestroyReason::Evicted {
+                        self.stats.evicted += 1;
+                    }
+                }
                 EngineAction::Prewarm { sandbox, function } => {
                     let f = self.by_name.get(&function).copied().ok_or_else(|| {
                         SimError::Internal(format!("pre-warm of unknown function {function}"))

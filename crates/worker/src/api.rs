@@ -125,8 +125,8 @@ async fn invoke(
             let id = w.invoke_async(name, args).map_err(api_error)?;
             return Ok(accepted(&id));
         }
-        let ok = w.invoke(&name, &args, t0).await.map_err(api_error)?;
-        Ok(json_bytes(StatusCode::OK, ok.answer.to_vec()))
+        let answer = w.invoke(&name, &args, t0).await.map_err(api_error)?;
+        Ok(json_bytes(StatusCode::OK, answer.to_vec()))
     }
     .await;
     result.unwrap_or_else(|e: ApiError| e.into_response())

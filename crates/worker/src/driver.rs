@@ -47,6 +47,15 @@ struct EngineState {
     armed: Micros,
 }
 
+impl EngineState {
+    /// Keeps a sandbox that is handed back (idle, or to be destroyed by the engine's next action).
+    fn park(&mut self, id: SandboxId, sandbox: Option<Sandbox>) {
+        if let Some(sb) = sandbox {
+            self.parked.insert(id, sb);
+        }
+    }
+}
+
 enum LifecycleMsg {
     Destroy(Sandbox),
     Prewarm {
@@ -129,7 +138,7 @@ impl Driver {
     /// Carries out the engine's actions and re-arms the timer if its deadline moved earlier.
     /// Called with the state locked, right after every event.
     fn drain(&self, st: &mut EngineState) {
-        let _none = self.drain_for(st, None);
+        self.drain_for(st, None);
     }
 
     /// [`Self::drain`], but the Run or Reject of `mine` (the invocation being admitted, which has
@@ -154,9 +163,7 @@ impl Driver {
                     };
                     // Its caller left between dispatch and delivery: give the run back.
                     if let Some(Dispatch::Run(run, sandbox)) = undelivered {
-                        if let Some(sb) = sandbox {
-                            st.parked.insert(run.sandbox, sb);
-                        }
+                        st.park(run.sandbox, sandbox);
                         st.engine.on_abandoned(self.now(), &run);
                     }
                 }
@@ -194,29 +201,31 @@ impl Driver {
         own
     }
 
-    /// Runs `event` on the engine under the lock, then carries out its actions.
-    fn with_engine<T>(&self, event: impl FnOnce(&mut Engine, Micros) -> T) -> T {
+    /// Runs `event` under the lock with the time, then carries out the engine's actions.
+    fn with_state<T>(&self, event: impl FnOnce(&mut EngineState, Micros) -> T) -> T {
         let now = self.now();
         let mut st = self.state.lock();
-        let out = event(&mut st.engine, now);
+        let out = event(&mut st, now);
         self.drain(&mut st);
         out
     }
 
+    /// [`Self::with_state`] for an event that only the engine sees.
+    fn with_engine<T>(&self, event: impl FnOnce(&mut Engine, Micros) -> T) -> T {
+        self.with_state(|st, now| event(&mut st.engine, now))
+    }
+
     /// Reports the end of a run and hands its sandbox back.
     fn complete(&self, run: &Run, sandbox: Option<Sandbox>, c: Completion) {
-        let now = self.now();
-        let mut st = self.state.lock();
-        if let Some(sb) = sandbox {
-            st.parked.insert(run.sandbox, sb);
-        }
-        st.engine.on_completed(now, run, c);
-        self.drain(&mut st);
+        self.with_state(|st, now| {
+            st.park(run.sandbox, sandbox);
+            st.engine.on_completed(now, run, c);
+        });
     }
 
     /// Admission: the invocation runs at once, waits in the queue until dispatched, or is
     /// refused. A warm run carries its sandbox; a cold one must start it ([`Self::cold_start`]).
-    pub async fn admit(&self, spec: &FunctionSpec) -> Result<Admitted<'_>, Reject> {
+    pub async fn admit(self: &Arc<Self>, spec: &FunctionSpec) -> Result<Admitted<'_>, Reject> {
         let (id, admission, rx) = {
             let now = self.now();
             let mut st = self.state.lock();
@@ -335,11 +344,10 @@ impl Driver {
         {
             Ok(sb) => {
                 self.sandbox_created(&sb);
-                let now = self.now();
-                let mut st = self.state.lock();
-                st.parked.insert(id, sb);
-                st.engine.on_sandbox_ready(now, id);
-                self.drain(&mut st);
+                self.with_state(|st, now| {
+                    st.park(id, Some(sb));
+                    st.engine.on_sandbox_ready(now, id);
+                });
                 Ok(())
             }
             Err(e) => {
@@ -457,7 +465,7 @@ pub struct Prewarmed {
 /// An admitted invocation: permission to run, with its sandbox if warm. Dropping it unused hands
 /// the run back (a cold run's reservation is released).
 pub struct Admitted<'a> {
-    driver: &'a Driver,
+    driver: &'a Arc<Driver>,
     run: Option<Run>,
     sandbox: Option<Sandbox>,
 }
@@ -470,11 +478,7 @@ impl<'a> Admitted<'a> {
     }
 
     /// The exclusive use of the sandbox, starting it first for a cold run.
-    pub async fn lease(
-        mut self,
-        driver: &Arc<Driver>,
-        reg: &Registered,
-    ) -> Result<Lease<'a>, StartFailure> {
+    pub async fn lease(mut self, reg: &Registered) -> Result<Lease<'a>, StartFailure> {
         let run = self
             .run
             .take()
@@ -489,7 +493,7 @@ impl<'a> Admitted<'a> {
             }
             (Some(_), _) => {
                 let started = Instant::now();
-                let sb = driver.cold_start(run.clone(), reg).await?;
+                let sb = self.driver.cold_start(run.clone(), reg).await?;
                 let init_us = started.elapsed().as_micros() as u64;
                 Ok(Lease::new(self.driver, run, sb, Some(init_us)))
             }
@@ -500,13 +504,11 @@ impl<'a> Admitted<'a> {
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
         let Some(run) = self.run.take() else { return };
-        let now = self.driver.now();
-        let mut st = self.driver.state.lock();
-        if let Some(sb) = self.sandbox.take() {
-            st.parked.insert(run.sandbox, sb);
-        }
-        st.engine.on_abandoned(now, &run);
-        self.driver.drain(&mut st);
+        let sandbox = self.sandbox.take();
+        self.driver.with_state(|st, now| {
+            st.park(run.sandbox, sandbox);
+            st.engine.on_abandoned(now, &run);
+        });
     }
 }
 
@@ -542,18 +544,15 @@ impl Drop for QueueWait<'_> {
         let Some(mut rx) = self.rx.take() else {
             return;
         };
-        let d = self.driver;
-        let now = d.now();
-        let mut st = d.state.lock();
-        if st.waiters.remove(&self.id).is_some() {
-            st.engine.on_cancel(now, self.id);
-        } else if let Ok(Dispatch::Run(run, sandbox)) = rx.try_recv() {
-            if let Some(sb) = sandbox {
-                st.parked.insert(run.sandbox, sb);
+        let id = self.id;
+        self.driver.with_state(|st, now| {
+            if st.waiters.remove(&id).is_some() {
+                st.engine.on_cancel(now, id);
+            } else if let Ok(Dispatch::Run(run, sandbox)) = rx.try_recv() {
+                st.park(run.sandbox, sandbox);
+                st.engine.on_abandoned(now, &run);
             }
-            st.engine.on_abandoned(now, &run);
-        }
-        d.drain(&mut st);
+        });
     }
 }
 

@@ -50,12 +50,6 @@ pub enum StartError {
     Config(#[from] crate::config::ConfigError),
 }
 
-/// A successful invocation.
-#[derive(Debug, Clone)]
-pub struct Invoked {
-    pub answer: InvokeAnswer,
-}
-
 impl Worker {
     /// Opens the registry, prepares the backend (removing leftovers of a crashed run) and starts
     /// the driver and the housekeeping task.
@@ -147,11 +141,8 @@ impl Worker {
         &self.driver
     }
 
-    fn ensure_running(&self) -> Result<(), InvokeError> {
-        if self.shutting_down.load(Ordering::Acquire) {
-            return Err(InvokeError::ShuttingDown);
-        }
-        Ok(())
+    fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
     }
 
     fn rejected(&self, name: &str, reason: Reject) -> InvokeError {
@@ -182,8 +173,10 @@ impl Worker {
         name: &str,
         args: &[u8],
         t0: Instant,
-    ) -> Result<Invoked, InvokeError> {
-        self.ensure_running()?;
+    ) -> Result<InvokeAnswer, InvokeError> {
+        if self.is_shutting_down() {
+            return Err(InvokeError::ShuttingDown);
+        }
         let _guard = self.in_flight.enter();
         self.latency.on_activity();
         let reg = self
@@ -208,7 +201,7 @@ impl Worker {
         if run.bypass {
             self.metrics.bypassed.inc();
         }
-        let mut lease = match admitted.lease(&self.driver, &reg).await {
+        let mut lease = match admitted.lease(&reg).await {
             Ok(lease) => lease,
             Err(failure) => {
                 self.metrics.outcome(&spec.name, Outcome::init_error);
@@ -326,7 +319,7 @@ impl Worker {
         if let Some(reason) = run.cold {
             answer = answer.with_cold_reason(reason, self.config.keepalive.name());
         }
-        Ok(Invoked { answer })
+        Ok(answer)
     }
 
     /// Accepts an async invocation: its id, with the outcome kept in [`Self::invocations`].
@@ -346,14 +339,8 @@ impl Worker {
         let task_id = id.clone();
         tokio::spawn(async move {
             let outcome = match worker.invoke(&name, &args, Instant::now()).await {
-                Ok(ok) => AsyncOutcome::Succeeded(ok.answer),
-                Err(e) => {
-                    let e = crate::api::api_error(e);
-                    AsyncOutcome::Failed {
-                        http_status: e.status.as_u16(),
-                        error: e.error_body(),
-                    }
-                }
+                Ok(answer) => AsyncOutcome::Succeeded(answer),
+                Err(e) => crate::api::api_error(e).async_outcome(),
             };
             worker.invocations.finish(&task_id, outcome);
         });
@@ -362,7 +349,7 @@ impl Worker {
 
     /// Starts up to `count` sandboxes for `name` and waits until they are warm.
     pub async fn prewarm(&self, name: &str, count: u32) -> Result<PrewarmAnswer, PrewarmError> {
-        if self.shutting_down.load(Ordering::Acquire) {
+        if self.is_shutting_down() {
             return Err(PrewarmError::ShuttingDown);
         }
         if count == 0 || count > 1000 {
@@ -450,7 +437,7 @@ impl Worker {
             worker: self.id.clone(),
             backend: self.backend_name().to_string(),
             uptime_s: self.epoch.elapsed().as_secs(),
-            shutting_down: self.shutting_down.load(Ordering::Acquire),
+            shutting_down: self.is_shutting_down(),
             in_flight: self.in_flight.count() as u64,
             async_running: self.invocations.running() as u64,
             memory: MemoryStatus {

@@ -16,10 +16,6 @@ use hyper_util::rt::TokioExecutor;
 use std::sync::Arc;
 use std::time::Duration;
 
-fn host_cpus() -> f64 {
-    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
-}
-
 /// A new random incarnation id.
 pub fn new_incarnation() -> String {
     format!("{:016x}", rand::random::<u64>())
@@ -85,7 +81,12 @@ pub async fn run(
         if *stopping.borrow() {
             break;
         }
-        let report = StatusReport::from_status(&worker.status(), &url, &incarnation, host_cpus());
+        let report = StatusReport::from_status(
+            &worker.status(),
+            &url,
+            &incarnation,
+            hearth_service::serving::host_cpus(),
+        );
         let body = serde_json::to_vec(&report)
             .map(Bytes::from)
             .unwrap_or_default();

@@ -47,8 +47,6 @@ pub struct SandboxPool {
     used_running_mb: u64,
     used_warm_mb: u64,
     actions: VecDeque<PoolAction>,
-    /// Sandboxes handed to the driver to destroy, by [`DestroyReason`] (in declaration order).
-    destroyed: [u64; 5],
 }
 
 impl SandboxPool {
@@ -67,7 +65,6 @@ impl SandboxPool {
             used_running_mb: 0,
             used_warm_mb: 0,
             actions: VecDeque::new(),
-            destroyed: [0; 5],
         }
     }
 
@@ -555,17 +552,7 @@ impl SandboxPool {
 
     /// The next action for the driver.
     pub fn poll_action(&mut self) -> Option<PoolAction> {
-        let action = self.actions.pop_front()?;
-        if let PoolAction::Destroy { reason, .. } = action {
-            self.destroyed[reason as usize] += 1;
-        }
-        Some(action)
-    }
-
-    /// Sandboxes destroyed so far for `reason` (counted as the driver takes the actions, as the
-    /// worker's `hearth_sandboxes_destroyed_total{state}` counts them).
-    pub fn destroyed(&self, reason: DestroyReason) -> u64 {
-        self.destroyed[reason as usize]
+        self.actions.pop_front()
     }
 
     /// Sandboxes alive in any state.

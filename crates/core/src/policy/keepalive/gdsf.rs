@@ -1,11 +1,7 @@
 //! Greedy-Dual-Size-Frequency (thesis ch. 3.3.1): priority = clock + freq × cost / size, where
 //! the clock is the last evicted priority, so long-idle sandboxes age out.
 
-use super::{
-    size, FnId, FunctionFacts, GreedyDualClock, IdleAfter, IdlePlan, KeepAliveKind,
-    KeepAlivePolicy, SandboxFacts,
-};
-use crate::time::Micros;
+use super::{size, FunctionFacts, GreedyDualClock, KeepAliveKind, KeepAlivePolicy, SandboxFacts};
 
 #[derive(Debug, Clone, Default)]
 pub struct Gdsf {
@@ -31,9 +27,5 @@ impl KeepAlivePolicy for Gdsf {
 
     fn on_evicted(&mut self, priority: f64) {
         self.clock.on_evicted(priority);
-    }
-
-    fn on_idle(&mut self, _now: Micros, _function: FnId, _after: IdleAfter) -> IdlePlan {
-        IdlePlan::default()
     }
 }

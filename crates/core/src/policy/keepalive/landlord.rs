@@ -1,11 +1,7 @@
 //! Landlord: a function's credit is reset to its init cost on each use; each eviction charges
 //! rent in proportion to size (the clock), and the sandbox left with no credit goes.
 
-use super::{
-    size, FnId, FunctionFacts, GreedyDualClock, IdleAfter, IdlePlan, KeepAliveKind,
-    KeepAlivePolicy, SandboxFacts,
-};
-use crate::time::Micros;
+use super::{size, FunctionFacts, GreedyDualClock, KeepAliveKind, KeepAlivePolicy, SandboxFacts};
 
 #[derive(Debug, Clone, Default)]
 pub struct Landlord {
@@ -32,9 +28,5 @@ impl KeepAlivePolicy for Landlord {
 
     fn on_evicted(&mut self, priority: f64) {
         self.clock.on_evicted(priority);
-    }
-
-    fn on_idle(&mut self, _now: Micros, _function: FnId, _after: IdleAfter) -> IdlePlan {
-        IdlePlan::default()
     }
 }

@@ -1,10 +1,7 @@
 //! LFU: the function invoked least often since it last had no sandbox goes first (ties: the
 //! least recently used, by the pool's index).
 
-use super::{
-    FnId, FunctionFacts, IdleAfter, IdlePlan, KeepAliveKind, KeepAlivePolicy, SandboxFacts,
-};
-use crate::time::Micros;
+use super::{FunctionFacts, KeepAliveKind, KeepAlivePolicy, SandboxFacts};
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Lfu;
@@ -20,9 +17,5 @@ impl KeepAlivePolicy for Lfu {
 
     fn uses_function_facts(&self) -> bool {
         true
-    }
-
-    fn on_idle(&mut self, _now: Micros, _function: FnId, _after: IdleAfter) -> IdlePlan {
-        IdlePlan::default()
     }
 }

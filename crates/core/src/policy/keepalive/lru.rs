@@ -1,9 +1,6 @@
 //! LRU: idle sandboxes stay until their memory is needed; the least recently used goes first.
 
-use super::{
-    FnId, FunctionFacts, IdleAfter, IdlePlan, KeepAliveKind, KeepAlivePolicy, SandboxFacts,
-};
-use crate::time::Micros;
+use super::{FunctionFacts, KeepAliveKind, KeepAlivePolicy, SandboxFacts};
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Lru;
@@ -15,9 +12,5 @@ impl KeepAlivePolicy for Lru {
 
     fn priority(&self, _f: &FunctionFacts, sb: &SandboxFacts) -> f64 {
         sb.last_used as f64
-    }
-
-    fn on_idle(&mut self, _now: Micros, _function: FnId, _after: IdleAfter) -> IdlePlan {
-        IdlePlan::default()
     }
 }

@@ -186,8 +186,11 @@ pub trait KeepAlivePolicy: std::fmt::Debug + Send + Sync {
     /// An invocation of `function` arrived.
     fn on_arrival(&mut self, _now: Micros, _function: FnId) {}
 
-    /// A sandbox of `function` became idle at `now`: its keep-alive plan.
-    fn on_idle(&mut self, now: Micros, function: FnId, after: IdleAfter) -> IdlePlan;
+    /// A sandbox of `function` became idle at `now`: its keep-alive plan. By default none: a
+    /// caching policy keeps an idle sandbox until its memory is needed.
+    fn on_idle(&mut self, _now: Micros, _function: FnId, _after: IdleAfter) -> IdlePlan {
+        IdlePlan::default()
+    }
 
     /// A pre-warm of `function` scheduled for `at` is due: whether it still applies (it may have
     /// been rescheduled since, or its window passed). Consumes the schedule when it applies.
@@ -201,14 +204,14 @@ pub trait KeepAlivePolicy: std::fmt::Debug + Send + Sync {
     /// Landlord's remaining credit of a function's sandbox (its priority above the rent paid so
     /// far), scaled back to milliseconds of init cost: size × (priority − clock).
     fn credit(&self, f: &FunctionFacts) -> f64 {
-        let size = f.size_mb.max(1) as f64;
-        size * (self.priority(
-            f,
-            &SandboxFacts {
-                clock: 0.0,
-                last_used: 0,
-            },
-        ) - self.clock())
+        size(f)
+            * (self.priority(
+                f,
+                &SandboxFacts {
+                    clock: 0.0,
+                    last_used: 0,
+                },
+            ) - self.clock())
     }
 }
 
