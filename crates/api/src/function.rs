@@ -99,7 +99,7 @@ impl FunctionSpec {
 
     /// Checks the spec and normalizes the handler to `module.function` (default module `main`).
     pub fn validate(&mut self) -> Result<(), SpecError> {
-        if !valid_name(&self.name) {
+        if !valid_key(&self.name) {
             return Err(SpecError::BadName(self.name.clone()));
         }
         if self.runtime != "python3" && self.runtime != "python" {
@@ -141,7 +141,16 @@ impl FunctionSpec {
     }
 }
 
-fn valid_name(name: &str) -> bool {
+/// A function key: a name, or `namespace.name` (see [`crate::namespace`]).
+fn valid_key(key: &str) -> bool {
+    match key.split_once('.') {
+        Some((ns, name)) => crate::namespace::valid_namespace(ns) && valid_name(name),
+        None => valid_name(key),
+    }
+}
+
+/// A function's name inside its namespace.
+pub fn valid_name(name: &str) -> bool {
     let b = name.as_bytes();
     !b.is_empty()
         && b.len() <= 64

@@ -8,6 +8,7 @@
 pub mod error;
 pub mod function;
 pub mod invocation;
+pub mod namespace;
 pub mod status;
 
 pub use error::{ErrorBody, ErrorCode, ErrorObject};

@@ -68,6 +68,8 @@ pub struct Client {
     buf: Vec<u8>,
     req: Vec<u8>,
     timeout: Option<Duration>,
+    /// Sent as `Authorization: Bearer …`.
+    token: Option<String>,
 }
 
 impl Client {
@@ -92,7 +94,14 @@ impl Client {
             buf: Vec::with_capacity(16 * 1024),
             req: Vec::with_capacity(1024),
             timeout: None,
+            token: default_api_key(),
         })
+    }
+
+    /// Uses `token` as the API key instead of the default one ([`default_api_key`]).
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
     }
 
     /// Sets a read timeout for responses (None waits forever).
@@ -163,6 +172,9 @@ impl Client {
             "{method} {path} HTTP/1.1\r\nHost: {}\r\n",
             self.host
         );
+        if let Some(t) = &self.token {
+            let _ = write!(self.req, "Authorization: Bearer {t}\r\n");
+        }
         if let Some(b) = body {
             let _ = write!(
                 self.req,
@@ -274,6 +286,23 @@ fn is_stale(e: &std::io::Error) -> bool {
         e.kind(),
         UnexpectedEof | ConnectionReset | BrokenPipe | ConnectionAborted
     )
+}
+
+/// The API key the CLI sends: `$HEARTH_API_KEY`, else the operator key a local `hearth up` wrote
+/// in the default data directory (`admin.key`, or `controller/admin.key` for a cluster).
+pub fn default_api_key() -> Option<String> {
+    if let Ok(k) = std::env::var("HEARTH_API_KEY") {
+        let k = k.trim().to_string();
+        return (!k.is_empty()).then_some(k);
+    }
+    let dir = std::env::var_os("HEARTH_DATA_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(hearth_service::serving::default_data_dir);
+    [dir.join("admin.key"), dir.join("controller").join("admin.key")]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(f).ok())
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty())
 }
 
 /// The default API address: `$HEARTH_URL`, else the local single node.

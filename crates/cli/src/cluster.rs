@@ -86,6 +86,11 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
     }
     config.check()?;
     let listen: SocketAddr = config.listen.parse().context("--listen")?;
+    // Workers prove membership with the controller's cluster key (made at its first start).
+    let membership = Membership {
+        auth: config.auth,
+        cluster_key: config.cluster_key_path(),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -114,7 +119,7 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
         let mut workers = Vec::new();
         for i in 1..=n {
             let dir = data_dir.join("workers").join(format!("worker-{i}"));
-            match spawn_worker(i, &dir, &controller_url, &opts) {
+            match spawn_worker(i, &dir, &controller_url, &membership, &opts) {
                 Ok(child) => workers.push(child),
                 Err(e) => {
                     stop_workers(&mut workers);
@@ -139,10 +144,17 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
     })
 }
 
+/// How `hearth up`'s workers authenticate to its controller.
+struct Membership {
+    auth: bool,
+    cluster_key: PathBuf,
+}
+
 fn spawn_worker(
     i: usize,
     dir: &std::path::Path,
     controller: &str,
+    membership: &Membership,
     opts: &UpOptions,
 ) -> Result<Child> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -159,6 +171,11 @@ fn spawn_worker(
     .arg(dir)
     .env("HEARTH_WORKER_ID", format!("worker-{i}"))
     .stdin(Stdio::null());
+    if membership.auth {
+        cmd.env("HEARTH_CLUSTER_KEY_FILE", &membership.cluster_key);
+    } else {
+        cmd.env("HEARTH_AUTH", "false");
+    }
     if let Some(c) = &opts.config {
         cmd.arg("--config").arg(c);
     }

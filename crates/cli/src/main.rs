@@ -36,6 +36,9 @@ enum Command {
     /// Manage functions.
     #[command(name = "fn", subcommand)]
     Function(FnCommand),
+    /// Manage API keys (the operator's key, or a namespace's admin key).
+    #[command(subcommand)]
+    Key(KeyCommand),
     /// Invoke a function.
     Invoke {
         name: String,
@@ -195,6 +198,35 @@ enum FnCommand {
 }
 
 #[derive(Subcommand)]
+enum KeyCommand {
+    /// Create a key; its secret is printed once.
+    Create {
+        /// `*` (every namespace, operator only) or a namespace; default: the caller's own.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// admin (manage functions and keys, invoke, read every result) or invoke (invoke and
+        /// read its own results).
+        #[arg(long, default_value = "invoke")]
+        role: String,
+        #[arg(long, default_value = "")]
+        description: String,
+        #[command(flatten)]
+        url: UrlArg,
+    },
+    /// List keys (never their secrets).
+    List {
+        #[command(flatten)]
+        url: UrlArg,
+    },
+    /// Delete a key.
+    Rm {
+        id: String,
+        #[command(flatten)]
+        url: UrlArg,
+    },
+}
+
+#[derive(Subcommand)]
 enum BenchCommand {
     /// Closed-loop warm invocations: throughput and control-plane overhead (e2e − exec).
     Overhead {
@@ -263,6 +295,7 @@ fn main() {
             | Command::Sim(_)
             | Command::Experiment(_)
             | Command::Function(_)
+            | Command::Key(_)
             | Command::Invoke { .. }
             | Command::Result { .. }
             | Command::Prewarm { .. }
@@ -308,6 +341,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Up(UpArgs { server, .. }) | Command::Worker(server) => serve(server),
         Command::Controller(args) => cluster::controller(args),
         Command::Function(cmd) => function(cmd),
+        Command::Key(cmd) => key(cmd),
         Command::Invoke {
             name,
             data,
@@ -367,6 +401,32 @@ fn worker_policy_args(s: &ServerArgs) -> Vec<String> {
         a.extend(["--cpus".to_string(), c.to_string()]);
     }
     a
+}
+
+fn key(cmd: KeyCommand) -> Result<()> {
+    match cmd {
+        KeyCommand::Create {
+            namespace,
+            role,
+            description,
+            url,
+        } => {
+            let mut body = json!({"role": role, "description": description});
+            if let Some(ns) = namespace {
+                body["namespace"] = json!(ns);
+            }
+            print_response(client(&url)?.post("/v1/keys", body.to_string().as_bytes())?)
+        }
+        KeyCommand::List { url } => print_response(client(&url)?.get("/v1/keys")?),
+        KeyCommand::Rm { id, url } => {
+            let r = client(&url)?.delete(&format!("/v1/keys/{id}"))?;
+            if r.status == 204 {
+                println!("deleted key {id}");
+                return Ok(());
+            }
+            print_response(r)
+        }
+    }
 }
 
 fn client(url: &UrlArg) -> Result<Client> {
@@ -491,9 +551,14 @@ fn function(cmd: FnCommand) -> Result<()> {
                 "NAME", "MEMORY", "CPUS", "TIMEOUT", "WARM", "RUNNING"
             );
             for f in v["functions"].as_array().into_iter().flatten() {
+                let name = f["name"].as_str().unwrap_or("");
+                let name = match f["namespace"].as_str() {
+                    Some(ns) if ns != "default" => format!("{ns}.{name}"),
+                    _ => name.to_string(),
+                };
                 println!(
                     "{:<32} {:>6}Mi {:>6} {:>8}ms {:>5} {:>8}",
-                    f["name"].as_str().unwrap_or(""),
+                    name,
                     // Value's Display ignores widths: pad the rendered text.
                     f["memory_mb"].to_string(),
                     f["cpus"].to_string(),

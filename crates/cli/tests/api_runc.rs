@@ -90,6 +90,7 @@ fn the_cli_registers_from_a_file_and_a_directory_and_invokes() {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
             .args(args)
             .env("HEARTH_URL", &s.url)
+            .env("HEARTH_API_KEY", s.key.as_deref().unwrap_or(""))
             .output()
             .unwrap();
         (
@@ -443,7 +444,7 @@ fn sigterm_finishes_work_and_leaves_nothing_behind() {
     assert_eq!(r.json()["ready"], 2, "{}", r.text());
     let url = s.url.clone();
     let long = std::thread::spawn(move || {
-        hearth_cli::client::Client::new(&url)
+        common::client_for(&url)
             .unwrap()
             .post("/v1/functions/sleep/invoke", br#"{"ms": 1500}"#)
             .unwrap()
@@ -479,7 +480,7 @@ fn deleting_a_function_while_it_runs_removes_its_sandboxes_after() {
     s.invoke("sleep", r#"{"ms": 1}"#);
     let url = s.url.clone();
     let running = std::thread::spawn(move || {
-        hearth_cli::client::Client::new(&url)
+        common::client_for(&url)
             .unwrap()
             .post("/v1/functions/sleep/invoke", br#"{"ms": 3000}"#)
             .unwrap()
@@ -537,6 +538,7 @@ fn a_trace_replays_against_real_sandboxes() {
     .unwrap();
     let out = dir.path().join("r.csv");
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .env("HEARTH_API_KEY", s.key.as_deref().unwrap_or(""))
         .args(["load", "trace"])
         .arg(&trace)
         .args(["--url", &s.url, "--functions-dir"])

@@ -132,7 +132,7 @@ fn concurrent_invocations_get_separate_sandboxes() {
         .map(|_| {
             let url = url.clone();
             std::thread::spawn(move || {
-                let mut c = hearth_cli::client::Client::new(&url).unwrap();
+                let mut c = common::client_for(&url).unwrap();
                 c.post("/v1/functions/f/invoke", b"{}").unwrap().json()
             })
         })
@@ -280,7 +280,7 @@ fn no_memory_waits_in_the_queue_a_full_queue_is_429_and_oversized_is_refused() {
     s.put_fn("big", json!({"sim_warm_ms": 500, "memory_mb": 200}));
     let spawn = |url: String| {
         std::thread::spawn(move || {
-            hearth_cli::client::Client::new(&url)
+            common::client_for(&url)
                 .unwrap()
                 .post("/v1/functions/big/invoke", b"{}")
                 .unwrap()
@@ -366,7 +366,7 @@ fn deleting_a_function_lets_running_invocations_finish() {
     s.put_fn("f", sim_fn(400, 0));
     let url = s.url.clone();
     let running = std::thread::spawn(move || {
-        hearth_cli::client::Client::new(&url)
+        common::client_for(&url)
             .unwrap()
             .post("/v1/functions/f/invoke", b"{}")
             .unwrap()
@@ -388,7 +388,7 @@ fn sigterm_finishes_in_flight_invocations_then_exits() {
     s.put_fn("f", sim_fn(800, 0));
     let url = s.url.clone();
     let running = std::thread::spawn(move || {
-        hearth_cli::client::Client::new(&url)
+        common::client_for(&url)
             .unwrap()
             .post("/v1/functions/f/invoke", b"{}")
             .unwrap()

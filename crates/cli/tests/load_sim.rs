@@ -93,6 +93,7 @@ fn ctrl_c_stops_sending_and_keeps_every_answered_invocation() {
     .unwrap();
     let out = dir.path().join("res.csv");
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .env("HEARTH_API_KEY", s.key.as_deref().unwrap_or(""))
         .args([
             "load",
             "trace",

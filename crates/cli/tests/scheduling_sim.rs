@@ -4,7 +4,6 @@
 mod common;
 
 use common::Server;
-use hearth_cli::client::Client;
 use serde_json::{json, Value};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -18,7 +17,7 @@ fn invoke_bg(s: &Server, f: &str) -> JoinHandle<(Value, Instant)> {
     let url = s.url.clone();
     let path = format!("/v1/functions/{f}/invoke");
     std::thread::spawn(move || {
-        let v = Client::new(&url)
+        let v = common::client_for(&url)
             .unwrap()
             .post(&path, b"{}")
             .unwrap()
@@ -155,6 +154,7 @@ fn characteristics_are_learned_and_shown() {
     assert_eq!(c["memory_mb"], 96);
     // The CLI shows them too.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .env("HEARTH_API_KEY", s.key.as_deref().unwrap_or(""))
         .args(["fn", "show", "f", "--url", &s.url])
         .output()
         .unwrap();
@@ -236,7 +236,7 @@ fn a_client_that_leaves_the_queue_frees_its_place() {
         st["functions"]["slow"]["running"] == 1
     });
     // A client that gives up after 100 ms, while queued.
-    let mut impatient = Client::new(&s.url)
+    let mut impatient = common::client_for(&s.url)
         .unwrap()
         .with_timeout(Some(Duration::from_millis(100)));
     assert!(impatient.post("/v1/functions/slow/invoke", b"{}").is_err());

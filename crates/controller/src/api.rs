@@ -13,12 +13,14 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
+use hearth_api::namespace::namespace_of;
 use hearth_api::{PrewarmAnswer, StatusReport};
+use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
 use hearth_service::http::{
     accepted, invocation_record, invoke_request, json_bytes, json_error, metrics_response,
-    prewarm_count, registered, registration_request, with_common_endpoints, InvokeQuery,
+    present, prewarm_count, registered, registration_request, InvokeQuery,
 };
 use hearth_service::registry::RegistryError;
 use serde_json::{json, Value};
@@ -48,42 +50,55 @@ pub fn router(c: Arc<Controller>) -> Router {
         .route("/v1/cluster/workers", get(workers))
         .route("/v1/cluster/workers/{id}", put(report).delete(leave))
         .route("/metrics", get(metrics));
-    with_common_endpoints(routes).with_state(c)
+    let auth = Arc::clone(c.auth());
+    hearth_service::keys_api::protect(routes.with_state(c), auth)
 }
 
 async fn register(
     State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
     Path(name): Path<String>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let (spec, code) = registration_request(&name, body, c.config().max_code_bytes)?;
+    let key = p.authorized_key(&name, Access::Manage)?;
+    let (spec, code) = registration_request(&name, &key, body, c.config().max_code_bytes)?;
     let (reg, created) = c.register(spec, code).await.map_err(register_error)?;
     Ok(registered(&reg.spec, created))
 }
 
-async fn list(State(c): State<Arc<Controller>>) -> Json<Value> {
+async fn list(
+    State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<Value>, ApiError> {
+    let all = p.require(Action::Operate).is_ok();
+    if !all {
+        p.require(Action::Manage(p.namespace()))?;
+    }
     let fns: Vec<Value> = c
         .registry()
         .list()
         .into_iter()
+        .filter(|r| all || namespace_of(&r.spec.name) == p.namespace())
         .map(|r| {
-            let mut v = json!(*r.spec);
+            let mut v = present(&r.spec);
             v["pool"] = json!(c.sandboxes(&r.spec.name).pool);
             v
         })
         .collect();
-    Json(json!({ "functions": fns }))
+    Ok(Json(json!({ "functions": fns })))
 }
 
 async fn show(
     State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    let name = p.authorized_key(&name, Access::Manage)?;
     let r = c
         .registry()
         .get(&name)
         .ok_or_else(|| ApiError::unknown_function(&name))?;
-    let mut v = json!(*r.spec);
+    let mut v = present(&r.spec);
     let s = c.sandboxes(&name);
     v["pool"] = json!(s.pool);
     v["workers"] = json!(s.workers);
@@ -93,8 +108,10 @@ async fn show(
 
 async fn remove(
     State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    let name = p.authorized_key(&name, Access::Manage)?;
     c.unregister(&name).map_err(|e| match e {
         UnregisterError::UnknownFunction(name) => ApiError::unknown_function(&name),
         UnregisterError::Registry(e) => registry_error(e),
@@ -104,17 +121,25 @@ async fn remove(
 
 async fn invoke(
     State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
     Path(name): Path<String>,
     query: Result<Query<InvokeQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let t0 = Instant::now();
     let result = async {
+        let name = p.authorized_key(&name, Access::Invoke)?;
         let (q, args) = invoke_request(query, body, c.config().max_body_bytes)?;
+        let slot = c
+            .admit_namespace(namespace_of(&name))
+            .map_err(|e| e.api_error())?;
         if q.is_async {
-            let id = c.invoke_async(&name, args).map_err(invoke_error)?;
+            let id = c
+                .invoke_async(&name, args, p.owner(), slot)
+                .map_err(invoke_error)?;
             return Ok(accepted(&id));
         }
+        let _slot = slot;
         match c.invoke(&name, args, t0).await {
             Ok(answer) => Ok(json_bytes(StatusCode::OK, answer.to_vec())),
             Err(InvokeError::WorkerAnswer(a)) => Ok(pass_through(a)),
@@ -216,9 +241,11 @@ fn pass_through(a: Answer) -> Response {
 
 async fn prewarm(
     State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Json<PrewarmAnswer>, ApiError> {
+    let name = p.authorized_key(&name, Access::Manage)?;
     let count = prewarm_count(&body)?;
     if count == 0 || count > 1000 {
         return Err(ApiError::bad_request("count must be between 1 and 1000"));
@@ -231,25 +258,36 @@ async fn prewarm(
 
 async fn invocation(
     State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<hearth_api::AsyncRecord>, ApiError> {
-    invocation_record(&c.invocations, &id)
+    invocation_record(&c.invocations, &id, &p)
 }
 
-async fn status(State(c): State<Arc<Controller>>) -> Json<ControllerStatus> {
-    Json(c.status())
+async fn status(
+    State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<ControllerStatus>, ApiError> {
+    p.require(Action::Operate)?;
+    Ok(Json(c.status()))
 }
 
-async fn workers(State(c): State<Arc<Controller>>) -> Json<Value> {
-    Json(json!({ "workers": c.status().workers }))
+async fn workers(
+    State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<Value>, ApiError> {
+    p.require(Action::Operate)?;
+    Ok(Json(json!({ "workers": c.status().workers })))
 }
 
 /// `PUT /v1/cluster/workers/{id}`: a worker's status push (the first one joins it).
 async fn report(
     State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
     Path(id): Path<String>,
     body: Result<Json<StatusReport>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    p.require(Action::Join)?;
     let Json(report) = body.map_err(|r| json_error(r, 1 << 20))?;
     if report.worker != id {
         return Err(ApiError::bad_request(
@@ -266,8 +304,10 @@ async fn report(
 /// `DELETE /v1/cluster/workers/{id}`: a worker leaves (graceful shutdown).
 async fn leave(
     State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    p.require(Action::Join)?;
     if c.on_leave(&id) {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -275,6 +315,17 @@ async fn leave(
     }
 }
 
-async fn metrics(State(c): State<Arc<Controller>>) -> Response {
-    metrics_response(c.metrics.encode(&c.loads()))
+/// Every function's metrics for the operator; a namespace admin's own functions' otherwise.
+async fn metrics(
+    State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
+) -> Result<Response, ApiError> {
+    let text = c.metrics.encode(&c.loads());
+    if p.require(Action::Operate).is_ok() {
+        return Ok(metrics_response(text));
+    }
+    p.require(Action::Manage(p.namespace()))?;
+    Ok(metrics_response(
+        hearth_service::metrics::scope_to_namespace(&text, p.namespace()),
+    ))
 }

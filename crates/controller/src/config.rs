@@ -5,6 +5,8 @@ use hearth_core::balance::{BalanceKind, BalanceParams};
 use hearth_service::config_checks;
 use hearth_service::config_loader::EnvKeys;
 use serde::{Deserialize, Serialize};
+use hearth_service::quota::QuotaLimits;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use hearth_service::config_loader::ConfigError;
@@ -43,6 +45,16 @@ pub struct ControllerConfig {
     pub async_max_records: usize,
     /// On SIGTERM, how long in-flight invocations may take to finish.
     pub shutdown_grace_s: u64,
+    /// Require an API key on every route but `/healthz` (docs/security.md). Off is allowed on
+    /// loopback listeners only.
+    pub auth: bool,
+    /// The cluster credential workers must present and that the controller sends them; default
+    /// `<data_dir>/cluster.key`, made (0600) on the first start.
+    pub cluster_key_file: Option<PathBuf>,
+    /// Every namespace's quota (0: unlimited).
+    pub quota: QuotaLimits,
+    /// Quotas of particular namespaces, replacing `quota` for them.
+    pub quotas: BTreeMap<String, QuotaLimits>,
 }
 
 impl Default for ControllerConfig {
@@ -62,6 +74,10 @@ impl Default for ControllerConfig {
             async_retention_s: 600,
             async_max_records: 100_000,
             shutdown_grace_s: 30,
+            auth: true,
+            cluster_key_file: None,
+            quota: QuotaLimits::default(),
+            quotas: BTreeMap::new(),
         }
     }
 }
@@ -82,6 +98,10 @@ const CONFIG_KEYS: &[&str] = &[
     "async_retention_s",
     "async_max_records",
     "shutdown_grace_s",
+    "auth",
+    "cluster_key_file",
+    "quota",
+    "quotas",
 ];
 
 /// Unknown `HEARTH_*` variables are not warned about: `hearth up` runs the controller in a
@@ -117,9 +137,20 @@ impl ControllerConfig {
                 "connect_timeout_ms, max_body_bytes and max_code_bytes must be positive".into(),
             );
         }
+        hearth_service::auth::check_exposure(&self.listen, self.auth)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        hearth_service::quota::check_quotas(&self.quota, &self.quotas)
+            .map_err(ConfigError::Invalid)?;
         self.balance_params
             .check()
             .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
+    /// Where the cluster credential is.
+    pub fn cluster_key_path(&self) -> PathBuf {
+        self.cluster_key_file
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join(hearth_service::auth::CLUSTER_KEY_FILE))
     }
 }
 

@@ -15,6 +15,8 @@ pub enum StartError {
     Registry(#[from] RegistryError),
     #[error("{0}")]
     Balance(#[from] hearth_core::balance::ParamsError),
+    #[error("authentication: {0}")]
+    Auth(#[from] hearth_service::auth::AuthError),
 }
 
 /// Why an invocation (or an async one's acceptance) did not produce a result here.

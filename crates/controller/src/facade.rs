@@ -28,7 +28,9 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use hearth_api::{AsyncOutcome, FunctionSpec, InvokeAnswer, PrewarmAnswer, StatusReport};
 use hearth_core::balance::{Finished, FunctionInfo, FunctionKey, Rejection, WorkerId};
+use hearth_service::auth::{Auth, AuthSettings, ClusterKey};
 use hearth_service::in_flight::InFlightTracker;
+use hearth_service::quota::{QuotaError, QuotaGuard, Quotas};
 use hearth_service::invocations::AsyncInvocations;
 use hearth_service::registry::{CodeSource, Registered, Registry};
 use hearth_service::serving::open_data_dir;
@@ -60,6 +62,8 @@ pub struct Controller {
     pub metrics: Arc<Metrics>,
     shutting_down: AtomicBool,
     in_flight: InFlightTracker,
+    auth: Arc<Auth>,
+    quotas: Quotas,
 }
 
 impl Controller {
@@ -69,13 +73,27 @@ impl Controller {
         let data_dir = open_data_dir(&config.data_dir)
             .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
         let registry = Registry::open(&data_dir)?;
+        let cluster_key = if config.auth {
+            Some(ClusterKey::read_or_create(&config.cluster_key_path())?)
+        } else if let Some(path) = &config.cluster_key_file {
+            Some(ClusterKey::read(path)?)
+        } else {
+            None
+        };
+        let auth = Auth::open(AuthSettings {
+            enabled: config.auth,
+            data_dir: &data_dir,
+            cluster_key,
+        })?;
+        let credential = auth.cluster_key().and_then(|k| k.header_value());
+        let quotas = Quotas::new(config.quota, config.quotas.clone());
         let mut policy = RoutingPolicy::new(config.balance, config.balance_params.clone())?;
         for r in registry.list() {
             policy.register(0, FunctionKey::of(&r.spec.name), function_info(&r.spec));
         }
         let metrics = Arc::new(Metrics::default());
         let c = Arc::new(Controller {
-            forwarder: Forwarder::new(Duration::from_millis(config.connect_timeout_ms)),
+            forwarder: Forwarder::new(Duration::from_millis(config.connect_timeout_ms), credential),
             invocations: AsyncInvocations::new(
                 Duration::from_secs(config.async_retention_s),
                 config.async_max_records,
@@ -87,6 +105,8 @@ impl Controller {
             metrics,
             shutting_down: AtomicBool::new(false),
             in_flight: InFlightTracker::new(),
+            auth,
+            quotas,
         });
         tokio::spawn(membership::sweep(Arc::downgrade(&c)));
         for url in c.config.workers.clone() {
@@ -97,6 +117,17 @@ impl Controller {
 
     pub fn config(&self) -> &ControllerConfig {
         &self.config
+    }
+
+    /// The controller's authentication (keys, the cluster credential).
+    pub fn auth(&self) -> &Arc<Auth> {
+        &self.auth
+    }
+
+    /// Admits one invocation of namespace `ns` against its quota; the slot is held until the
+    /// guard drops.
+    pub fn admit_namespace(&self, ns: &str) -> Result<QuotaGuard, QuotaError> {
+        self.quotas.admit(ns, None, Instant::now())
     }
 
     pub fn registry(&self) -> &Registry {
@@ -416,7 +447,15 @@ impl Controller {
     }
 
     /// Accepts an async invocation: its id, with the outcome kept in [`Self::invocations`].
-    pub fn invoke_async(self: &Arc<Self>, name: &str, args: Bytes) -> Result<String, InvokeError> {
+    /// `owner` (a key id) may read the result; `slot` is the namespace's quota slot, held until
+    /// the invocation ends.
+    pub fn invoke_async(
+        self: &Arc<Self>,
+        name: &str,
+        args: Bytes,
+        owner: &str,
+        slot: QuotaGuard,
+    ) -> Result<String, InvokeError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(InvokeError::ShuttingDown);
         }
@@ -425,11 +464,12 @@ impl Controller {
         }
         let id = self
             .invocations
-            .start(name)
+            .start(name, owner)
             .ok_or(InvokeError::AsyncStoreFull)?;
         let me = Arc::clone(self);
         let (name, task_id) = (name.to_string(), id.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             let record = Record {
                 c: &me,
                 id: &task_id,

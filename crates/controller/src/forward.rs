@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use hearth_api::{ErrorBody, ErrorCode};
 use http_body_util::{BodyExt, Full};
-use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
@@ -86,10 +86,12 @@ pub enum ForwardError {
 #[derive(Clone)]
 pub struct Forwarder {
     client: Client<HttpConnector, Full<Bytes>>,
+    /// `Bearer <cluster key>`: workers serve the controller only with it.
+    credential: Option<HeaderValue>,
 }
 
 impl Forwarder {
-    pub fn new(connect_timeout: Duration) -> Self {
+    pub fn new(connect_timeout: Duration, credential: Option<HeaderValue>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(connect_timeout));
@@ -98,7 +100,7 @@ impl Forwarder {
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(1024)
             .build(connector);
-        Forwarder { client }
+        Forwarder { client, credential }
     }
 
     /// Sends one request to `base` (`http://HOST:PORT`) + `path`; the whole exchange (connect,
@@ -111,10 +113,14 @@ impl Forwarder {
         body: Bytes,
         timeout: Duration,
     ) -> Result<Answer, ForwardError> {
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(method)
             .uri(format!("{base}{path}"))
-            .header(CONTENT_TYPE, "application/json")
+            .header(CONTENT_TYPE, "application/json");
+        if let Some(c) = &self.credential {
+            req = req.header(AUTHORIZATION, c.clone());
+        }
+        let req = req
             .body(Full::new(body))
             .map_err(|e| ForwardError::NotStarted(format!("bad request to {base}{path}: {e}")))?;
         let exchange = async {

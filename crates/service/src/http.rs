@@ -1,6 +1,7 @@
 //! The HTTP edge both services share: reading requests (bodies, queries, registrations) with
 //! the same limits and errors, the endpoints every Hearth API has, and answer helpers.
 
+use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::invocations::AsyncInvocations;
 use crate::registry::CodeSource;
@@ -78,23 +79,26 @@ pub fn registered(spec: &FunctionSpec, created: bool) -> Response {
     } else {
         StatusCode::OK
     };
-    (status, Json(spec)).into_response()
+    (status, Json(present(spec))).into_response()
 }
 
-/// A registration request for the function `name`, read and validated: 413 for a body over
+/// A registration request for the function `name` (as the URL has it), stored under `key` (its
+/// namespace's key, [`hearth_api::namespace`]), read and validated: 413 for a body over
 /// `max_code`, 400 for anything else wrong. The controller reads registrations with the same rules.
 pub fn registration_request(
     name: &str,
+    key: &str,
     body: Result<Json<Value>, JsonRejection>,
     max_code: usize,
 ) -> Result<(FunctionSpec, Option<CodeSource>), ApiError> {
     let Json(body) = body.map_err(|r| json_error(r, max_code))?;
-    parse_registration(name, body)
+    parse_registration(name, key, body)
 }
 
 /// A registration body (the spec's fields plus `code`) for the function `name`, validated.
 fn parse_registration(
     name: &str,
+    key: &str,
     mut body: Value,
 ) -> Result<(FunctionSpec, Option<CodeSource>), ApiError> {
     let obj = body
@@ -108,20 +112,30 @@ fn parse_registration(
             ))
         })?),
     };
-    if let Some(other) = obj.get("name") {
-        if other.as_str() != Some(name) {
+    if let Some(other) = obj.remove("name") {
+        if other.as_str() != Some(name) && other.as_str() != Some(key) {
             return Err(ApiError::bad_request(
                 "the body's name differs from the URL's",
             ));
         }
     }
     obj.remove("version");
-    obj.insert("name".into(), json!(name));
+    obj.remove("namespace");
+    obj.insert("name".into(), json!(key));
     let mut spec: FunctionSpec = serde_json::from_value(body)
         .map_err(|e| ApiError::bad_request(format!("invalid function spec: {e}")))?;
     spec.validate()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok((spec, code))
+}
+
+/// A spec as its owner sees it: its name inside its namespace, and the namespace.
+pub fn present(spec: &FunctionSpec) -> Value {
+    let (ns, name) = hearth_api::namespace::split_key(&spec.name);
+    let mut v = json!(spec);
+    v["name"] = json!(name);
+    v["namespace"] = json!(ns);
+    v
 }
 
 /// `?async=true` on an invocation.
@@ -185,9 +199,12 @@ pub fn prewarm_count(body: &Bytes) -> Result<u32, ApiError> {
 pub fn invocation_record(
     invocations: &AsyncInvocations,
     id: &str,
+    reader: &Principal,
 ) -> Result<Json<AsyncRecord>, ApiError> {
     invocations
-        .get(id)
+        .get_if(id, |owner, function| {
+            reader.may_read(owner, hearth_api::namespace::namespace_of(function))
+        })
         .map(Json)
         .ok_or_else(|| ApiError::not_found("invocation", id))
 }

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 struct Record {
     function: String,
+    /// The id of the key that started it ("" without authentication): who may read it.
+    owner: String,
     status: AsyncState,
     submitted_unix_ms: u64,
     finished: Option<Instant>,
@@ -37,8 +39,9 @@ impl AsyncInvocations {
         }
     }
 
-    /// Records a new invocation; None when the store is full.
-    pub fn start(&self, function: &str) -> Option<String> {
+    /// Records a new invocation of the function key `function` started by `owner` (a key id);
+    /// None when the store is full.
+    pub fn start(&self, function: &str, owner: &str) -> Option<String> {
         if self.records.len() >= self.max_records {
             return None;
         }
@@ -54,6 +57,7 @@ impl AsyncInvocations {
             id.clone(),
             Record {
                 function: function.to_string(),
+                owner: owner.to_string(),
                 status: AsyncState::Running,
                 submitted_unix_ms,
                 finished: None,
@@ -82,7 +86,15 @@ impl AsyncInvocations {
 
     /// The record, with the outcome's fields once finished.
     pub fn get(&self, id: &str) -> Option<AsyncRecord> {
+        self.get_if(id, |_, _| true)
+    }
+
+    /// The record if `may_read(owner, function key)` allows it: to anyone else it does not exist.
+    pub fn get_if(&self, id: &str, may_read: impl FnOnce(&str, &str) -> bool) -> Option<AsyncRecord> {
         let r = self.records.get(id)?;
+        if !may_read(&r.owner, &r.function) {
+            return None;
+        }
         let mut record = AsyncRecord::running(id, &r.function, r.submitted_unix_ms);
         if let Some(outcome) = &r.outcome {
             record = record.finished(outcome);

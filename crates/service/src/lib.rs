@@ -5,13 +5,16 @@
 //! `hearth-api`, never on the worker.
 
 pub mod archive;
+pub mod auth;
 pub mod config_checks;
 pub mod config_loader;
 pub mod error;
 pub mod http;
 pub mod in_flight;
 pub mod invocations;
+pub mod keys_api;
 pub mod metrics;
+pub mod quota;
 pub mod registry;
 pub mod serving;
 

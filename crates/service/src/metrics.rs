@@ -28,3 +28,34 @@ pub fn encode_text(registry: &Registry) -> String {
     }
     out
 }
+
+/// The lines of an OpenMetrics exposition a tenant may see: the metadata, and the samples of
+/// functions in namespace `ns` (labelled `function="<key>"`); samples without a function label
+/// describe the whole platform and are the operator's.
+pub fn scope_to_namespace(text: &str, ns: &str) -> String {
+    let mut out = String::with_capacity(text.len() / 4);
+    for line in text.lines() {
+        let keep = line.starts_with('#')
+            || line
+                .split_once("function=\"")
+                .and_then(|(_, rest)| rest.split_once('"'))
+                .is_some_and(|(key, _)| hearth_api::namespace::namespace_of(key) == ns);
+        if keep {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod scope_tests {
+    #[test]
+    fn a_namespace_sees_only_its_functions_samples() {
+        let text = "# TYPE x counter\nx_total{function=\"hello\"} 1\nx_total{function=\"a.f\",k=\"v\"} 2\nup 1\n# EOF\n";
+        let a = super::scope_to_namespace(text, "a");
+        assert_eq!(a, "# TYPE x counter\nx_total{function=\"a.f\",k=\"v\"} 2\n# EOF\n");
+        let d = super::scope_to_namespace(text, "default");
+        assert!(d.contains("function=\"hello\"") && !d.contains("a.f") && !d.contains("up 1"));
+    }
+}

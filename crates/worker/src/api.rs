@@ -10,12 +10,14 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
+use hearth_api::namespace::namespace_of;
 use hearth_api::{AsyncRecord, PrewarmAnswer, WorkerStatus};
+use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
 use hearth_service::http::{
     accepted, invocation_record, invoke_request, json_bytes, metrics_response, prewarm_count,
-    registered, registration_request, with_common_endpoints, InvokeQuery,
+    present, registered, registration_request, InvokeQuery,
 };
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -42,47 +44,61 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .route("/v1/invocations/{id}", get(invocation))
         .route("/v1/status", get(status))
         .route("/metrics", get(metrics));
-    with_common_endpoints(routes).with_state(worker)
+    let auth = std::sync::Arc::clone(worker.auth());
+    hearth_service::keys_api::protect(routes.with_state(worker), auth)
 }
+
 
 /// `PUT /v1/functions/{name}` body: the spec's fields plus `code`.
 async fn register(
     State(w): State<Arc<Worker>>,
+    Extension(p): Extension<Principal>,
     Path(name): Path<String>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let (spec, code) = registration_request(&name, body, w.config().max_code_bytes)?;
+    let key = p.authorized_key(&name, Access::Manage)?;
+    let (spec, code) = registration_request(&name, &key, body, w.config().max_code_bytes)?;
     let (reg, created) = w.register(spec, code).map_err(register_error)?;
     Ok(registered(&reg.spec, created))
 }
 
-async fn list(State(w): State<Arc<Worker>>) -> Json<Value> {
+async fn list(
+    State(w): State<Arc<Worker>>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<Value>, ApiError> {
+    let all = p.require(Action::Operate).is_ok();
+    if !all {
+        p.require(Action::Manage(p.namespace()))?;
+    }
     let stats = w.stats().pool;
     let fns: Vec<Value> = w
         .registry()
         .list()
         .into_iter()
+        .filter(|r| all || namespace_of(&r.spec.name) == p.namespace())
         .map(|r| {
-            let mut v = json!(*r.spec);
+            let mut v = present(&r.spec);
             if let Some((_, s)) = stats.functions.iter().find(|(n, _)| *n == r.spec.name) {
                 v["pool"] = json!(s);
             }
             v
         })
         .collect();
-    Json(json!({ "functions": fns }))
+    Ok(Json(json!({ "functions": fns })))
 }
 
 async fn show(
     State(w): State<Arc<Worker>>,
+    Extension(p): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    let name = p.authorized_key(&name, Access::Manage)?;
     let r = w
         .registry()
         .get(&name)
         .ok_or_else(|| ApiError::unknown_function(&name))?;
     let stats = w.stats().pool;
-    let mut v = json!(*r.spec);
+    let mut v = present(&r.spec);
     let pool = stats
         .functions
         .iter()
@@ -103,8 +119,10 @@ async fn show(
 
 async fn remove(
     State(w): State<Arc<Worker>>,
+    Extension(p): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    let name = p.authorized_key(&name, Access::Manage)?;
     w.unregister(&name).map_err(|e| match e {
         UnregisterError::UnknownFunction(name) => ApiError::unknown_function(&name),
         UnregisterError::Storage(m) => ApiError::internal(m),
@@ -114,18 +132,26 @@ async fn remove(
 
 async fn invoke(
     State(w): State<Arc<Worker>>,
+    Extension(p): Extension<Principal>,
     Path(name): Path<String>,
     query: Result<Query<InvokeQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let t0 = Instant::now();
     let result = async {
+        let name = p.authorized_key(&name, Access::Invoke)?;
         let (q, args) = invoke_request(query, body, w.config().max_body_bytes)?;
+        let slot = w
+            .admit_namespace(namespace_of(&name))
+            .map_err(|e| e.api_error())?;
         if q.is_async {
-            let id = w.invoke_async(name, args).map_err(api_error)?;
+            let id = w
+                .invoke_async(name, args, p.owner(), slot)
+                .map_err(api_error)?;
             return Ok(accepted(&id));
         }
         let answer = w.invoke(&name, &args, t0).await.map_err(api_error)?;
+        drop(slot);
         Ok(json_bytes(StatusCode::OK, answer.to_vec()))
     }
     .await;
@@ -223,9 +249,11 @@ fn prewarm_error(e: PrewarmError) -> ApiError {
 
 async fn prewarm(
     State(w): State<Arc<Worker>>,
+    Extension(p): Extension<Principal>,
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Json<PrewarmAnswer>, ApiError> {
+    let name = p.authorized_key(&name, Access::Manage)?;
     w.prewarm(&name, prewarm_count(&body)?)
         .await
         .map(Json)
@@ -234,15 +262,31 @@ async fn prewarm(
 
 async fn invocation(
     State(w): State<Arc<Worker>>,
+    Extension(p): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<AsyncRecord>, ApiError> {
-    invocation_record(&w.invocations, &id)
+    invocation_record(&w.invocations, &id, &p)
 }
 
-async fn status(State(w): State<Arc<Worker>>) -> Json<WorkerStatus> {
-    Json(w.status())
+async fn status(
+    State(w): State<Arc<Worker>>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<WorkerStatus>, ApiError> {
+    p.require(Action::Operate)?;
+    Ok(Json(w.status()))
 }
 
-async fn metrics(State(w): State<Arc<Worker>>) -> Response {
-    metrics_response(w.metrics.encode(&w.stats()))
+/// Every function's metrics for the operator; a namespace admin's own functions' otherwise.
+async fn metrics(
+    State(w): State<Arc<Worker>>,
+    Extension(p): Extension<Principal>,
+) -> Result<Response, ApiError> {
+    let text = w.metrics.encode(&w.stats());
+    if p.require(Action::Operate).is_ok() {
+        return Ok(metrics_response(text));
+    }
+    p.require(Action::Manage(p.namespace()))?;
+    Ok(metrics_response(
+        hearth_service::metrics::scope_to_namespace(&text, p.namespace()),
+    ))
 }

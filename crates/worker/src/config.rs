@@ -4,6 +4,8 @@
 use hearth_core::policy::hist::HistConfig;
 use hearth_core::{AimdConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig};
 use serde::{Deserialize, Serialize};
+use hearth_service::quota::QuotaLimits;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use hearth_service::config_checks;
@@ -172,6 +174,19 @@ pub struct WorkerConfig {
     pub status_interval_ms: u64,
     /// The URL the controller forwards invocations to; defaults to `http://` + the bound address.
     pub advertise_url: Option<String>,
+    /// Require an API key on every route but `/healthz` (docs/security.md). Off is allowed on
+    /// loopback listeners only.
+    pub auth: bool,
+    /// The cluster credential (a file holding one token, 0600): sent to the controller when
+    /// pushing status, and accepted from it. Needed to join a controller with `auth` on.
+    pub cluster_key_file: Option<PathBuf>,
+    /// Every namespace's quota (0: unlimited).
+    pub quota: QuotaLimits,
+    /// Quotas of particular namespaces, replacing `quota` for them.
+    pub quotas: BTreeMap<String, QuotaLimits>,
+    /// The share of the concurrency limit one namespace may hold while functions of other
+    /// namespaces are registered here (0 < share <= 1).
+    pub namespace_share: f64,
 }
 
 impl Default for WorkerConfig {
@@ -204,6 +219,11 @@ impl Default for WorkerConfig {
             controller: None,
             status_interval_ms: 1000,
             advertise_url: None,
+            auth: true,
+            cluster_key_file: None,
+            quota: QuotaLimits::default(),
+            quotas: BTreeMap::new(),
+            namespace_share: 0.5,
         }
     }
 }
@@ -237,10 +257,15 @@ const CONFIG_KEYS: &[&str] = &[
     "controller",
     "status_interval_ms",
     "advertise_url",
+    "auth",
+    "cluster_key_file",
+    "quota",
+    "quotas",
+    "namespace_share",
 ];
 
 /// `HEARTH_*` variables with other uses (client URL, log filter, test switches).
-const NON_CONFIG_VARS: &[&str] = &["url", "log", "require_runc"];
+const NON_CONFIG_VARS: &[&str] = &["url", "log", "require_runc", "api_key", "ca_file"];
 
 const ENV_KEYS: EnvKeys = EnvKeys {
     keys: CONFIG_KEYS,
@@ -304,7 +329,35 @@ impl WorkerConfig {
                 config_checks::http_url(key, u)?;
             }
         }
+        hearth_service::auth::check_exposure(&self.listen, self.auth)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if self.auth && self.controller.is_some() && self.cluster_key_file.is_none() {
+            return bad(
+                "joining a controller needs the cluster key: set cluster_key_file (the controller \
+                 writes it to <its data dir>/cluster.key)"
+                    .into(),
+            );
+        }
+        if !(self.namespace_share.is_finite()
+            && self.namespace_share > 0.0
+            && self.namespace_share <= 1.0)
+        {
+            return bad(format!(
+                "namespace_share must be in (0, 1], got {}",
+                self.namespace_share
+            ));
+        }
+        hearth_service::quota::check_quotas(&self.quota, &self.quotas).map_err(ConfigError::Invalid)?;
         config_checks::status_interval_ms(self.status_interval_ms)
+    }
+
+    /// Invocation slots this worker runs at once, for the namespaces' fair share.
+    pub fn slots(&self) -> u32 {
+        match self.regulator() {
+            Ok(RegulatorConfig::Fixed(n)) => n,
+            Ok(RegulatorConfig::Aimd(a)) if a.max > 0 => a.max,
+            _ => self.effective_cpus(),
+        }
     }
 
     /// CPUs the worker schedules for.

@@ -19,7 +19,9 @@ use hearth_service::invocations::AsyncInvocations;
 use hearth_service::registry::{CodeSource, Registered, Registry, RegistryError};
 use hearth_service::serving::open_data_dir;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use hearth_service::auth::{Auth, AuthError, AuthSettings, ClusterKey};
+use hearth_service::quota::{QuotaError, QuotaGuard, Quotas};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,6 +37,10 @@ pub struct Worker {
     shutting_down: AtomicBool,
     in_flight: InFlightTracker,
     latency: crate::latency::LowLatency,
+    auth: Arc<Auth>,
+    quotas: Quotas,
+    /// Namespaces with functions registered here: with two or more, each gets a fair share.
+    namespaces: AtomicUsize,
 }
 
 /// Errors of [`Worker::start`].
@@ -48,6 +54,8 @@ pub enum StartError {
     Backend(#[from] SandboxError),
     #[error("configuration: {0}")]
     Config(#[from] crate::config::ConfigError),
+    #[error("authentication: {0}")]
+    Auth(#[from] AuthError),
 }
 
 impl Worker {
@@ -58,6 +66,15 @@ impl Worker {
             .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
         let id = config.worker_id();
         let registry = Arc::new(Registry::open(&data_dir)?);
+        let cluster_key = match &config.cluster_key_file {
+            Some(path) => Some(ClusterKey::read(path)?),
+            None => None,
+        };
+        let auth = Auth::open(AuthSettings {
+            enabled: config.auth,
+            data_dir: &data_dir,
+            cluster_key,
+        })?;
         let backend = match config.backend {
             BackendKind::Runc => Backend::Runc(
                 crate::backend::runc::RuncBackend::new(config.runc.clone(), &data_dir, &id).await?,
@@ -102,6 +119,7 @@ impl Worker {
             config.low_latency,
             Duration::from_millis(config.low_latency_quiet_ms),
         );
+        let config_quota = (config.quota, config.quotas.clone());
         let worker = Arc::new(Worker {
             id,
             invocations: AsyncInvocations::new(
@@ -116,9 +134,40 @@ impl Worker {
             shutting_down: AtomicBool::new(false),
             in_flight: InFlightTracker::new(),
             latency,
+            auth,
+            quotas: Quotas::new(config_quota.0, config_quota.1),
+            namespaces: AtomicUsize::new(0),
         });
+        worker.recount_namespaces();
         tokio::spawn(housekeeping(Arc::downgrade(&worker)));
         Ok(worker)
+    }
+
+    /// The worker's authentication (keys, the cluster credential).
+    pub fn auth(&self) -> &Arc<Auth> {
+        &self.auth
+    }
+
+    /// Admits one invocation of namespace `ns` against its quota and its fair share of this
+    /// worker's slots; the slot is held until the guard drops.
+    pub fn admit_namespace(&self, ns: &str) -> Result<QuotaGuard, QuotaError> {
+        let share = hearth_service::quota::fair_share(
+            self.config.slots(),
+            self.namespaces.load(Ordering::Relaxed),
+            self.config.namespace_share,
+        );
+        self.quotas.admit(ns, share, Instant::now())
+    }
+
+    /// Counts the namespaces that have functions here (after every registry change).
+    fn recount_namespaces(&self) {
+        let namespaces: std::collections::BTreeSet<String> = self
+            .registry
+            .list()
+            .iter()
+            .map(|r| hearth_api::namespace::namespace_of(&r.spec.name).to_string())
+            .collect();
+        self.namespaces.store(namespaces.len(), Ordering::Relaxed);
     }
 
     pub fn id(&self) -> &str {
@@ -323,21 +372,26 @@ impl Worker {
     }
 
     /// Accepts an async invocation: its id, with the outcome kept in [`Self::invocations`].
+    /// `owner` (a key id) may read the result; `slot` is the namespace's quota slot, held until
+    /// the invocation ends.
     pub fn invoke_async(
         self: &Arc<Self>,
         name: String,
         args: Bytes,
+        owner: &str,
+        slot: QuotaGuard,
     ) -> Result<String, InvokeError> {
         if self.registry.get(&name).is_none() {
             return Err(InvokeError::UnknownFunction(name));
         }
         let id = self
             .invocations
-            .start(&name)
+            .start(&name, owner)
             .ok_or(InvokeError::AsyncStoreFull)?;
         let worker = Arc::clone(self);
         let task_id = id.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let outcome = match worker.invoke(&name, &args, Instant::now()).await {
                 Ok(answer) => AsyncOutcome::Succeeded(answer),
                 Err(e) => crate::api::api_error(e).async_outcome(),
@@ -403,6 +457,7 @@ impl Worker {
         if let Some(prev) = previous {
             self.driver.retire(&prev);
         }
+        self.recount_namespaces();
         Ok((reg, created))
     }
 
@@ -414,6 +469,7 @@ impl Worker {
             .map_err(|e| UnregisterError::Storage(e.to_string()))?
             .ok_or_else(|| UnregisterError::UnknownFunction(name.to_string()))?;
         self.driver.retire(&removed);
+        self.recount_namespaces();
         Ok(())
     }
 

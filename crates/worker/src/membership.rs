@@ -40,15 +40,18 @@ async fn send(
     client: &HttpClient,
     method: Method,
     url: &str,
+    credential: Option<&hyper::header::HeaderValue>,
     body: Bytes,
     timeout: Duration,
 ) -> Result<StatusCode, String> {
-    let req = Request::builder()
+    let mut req = Request::builder()
         .method(method)
         .uri(url)
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(body))
-        .map_err(|e| e.to_string())?;
+        .header(hyper::header::CONTENT_TYPE, "application/json");
+    if let Some(c) = credential {
+        req = req.header(hyper::header::AUTHORIZATION, c.clone());
+    }
+    let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
     let exchange = async {
         let resp = client.request(req).await.map_err(|e| e.to_string())?;
         let status = resp.status();
@@ -76,6 +79,8 @@ pub async fn run(
         path_segment(worker.id())
     );
     let timeout = interval.max(Duration::from_secs(1));
+    // The cluster credential proves to the controller that this is a member.
+    let credential = worker.auth().cluster_key().and_then(|k| k.header_value());
     let mut joined: Option<bool> = None;
     loop {
         if *stopping.borrow() {
@@ -90,7 +95,15 @@ pub async fn run(
         let body = serde_json::to_vec(&report)
             .map(Bytes::from)
             .unwrap_or_default();
-        let res = send(&client, Method::PUT, &endpoint, body, timeout).await;
+        let res = send(
+            &client,
+            Method::PUT,
+            &endpoint,
+            credential.as_ref(),
+            body,
+            timeout,
+        )
+        .await;
         match res {
             Ok(s) if s.is_success() => {
                 if joined != Some(true) {
@@ -118,6 +131,7 @@ pub async fn run(
         &client,
         Method::DELETE,
         &endpoint,
+        credential.as_ref(),
         Bytes::new(),
         Duration::from_secs(1),
     )

@@ -40,6 +40,11 @@ impl Server {
         }
     }
 
+    /// A controller's cluster credential file.
+    pub fn cluster_key_file(&self) -> std::path::PathBuf {
+        self.data_dir.join("cluster.key")
+    }
+
     /// The worker's id as it reports it.
     pub fn worker_id(&self) -> String {
         self.status()["worker"].as_str().unwrap().to_string()
@@ -48,9 +53,12 @@ impl Server {
 
 /// A sim worker (with `env` on top) that joins `controller`, in `data_dir` if given.
 pub fn join(controller: &Server, data_dir: Option<&Path>, env: &[(&str, &str)]) -> Server {
+    let cluster_key = controller.cluster_key_file();
+    let cluster_key = cluster_key.to_str().unwrap();
     let mut all = vec![
         ("HEARTH_CONTROLLER", controller.url.as_str()),
         ("HEARTH_STATUS_INTERVAL_MS", STATUS_INTERVAL_MS),
+        ("HEARTH_CLUSTER_KEY_FILE", cluster_key),
     ];
     all.extend_from_slice(env);
     match data_dir {
@@ -107,9 +115,7 @@ pub fn home(controller: &Server, function: &str) -> String {
 
 /// A client that gives up after 30 s, so a hang fails the test instead of stalling it.
 pub fn patient_client(s: &Server) -> Client {
-    Client::new(&s.url)
-        .unwrap()
-        .with_timeout(Some(Duration::from_secs(30)))
+    s.client().with_timeout(Some(Duration::from_secs(30)))
 }
 
 pub fn sim_fn(warm_ms: u64, cold_ms: u64) -> Value {

@@ -12,10 +12,25 @@ use std::time::{Duration, Instant};
 
 pub struct Server {
     pub url: String,
+    /// The operator key the server wrote at its first start (None with auth off).
+    pub key: Option<String>,
     pub data_dir: PathBuf,
     child: Option<Child>,
     _tmp: Option<tempfile::TempDir>,
     pub log: PathBuf,
+}
+
+/// Operator keys of the servers this test process started, by URL.
+fn keys() -> &'static std::sync::Mutex<std::collections::HashMap<String, String>> {
+    static KEYS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, String>>> =
+        std::sync::OnceLock::new();
+    KEYS.get_or_init(Default::default)
+}
+
+/// A client for a server this test started, with its operator key.
+pub fn client_for(url: &str) -> Result<Client, hearth_cli::client::ClientError> {
+    let key = keys().lock().unwrap().get(url.trim_end_matches('/')).cloned();
+    Ok(Client::new(url)?.with_token(key))
 }
 
 fn free_port() -> u16 {
@@ -83,6 +98,7 @@ impl Server {
         }
         let child = cmd.spawn().expect("spawn hearth");
         let mut s = Server {
+            key: None,
             url: format!("http://{listen}"),
             data_dir: data_dir.to_path_buf(),
             child: Some(child),
@@ -90,6 +106,14 @@ impl Server {
             log,
         };
         s.wait_ready();
+        // `hearth up --workers N` keeps the controller's data (and key) in `controller/`.
+        s.key = [data_dir.join("admin.key"), data_dir.join("controller/admin.key")]
+            .iter()
+            .find_map(|f| std::fs::read_to_string(f).ok())
+            .map(|k| k.trim().to_string());
+        if let Some(k) = &s.key {
+            keys().lock().unwrap().insert(s.url.clone(), k.clone());
+        }
         s
     }
 
@@ -119,8 +143,36 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// A client with the server's operator key.
     pub fn client(&self) -> Client {
-        Client::new(&self.url).unwrap()
+        Client::new(&self.url).unwrap().with_token(self.key.clone())
+    }
+
+    /// A client without any key.
+    pub fn anonymous(&self) -> Client {
+        Client::new(&self.url).unwrap().with_token(None)
+    }
+
+    /// A client with `key`.
+    pub fn client_with(&self, key: &str) -> Client {
+        Client::new(&self.url)
+            .unwrap()
+            .with_token(Some(key.to_string()))
+    }
+
+    /// Creates an API key (`namespace`, `role`) with the operator key; returns its token.
+    pub fn new_key(&self, namespace: &str, role: &str) -> String {
+        let r = self
+            .client()
+            .post(
+                "/v1/keys",
+                serde_json::json!({"namespace": namespace, "role": role})
+                    .to_string()
+                    .as_bytes(),
+            )
+            .unwrap();
+        assert_eq!(r.status, 201, "{}", r.text());
+        r.json()["key"].as_str().unwrap().to_string()
     }
 
     pub fn pid(&self) -> u32 {
@@ -202,12 +254,18 @@ pub fn wait_invocation(s: &Server, id: &str) -> Value {
 }
 
 /// Runs the `hearth` binary with `args` (no `HEARTH_URL` from the environment).
+/// With `--url` of a server this test started, its operator key goes along.
 pub fn hearth(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(args)
-        .env_remove("HEARTH_URL")
-        .output()
-        .expect("run hearth")
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hearth"));
+    cmd.args(args).env_remove("HEARTH_URL");
+    let url = args
+        .iter()
+        .position(|a| *a == "--url")
+        .and_then(|i| args.get(i + 1));
+    if let Some(key) = url.and_then(|u| keys().lock().unwrap().get(*u).cloned()) {
+        cmd.env("HEARTH_API_KEY", key);
+    }
+    cmd.output().expect("run hearth")
 }
 
 /// Asserts success; returns stdout and stderr together.

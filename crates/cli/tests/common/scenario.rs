@@ -12,7 +12,6 @@
 //! sleeps, it does not share CPUs.
 
 use super::Server;
-use hearth_cli::client::Client;
 use hearth_core::balance::BalanceKind;
 use hearth_core::time::{ms, secs};
 use hearth_core::{KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig};
@@ -257,7 +256,7 @@ impl Scenario {
             .calls
             .iter()
             .map(|c| {
-                let mut client = Client::new(&server.url).unwrap();
+                let mut client = super::client_for(&server.url).unwrap();
                 let path = format!("/v1/functions/{}/invoke", c.function);
                 let at = t0 + Duration::from_millis(c.at_ms);
                 std::thread::spawn(move || {
