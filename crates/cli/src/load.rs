@@ -113,6 +113,7 @@ fn target<'a>(c: &Common, functions: impl IntoIterator<Item = &'a FunctionMeta>)
         url: c.url.clone(),
         max_connections: c.max_connections,
         request_timeout: c.timeout.unwrap_or(default),
+        api_key: crate::client::default_api_key(),
     }
 }
 

@@ -144,10 +144,13 @@ mod tests {
     #[test]
     fn lifecycle_and_retention() {
         let s = AsyncInvocations::new(Duration::from_millis(50), 2);
-        let a = s.start("f").unwrap();
-        let b = s.start("f").unwrap();
+        let a = s.start("f", "k1").unwrap();
+        let b = s.start("f", "k2").unwrap();
         assert_ne!(a, b);
-        assert!(s.start("f").is_none(), "full store refuses");
+        assert!(s.start("f", "k1").is_none(), "full store refuses");
+        // Only its owner (or whoever the check lets in) sees a record.
+        assert!(s.get_if(&a, |owner, _| owner == "k1").is_some());
+        assert!(s.get_if(&a, |owner, _| owner == "k2").is_none());
         assert_eq!(s.get(&a).unwrap().status, AsyncState::Running);
         s.finish_answer(
             &a,

@@ -46,6 +46,7 @@ pub fn run(
         &cfg.target.url,
         cfg.clients,
         cfg.target.request_timeout,
+        cfg.target.api_key.as_deref(),
     )?);
     rt.block_on(pool.preopen(cfg.clients))?;
     let (tx, rx) = mpsc::channel::<ResultRow>();

@@ -5,7 +5,7 @@ use crate::error::{LoadgenError, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper::header::{HeaderValue, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -31,6 +31,8 @@ pub struct Exchange {
 pub struct Pool {
     addr: SocketAddr,
     host: HeaderValue,
+    /// `Bearer <key>`, if the API needs one.
+    authorization: Option<HeaderValue>,
     idle: Mutex<Vec<Sender>>,
     permits: Semaphore,
     max: usize,
@@ -58,11 +60,16 @@ fn parse_url(url: &str) -> Result<(SocketAddr, String)> {
 }
 
 impl Pool {
-    pub fn new(url: &str, max: usize, timeout: Duration) -> Result<Self> {
+    pub fn new(url: &str, max: usize, timeout: Duration, api_key: Option<&str>) -> Result<Self> {
         let (addr, host) = parse_url(url)?;
         let max = max.max(1);
+        let authorization = api_key
+            .map(|k| HeaderValue::from_str(&format!("Bearer {k}")))
+            .transpose()
+            .map_err(|_| LoadgenError::Config("the API key is not a valid header value".into()))?;
         Ok(Pool {
             addr,
+            authorization,
             host: HeaderValue::from_str(&host)
                 .map_err(|e| LoadgenError::Config(format!("bad host {host:?}: {e}")))?,
             idle: Mutex::new(Vec::new()),
@@ -152,12 +159,15 @@ impl Pool {
                 Err(e) => return fail(Instant::now(), e),
             },
         };
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(Method::POST)
             .uri(path)
             .header(HOST, self.host.clone())
-            .header(CONTENT_TYPE, "application/json")
-            .body(Full::new(body));
+            .header(CONTENT_TYPE, "application/json");
+        if let Some(a) = &self.authorization {
+            req = req.header(AUTHORIZATION, a.clone());
+        }
+        let req = req.body(Full::new(body));
         let req = match req {
             Ok(r) => r,
             Err(e) => return fail(Instant::now(), format!("bad request for {path}: {e}")),

@@ -42,6 +42,8 @@ pub struct Target {
     pub max_connections: usize,
     /// A request with no answer by then is recorded as an error.
     pub request_timeout: Duration,
+    /// Sent as `Authorization: Bearer …` with every invocation.
+    pub api_key: Option<String>,
 }
 
 /// What a run did besides its rows.

@@ -53,6 +53,7 @@ pub fn run(
         &cfg.target.url,
         cfg.target.max_connections,
         cfg.target.request_timeout,
+        cfg.target.api_key.as_deref(),
     )?);
     rt.block_on(pool.preopen(cfg.preopen))?;
     let handle = rt.handle().clone();
