@@ -298,11 +298,14 @@ pub fn default_api_key() -> Option<String> {
     let dir = std::env::var_os("HEARTH_DATA_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(hearth_service::serving::default_data_dir);
-    [dir.join("admin.key"), dir.join("controller").join("admin.key")]
-        .iter()
-        .find_map(|f| std::fs::read_to_string(f).ok())
-        .map(|k| k.trim().to_string())
-        .filter(|k| !k.is_empty())
+    [
+        dir.join("admin.key"),
+        dir.join("controller").join("admin.key"),
+    ]
+    .iter()
+    .find_map(|f| std::fs::read_to_string(f).ok())
+    .map(|k| k.trim().to_string())
+    .filter(|k| !k.is_empty())
 }
 
 /// The default API address: `$HEARTH_URL`, else the local single node.

@@ -19,8 +19,8 @@ use hearth_api::{PrewarmAnswer, StatusReport};
 use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
 use hearth_service::http::{
-    accepted, invocation_record, invoke_request, json_bytes, json_error, metrics_response,
-    present, prewarm_count, registered, registration_request, InvokeQuery,
+    accepted, invocation_record, invoke_request, json_bytes, json_error, metrics_response, present,
+    prewarm_count, registered, registration_request, InvokeQuery,
 };
 use hearth_service::registry::RegistryError;
 use serde_json::{json, Value};

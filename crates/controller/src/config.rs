@@ -4,8 +4,8 @@
 use hearth_core::balance::{BalanceKind, BalanceParams};
 use hearth_service::config_checks;
 use hearth_service::config_loader::EnvKeys;
-use serde::{Deserialize, Serialize};
 use hearth_service::quota::QuotaLimits;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

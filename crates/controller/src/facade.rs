@@ -30,8 +30,8 @@ use hearth_api::{AsyncOutcome, FunctionSpec, InvokeAnswer, PrewarmAnswer, Status
 use hearth_core::balance::{Finished, FunctionInfo, FunctionKey, Rejection, WorkerId};
 use hearth_service::auth::{Auth, AuthSettings, ClusterKey};
 use hearth_service::in_flight::InFlightTracker;
-use hearth_service::quota::{QuotaError, QuotaGuard, Quotas};
 use hearth_service::invocations::AsyncInvocations;
+use hearth_service::quota::{QuotaError, QuotaGuard, Quotas};
 use hearth_service::registry::{CodeSource, Registered, Registry};
 use hearth_service::serving::open_data_dir;
 use hyper::Method;

@@ -241,9 +241,7 @@ impl Principal {
     pub fn may_read(&self, owner: &str, ns: &str) -> bool {
         match self {
             Principal::Open | Principal::Peer => true,
-            Principal::Key(k) => {
-                k.id == owner || (k.role == Role::Admin && k.scope.covers(ns))
-            }
+            Principal::Key(k) => k.id == owner || (k.role == Role::Admin && k.scope.covers(ns)),
         }
     }
 }
@@ -701,9 +699,7 @@ mod tests {
         // The store holds only the hash.
         let raw = std::fs::read(dir.path().join(KEYS_DB)).unwrap();
         let secret = token.trim().rsplit('_').next().unwrap();
-        assert!(!raw
-            .windows(secret.len())
-            .any(|w| w == secret.as_bytes()));
+        assert!(!raw.windows(secret.len()).any(|w| w == secret.as_bytes()));
         // A second start keeps the key and writes no new one.
         drop(auth);
         let again = Auth::open(AuthSettings {

@@ -90,7 +90,11 @@ impl AsyncInvocations {
     }
 
     /// The record if `may_read(owner, function key)` allows it: to anyone else it does not exist.
-    pub fn get_if(&self, id: &str, may_read: impl FnOnce(&str, &str) -> bool) -> Option<AsyncRecord> {
+    pub fn get_if(
+        &self,
+        id: &str,
+        may_read: impl FnOnce(&str, &str) -> bool,
+    ) -> Option<AsyncRecord> {
         let r = self.records.get(id)?;
         if !may_read(&r.owner, &r.function) {
             return None;

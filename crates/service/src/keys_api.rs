@@ -120,8 +120,7 @@ async fn revoke(
         .get(&id)
         .filter(|k| may_manage(&p, &k.scope).is_ok())
         .ok_or_else(|| ApiError::not_found("key", &id))?;
-    if info.scope == Scope::All
-        && keys.list().iter().filter(|k| k.scope == Scope::All).count() == 1
+    if info.scope == Scope::All && keys.list().iter().filter(|k| k.scope == Scope::All).count() == 1
     {
         return Err(ApiError::new(
             StatusCode::CONFLICT,

@@ -54,7 +54,10 @@ mod scope_tests {
     fn a_namespace_sees_only_its_functions_samples() {
         let text = "# TYPE x counter\nx_total{function=\"hello\"} 1\nx_total{function=\"a.f\",k=\"v\"} 2\nup 1\n# EOF\n";
         let a = super::scope_to_namespace(text, "a");
-        assert_eq!(a, "# TYPE x counter\nx_total{function=\"a.f\",k=\"v\"} 2\n# EOF\n");
+        assert_eq!(
+            a,
+            "# TYPE x counter\nx_total{function=\"a.f\",k=\"v\"} 2\n# EOF\n"
+        );
         let d = super::scope_to_namespace(text, "default");
         assert!(d.contains("function=\"hello\"") && !d.contains("a.f") && !d.contains("up 1"));
     }

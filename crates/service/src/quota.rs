@@ -77,7 +77,9 @@ struct NamespaceState {
 pub enum QuotaError {
     #[error("namespace {namespace:?} already has {limit} invocations in flight, its quota")]
     Concurrency { namespace: String, limit: u32 },
-    #[error("namespace {namespace:?} is over its rate quota of {rate_per_s} invocations per second")]
+    #[error(
+        "namespace {namespace:?} is over its rate quota of {rate_per_s} invocations per second"
+    )]
     Rate {
         namespace: String,
         rate_per_s: f64,
@@ -135,20 +137,15 @@ impl Quotas {
             return Arc::clone(&s);
         }
         let burst = self.limits(ns).burst();
-        Arc::clone(
-            &self
-                .state
-                .entry(ns.to_string())
-                .or_insert_with(|| {
-                    Arc::new(NamespaceState {
-                        in_flight: AtomicU32::new(0),
-                        bucket: Mutex::new(Bucket {
-                            tokens: burst,
-                            at: now,
-                        }),
-                    })
+        Arc::clone(&self.state.entry(ns.to_string()).or_insert_with(|| {
+            Arc::new(NamespaceState {
+                in_flight: AtomicU32::new(0),
+                bucket: Mutex::new(Bucket {
+                    tokens: burst,
+                    at: now,
                 }),
-        )
+            })
+        }))
     }
 
     /// Admits one invocation of namespace `ns`, holding a slot until the guard drops; `share`
@@ -273,7 +270,9 @@ mod tests {
         assert_eq!(fair_share(5, 2, 0.5), Some(3));
         let q = Quotas::new(QuotaLimits::default(), BTreeMap::new());
         let now = Instant::now();
-        let _held: Vec<_> = (0..2).map(|_| q.admit("a", Some(2), now).unwrap()).collect();
+        let _held: Vec<_> = (0..2)
+            .map(|_| q.admit("a", Some(2), now).unwrap())
+            .collect();
         assert!(matches!(
             q.admit("a", Some(2), now).err().unwrap(),
             QuotaError::FairShare { limit: 2, .. }

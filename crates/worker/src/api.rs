@@ -16,8 +16,8 @@ use hearth_api::{AsyncRecord, PrewarmAnswer, WorkerStatus};
 use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
 use hearth_service::http::{
-    accepted, invocation_record, invoke_request, json_bytes, metrics_response, prewarm_count,
-    present, registered, registration_request, InvokeQuery,
+    accepted, invocation_record, invoke_request, json_bytes, metrics_response, present,
+    prewarm_count, registered, registration_request, InvokeQuery,
 };
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -47,7 +47,6 @@ pub fn router(worker: Arc<Worker>) -> Router {
     let auth = std::sync::Arc::clone(worker.auth());
     hearth_service::keys_api::protect(routes.with_state(worker), auth)
 }
-
 
 /// `PUT /v1/functions/{name}` body: the spec's fields plus `code`.
 async fn register(

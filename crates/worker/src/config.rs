@@ -3,8 +3,8 @@
 
 use hearth_core::policy::hist::HistConfig;
 use hearth_core::{AimdConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig};
-use serde::{Deserialize, Serialize};
 use hearth_service::quota::QuotaLimits;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -347,7 +347,8 @@ impl WorkerConfig {
                 self.namespace_share
             ));
         }
-        hearth_service::quota::check_quotas(&self.quota, &self.quotas).map_err(ConfigError::Invalid)?;
+        hearth_service::quota::check_quotas(&self.quota, &self.quotas)
+            .map_err(ConfigError::Invalid)?;
         config_checks::status_interval_ms(self.status_interval_ms)
     }
 

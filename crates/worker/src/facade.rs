@@ -14,13 +14,13 @@ use hearth_api::{
 };
 use hearth_core::characteristics::CharacteristicsReport;
 use hearth_core::{EngineConfig, EngineStats, LoadSource, Micros, PoolConfig, Reject};
+use hearth_service::auth::{Auth, AuthError, AuthSettings, ClusterKey};
 use hearth_service::in_flight::InFlightTracker;
 use hearth_service::invocations::AsyncInvocations;
+use hearth_service::quota::{QuotaError, QuotaGuard, Quotas};
 use hearth_service::registry::{CodeSource, Registered, Registry, RegistryError};
 use hearth_service::serving::open_data_dir;
 use std::path::PathBuf;
-use hearth_service::auth::{Auth, AuthError, AuthSettings, ClusterKey};
-use hearth_service::quota::{QuotaError, QuotaGuard, Quotas};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -29,7 +29,11 @@ fn keys() -> &'static std::sync::Mutex<std::collections::HashMap<String, String>
 
 /// A client for a server this test started, with its operator key.
 pub fn client_for(url: &str) -> Result<Client, hearth_cli::client::ClientError> {
-    let key = keys().lock().unwrap().get(url.trim_end_matches('/')).cloned();
+    let key = keys()
+        .lock()
+        .unwrap()
+        .get(url.trim_end_matches('/'))
+        .cloned();
     Ok(Client::new(url)?.with_token(key))
 }
 
@@ -107,10 +111,13 @@ impl Server {
         };
         s.wait_ready();
         // `hearth up --workers N` keeps the controller's data (and key) in `controller/`.
-        s.key = [data_dir.join("admin.key"), data_dir.join("controller/admin.key")]
-            .iter()
-            .find_map(|f| std::fs::read_to_string(f).ok())
-            .map(|k| k.trim().to_string());
+        s.key = [
+            data_dir.join("admin.key"),
+            data_dir.join("controller/admin.key"),
+        ]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(f).ok())
+        .map(|k| k.trim().to_string());
         if let Some(k) = &s.key {
             keys().lock().unwrap().insert(s.url.clone(), k.clone());
         }
