@@ -42,7 +42,8 @@ for policy in least-loaded ch-bl ch-rlu; do
         --memory-mb "$per_worker" >"$data.log" 2>&1 &
     pid=$!
     for _ in $(seq 200); do
-        n=$(curl -sf "http://127.0.0.1:$port/v1/status" 2>/dev/null |
+        export HEARTH_API_KEY=$(key_of "$data")
+        n=$(curl -sf -H "Authorization: Bearer $HEARTH_API_KEY" "http://127.0.0.1:$port/v1/status" 2>/dev/null |
             python3 -c 'import json,sys; print(sum(1 for w in json.load(sys.stdin)["workers"] if w["up"]))' 2>/dev/null || echo 0)
         [ "$n" = 4 ] && break
         sleep 0.1

@@ -34,20 +34,28 @@ WURL="http://127.0.0.1:$WPORT"
 HEARTH_LOG=warn "$H" controller --listen "127.0.0.1:$CPORT" --data-dir "$tmp/controller" \
     --balance "$BALANCE" 2>"$tmp/controller.log" &
 pids+=($!)
+wait_healthy "$CURL"
+# The worker joins with the controller's cluster key (a binary without authentication has none).
+if wait_file "$tmp/controller/cluster.key"; then
+    export HEARTH_CLUSTER_KEY_FILE="$tmp/controller/cluster.key"
+fi
 HEARTH_LOG=warn HEARTH_WORKER_ID=bench-worker "$H" worker --backend "$BACKEND" \
     --listen "127.0.0.1:$WPORT" --data-dir "$tmp/worker" --controller "$CURL" 2>"$tmp/worker.log" &
 pids+=($!)
+wait_healthy "$WURL"
+CKEY=$(key_of "$tmp/controller")
+WKEY=$(key_of "$tmp/worker")
 for _ in $(seq 100); do
-    if "$H" status --url "$CURL" 2>/dev/null | grep -q '"workers_up": 1'; then break; fi
+    if HEARTH_API_KEY=$CKEY "$H" status --url "$CURL" 2>/dev/null | grep -q '"workers_up": 1'; then break; fi
     sleep 0.1
 done
-"$H" status --url "$CURL" | grep -q '"workers_up": 1' || { cat "$tmp"/*.log >&2; exit 1; }
+HEARTH_API_KEY=$CKEY "$H" status --url "$CURL" | grep -q '"workers_up": 1' || { cat "$tmp"/*.log >&2; exit 1; }
 
 echo "controller overhead: $ROUNDS rounds of $DUR per path, $CLIENTS client(s), backend $BACKEND, policy $BALANCE"
 for r in $(seq "$ROUNDS"); do
     for path in worker controller; do
-        url=$WURL; [ "$path" = controller ] && url=$CURL
-        "$H" bench overhead --url "$url" --duration "$DUR" --clients "$CLIENTS" --json \
+        url=$WURL; key=$WKEY; [ "$path" = controller ] && url=$CURL && key=$CKEY
+        HEARTH_API_KEY=$key "$H" bench overhead --url "$url" --duration "$DUR" --clients "$CLIENTS" --json \
             | sed "s/^/{\"path\":\"$path\",\"round\":$r,\"run\":/; s/\$/}/" >>"$tmp/runs.jsonl"
     done
 done

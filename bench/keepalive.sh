@@ -50,6 +50,7 @@ for pct in 25 50 100; do
             --keepalive "$policy" --memory-mb "$budget" >"$data.log" 2>&1 &
         pid=$!
         wait_healthy "http://127.0.0.1:$port"
+        export HEARTH_API_KEY=$(key_of "$data")
         echo "== $policy at $pct % ($budget MiB)" >&2
         "$H" load trace "$out/trace.csv" --url "http://127.0.0.1:$port" \
             -o "$out/$policy-$pct.csv" >"$out/$policy-$pct.load.txt" 2>&1

@@ -15,3 +15,16 @@ wait_healthy() {
     done
     return 0
 }
+
+# The operator key a server wrote at its first start in its data directory DIR (a cluster's is in
+# DIR/controller); empty for a server without authentication. Scripts export it as
+# HEARTH_API_KEY, which `hearth` commands send.
+key_of() {
+    cat "$1/admin.key" 2>/dev/null || cat "$1/controller/admin.key" 2>/dev/null || true
+}
+
+# Waits up to 10 s for FILE to exist (a secret a server writes when it starts).
+wait_file() {
+    for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done
+    return 1
+}

@@ -16,6 +16,7 @@ HEARTH_LOG=warn "$H" worker --listen "127.0.0.1:$port" --backend sim --data-dir 
 worker=$!
 trap 'kill "$worker" 2>/dev/null; wait "$worker" 2>/dev/null; rm -rf "$work"' EXIT
 wait_healthy "http://127.0.0.1:$port" 0.05
+export HEARTH_API_KEY=$(key_of "$work/data")
 # A no-op: the sim backend answers at once (warm and cold time 0).
 "$H" trace make poisson --rate "$RATE" --duration "${SECONDS_}s" --functions 1 --warm-ms 0 \
     --cold-ms 0 --mem-mb 64 --seed 1 -o "$work/trace.csv" >/dev/null

@@ -26,6 +26,7 @@ cleanup() { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || tr
 trap cleanup EXIT
 url="http://127.0.0.1:$port"
 wait_healthy "$url"
+export HEARTH_API_KEY=$(key_of "$data")
 
 echo "# hearth bench overhead: backend $backend, $(nproc) CPUs, ${secs}s per run, low_latency=${HEARTH_LOW_LATENCY:-true}"
 printf '%-22s %10s %8s %8s %8s %8s %8s\n' case "inv/s" "ovh p50" "ovh p90" "ovh p99" "e2e p50" "e2e p99"

@@ -34,6 +34,7 @@ for q in fcfs sjf eedf rare srsf; do
         --cpus 16 --concurrency 16 --queue "$q" --memory-mb 65536 >"$data.log" 2>&1 &
     pid=$!
     wait_healthy "http://127.0.0.1:$port"
+    export HEARTH_API_KEY=$(key_of "$data")
     echo "== $q" >&2
     "$H" load trace "$out/trace.csv" --url "http://127.0.0.1:$port" --prewarm \
         -o "$out/$q.csv" >"$out/$q.load.txt" 2>&1

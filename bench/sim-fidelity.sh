@@ -30,6 +30,7 @@ HEARTH_LOG=warn "$H" worker --listen "127.0.0.1:$port" --backend sim --data-dir 
 worker=$!
 trap 'kill "$worker" 2>/dev/null; wait "$worker" 2>/dev/null; rm -rf "$work"' EXIT
 wait_healthy "http://127.0.0.1:$port" 0.05
+export HEARTH_API_KEY=$(key_of "$work/data")
 echo "real worker (sim backend, $CPUS CPUs, concurrency $LIMIT):"
 "$H" load trace "$OUT/trace.csv" --url "http://127.0.0.1:$port" --prewarm -o "$OUT/real.csv" \
     | grep -E 'e2e p50|cold starts|answered'

@@ -54,6 +54,13 @@ error_codes! {
     WorkerFailed => "worker_failed",
     WorkerTimeout => "worker_timeout",
     WorkerRefusedFunction => "worker_refused_function",
+    Unauthorized => "unauthorized",
+    Forbidden => "forbidden",
+    QuotaConcurrency => "quota_concurrency",
+    QuotaRate => "quota_rate",
+    FairShare => "fair_share",
+    LastOperatorKey => "last_operator_key",
+    AuthDisabled => "auth_disabled",
     Internal => "internal",
 }
 

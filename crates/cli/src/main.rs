@@ -263,6 +263,13 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Cost of checking an API key on the request path (no server needed).
+    Auth {
+        #[arg(long, default_value_t = 200_000)]
+        checks: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Cold starts of a hello function: sandbox + agent + import.
     Cold {
         #[command(flatten)]
@@ -668,6 +675,10 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
             };
             route_bench::print(&setup, &kinds, as_json).map_err(anyhow::Error::msg)
         }
+        BenchCommand::Auth {
+            checks,
+            json: as_json,
+        } => hearth_cli::auth_bench::run(checks, as_json),
         BenchCommand::Cold {
             url,
             rounds,
