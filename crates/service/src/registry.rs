@@ -389,6 +389,9 @@ impl Registry {
                     tracing::warn!(dir = %dir.display(), error = %e, "could not remove old code");
                 }
             }
+            if let Some(parent) = dir.parent() {
+                let _ = std::fs::remove_dir(parent); // only succeeds when empty
+            }
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
@@ -426,14 +429,26 @@ impl Staged {
         self.dir.as_deref().unwrap_or(Path::new(""))
     }
 
-    /// Moves the code to its version's directory. Names are unique, so an old version's
-    /// directory (maybe still mounted by a sandbox, or being removed) is never reused.
+    /// Moves the code to its version's directory, `v{version}`. A directory of that name left
+    /// by a deleted function (maybe still mounted by a sandbox, or being removed) is never
+    /// reused: the new one gets a suffix.
     fn commit(mut self, code_root: &Path, spec: &FunctionSpec) -> Result<PathBuf, RegistryError> {
         let fn_dir = code_root.join(&spec.name);
-        std::fs::create_dir_all(&fn_dir)?;
-        set_mode(&fn_dir, 0o755)?;
-        let target = fn_dir.join(format!("v{}-{:08x}", spec.version, rand::random::<u32>()));
-        std::fs::rename(self.path(), &target)?;
+        let mut target = fn_dir.join(format!("v{}", spec.version));
+        if target.exists() {
+            target = fn_dir.join(format!("v{}-{:08x}", spec.version, rand::random::<u32>()));
+        }
+        // The function's directory may be removed meanwhile with its last old version.
+        let mut tries = 0;
+        loop {
+            std::fs::create_dir_all(&fn_dir)?;
+            set_mode(&fn_dir, 0o755)?;
+            match std::fs::rename(self.path(), &target) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 3 => tries += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
         self.dir = None;
         Ok(target)
     }
