@@ -139,9 +139,9 @@ mod tests {
         std::fs::write(src.join("pkg/util.py"), "X = 1\n").unwrap();
         let link = std::os::unix::fs::symlink;
         link(outside.path().join("secret.txt"), src.join("secret.txt")).unwrap();
-        link(outside.path(), src.join("elsewhere")).unwrap();
+        link(outside.path().to_path_buf(), src.join("elsewhere")).unwrap();
         link(src.join("pkg/util.py"), src.join("util.py")).unwrap();
-        link(src, src.join("pkg/loop")).unwrap();
+        link(src.to_path_buf(), src.join("pkg/loop")).unwrap();
         link(src.join("missing"), src.join("dangling")).unwrap();
         let packed = pack_dir_reporting(src).unwrap();
         let mut skipped = packed.skipped.clone();

@@ -1076,4 +1076,129 @@ mod tests {
         let mode = std::fs::metadata(file).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o644);
     }
+
+    fn targz(build: impl FnOnce(&mut tar::Builder<flate2::write::GzEncoder<Vec<u8>>>)) -> String {
+        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut b = tar::Builder::new(gz);
+        build(&mut b);
+        let bytes = b.into_inner().unwrap().finish().unwrap();
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
+    fn with_roots(data: &Path, roots: Vec<PathBuf>) -> Registry {
+        let intake = CodeIntake {
+            path_roots: roots,
+            ..CodeIntake::default()
+        };
+        Registry::open_with(data, intake).unwrap()
+    }
+
+    #[test]
+    fn code_path_is_off_without_roots_and_confined_with_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        set_mode(tmp.path(), 0o755).unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(root.join("f")).unwrap();
+        std::fs::write(root.join("f/main.py"), "def main(a):\n    return a\n").unwrap();
+        std::fs::write(root.join("f/key.pem"), "PRIVATE").unwrap();
+        set_mode(&root.join("f/key.pem"), 0o640).unwrap();
+        let data = tmp.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        let path = |p: &Path| Some(CodeSource::Path(p.to_path_buf()));
+
+        let reg = Registry::open(&data).unwrap();
+        let err = reg.put(FunctionSpec::new("f"), path(&root.join("f")), true).unwrap_err();
+        assert!(err.to_string().contains("code_path_roots"), "{err}");
+        drop(reg);
+
+        let reg = with_roots(&data, vec![tmp.path().to_path_buf()]);
+        let err = reg.put(FunctionSpec::new("f"), path(&root.join("f")), true).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("key.pem") && !msg.contains("PRIVATE"), "{msg}");
+        assert!(!msg.contains(&tmp.path().display().to_string()), "{msg}");
+        set_mode(&root.join("f/key.pem"), 0o644).unwrap();
+        let (r, _) = reg.put(FunctionSpec::new("f"), path(&root.join("f")), true).unwrap();
+        assert!(r.code_dir.unwrap().join("key.pem").is_file());
+        let err = reg.put(FunctionSpec::new("g"), path(&data), true).unwrap_err();
+        assert!(err.to_string().contains("data directory"), "{err}");
+        let err = reg
+            .put(FunctionSpec::new("g"), path(Path::new("relative/dir")), true)
+            .unwrap_err();
+        assert!(err.to_string().contains("absolute"), "{err}");
+    }
+
+    #[test]
+    fn an_oversized_header_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(dir.path()).unwrap();
+        // A PAX header the tar reader would otherwise load whole into memory.
+        let archive = targz(|b| {
+            let mut h = tar::Header::new_ustar();
+            h.set_entry_type(tar::EntryType::XHeader);
+            h.set_size(64 << 20);
+            h.set_cksum();
+            b.append(&h, std::io::repeat(b'a').take(64 << 20)).unwrap();
+        });
+        let err = reg
+            .put(FunctionSpec::new("f"), Some(CodeSource::Archive(archive)), false)
+            .unwrap_err();
+        assert!(err.to_string().contains("headers"), "{err}");
+    }
+
+    #[test]
+    fn limits_count_files_and_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let intake = CodeIntake {
+            max_files: 3,
+            max_unpacked_bytes: 100,
+            ..CodeIntake::default()
+        };
+        let reg = Registry::open_with(dir.path(), intake).unwrap();
+        let files = |n: usize, size: usize| {
+            let mut m: BTreeMap<String, String> =
+                (0..n).map(|i| (format!("f{i}.py"), "x".repeat(size))).collect();
+            m.insert("main.py".into(), "def main(a): return a\n".into());
+            Some(CodeSource::Files(m))
+        };
+        assert!(reg.put(FunctionSpec::new("ok"), files(2, 10), true).is_ok());
+        let err = reg.put(FunctionSpec::new("n"), files(3, 1), true).unwrap_err();
+        assert!(matches!(err, RegistryError::TooLarge { limit: CodeLimit::Files, max: 3 }));
+        let err = reg.put(FunctionSpec::new("b"), files(1, 90), true).unwrap_err();
+        assert!(matches!(
+            err,
+            RegistryError::TooLarge {
+                limit: CodeLimit::UnpackedBytes,
+                max: 100
+            }
+        ));
+        let staged: Vec<_> = std::fs::read_dir(dir.path().join("functions/.incoming"))
+            .unwrap()
+            .collect();
+        assert!(staged.is_empty(), "refused uploads leave nothing behind");
+    }
+
+    /// On a single-threaded runtime, a task spawned beside a registration runs before the
+    /// registration completes: the unpacking does not hold the runtime's only thread.
+    #[tokio::test(flavor = "current_thread")]
+    async fn registration_leaves_the_async_thread_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Arc::new(Registry::open(dir.path()).unwrap());
+        let files: BTreeMap<String, String> = (0..2000)
+            .map(|i| (format!("m{i}.py"), "x = 1\n".repeat(100)))
+            .chain([("main.py".to_string(), "def main(a): return a\n".to_string())])
+            .collect();
+        let other_ran = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&other_ran);
+        let other = tokio::spawn(async move { flag.store(true, Ordering::SeqCst) });
+        let (put, seen) = {
+            let r = reg
+                .put_blocking(FunctionSpec::new("f"), Some(CodeSource::Files(files)), true)
+                .await;
+            (r, other_ran.load(Ordering::SeqCst))
+        };
+        put.unwrap();
+        assert!(seen, "the other task ran while the code was being written");
+        other.await.unwrap();
+    }
+
 }
