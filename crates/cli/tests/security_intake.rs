@@ -510,8 +510,16 @@ fn the_data_directory_and_database_are_private() {
 /// Registrations unpack off the async threads: while several big ones are unpacking at once,
 /// `/healthz` answers, and they are all still unpacking when it does (ordering, not timing).
 #[test]
-fn health_answers_while_big_registrations_unpack() {
-    let s = Server::start("sim", &[]);
+fn a_worker_answers_health_while_big_registrations_unpack() {
+    health_answers_while_big_registrations_unpack(&Server::start("sim", &[]));
+}
+
+#[test]
+fn a_controller_answers_health_while_big_registrations_unpack() {
+    health_answers_while_big_registrations_unpack(&Server::start_controller("ch-rlu", &[]));
+}
+
+fn health_answers_while_big_registrations_unpack(s: &Server) {
     let n = 3;
     let bomb = std::sync::Arc::new(zero_bomb(200 << 20));
     let regs: Vec<_> = (0..n)

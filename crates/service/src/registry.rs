@@ -1107,22 +1107,34 @@ mod tests {
         let path = |p: &Path| Some(CodeSource::Path(p.to_path_buf()));
 
         let reg = Registry::open(&data).unwrap();
-        let err = reg.put(FunctionSpec::new("f"), path(&root.join("f")), true).unwrap_err();
+        let err = reg
+            .put(FunctionSpec::new("f"), path(&root.join("f")), true)
+            .unwrap_err();
         assert!(err.to_string().contains("code_path_roots"), "{err}");
         drop(reg);
 
         let reg = with_roots(&data, vec![tmp.path().to_path_buf()]);
-        let err = reg.put(FunctionSpec::new("f"), path(&root.join("f")), true).unwrap_err();
+        let err = reg
+            .put(FunctionSpec::new("f"), path(&root.join("f")), true)
+            .unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("key.pem") && !msg.contains("PRIVATE"), "{msg}");
         assert!(!msg.contains(&tmp.path().display().to_string()), "{msg}");
         set_mode(&root.join("f/key.pem"), 0o644).unwrap();
-        let (r, _) = reg.put(FunctionSpec::new("f"), path(&root.join("f")), true).unwrap();
+        let (r, _) = reg
+            .put(FunctionSpec::new("f"), path(&root.join("f")), true)
+            .unwrap();
         assert!(r.code_dir.unwrap().join("key.pem").is_file());
-        let err = reg.put(FunctionSpec::new("g"), path(&data), true).unwrap_err();
+        let err = reg
+            .put(FunctionSpec::new("g"), path(&data), true)
+            .unwrap_err();
         assert!(err.to_string().contains("data directory"), "{err}");
         let err = reg
-            .put(FunctionSpec::new("g"), path(Path::new("relative/dir")), true)
+            .put(
+                FunctionSpec::new("g"),
+                path(Path::new("relative/dir")),
+                true,
+            )
             .unwrap_err();
         assert!(err.to_string().contains("absolute"), "{err}");
     }
@@ -1140,7 +1152,11 @@ mod tests {
             b.append(&h, std::io::repeat(b'a').take(64 << 20)).unwrap();
         });
         let err = reg
-            .put(FunctionSpec::new("f"), Some(CodeSource::Archive(archive)), false)
+            .put(
+                FunctionSpec::new("f"),
+                Some(CodeSource::Archive(archive)),
+                false,
+            )
             .unwrap_err();
         assert!(err.to_string().contains("headers"), "{err}");
     }
@@ -1155,15 +1171,26 @@ mod tests {
         };
         let reg = Registry::open_with(dir.path(), intake).unwrap();
         let files = |n: usize, size: usize| {
-            let mut m: BTreeMap<String, String> =
-                (0..n).map(|i| (format!("f{i}.py"), "x".repeat(size))).collect();
+            let mut m: BTreeMap<String, String> = (0..n)
+                .map(|i| (format!("f{i}.py"), "x".repeat(size)))
+                .collect();
             m.insert("main.py".into(), "def main(a): return a\n".into());
             Some(CodeSource::Files(m))
         };
         assert!(reg.put(FunctionSpec::new("ok"), files(2, 10), true).is_ok());
-        let err = reg.put(FunctionSpec::new("n"), files(3, 1), true).unwrap_err();
-        assert!(matches!(err, RegistryError::TooLarge { limit: CodeLimit::Files, max: 3 }));
-        let err = reg.put(FunctionSpec::new("b"), files(1, 90), true).unwrap_err();
+        let err = reg
+            .put(FunctionSpec::new("n"), files(3, 1), true)
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            RegistryError::TooLarge {
+                limit: CodeLimit::Files,
+                max: 3
+            }
+        ));
+        let err = reg
+            .put(FunctionSpec::new("b"), files(1, 90), true)
+            .unwrap_err();
         assert!(matches!(
             err,
             RegistryError::TooLarge {
@@ -1200,5 +1227,4 @@ mod tests {
         assert!(seen, "the other task ran while the code was being written");
         other.await.unwrap();
     }
-
 }

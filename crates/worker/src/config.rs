@@ -476,4 +476,34 @@ mod tests {
             Ok(())
         });
     }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn code_intake_settings_come_from_the_environment_and_are_checked() {
+        figment::Jail::expect_with(|jail| {
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert!(c.code_path_roots.is_empty(), "code.path is off by default");
+            assert_eq!(c.code_intake().max_unpacked_bytes, 250 * 1024 * 1024);
+            assert_eq!(c.code_intake().max_files, 10_000);
+            jail.set_env(
+                "HEARTH_CODE_PATH_ROOTS",
+                "[\"/srv/functions\", \"/opt/fn\"]",
+            );
+            jail.set_env("HEARTH_MAX_CODE_FILES", "50");
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(
+                c.code_path_roots,
+                vec![PathBuf::from("/srv/functions"), PathBuf::from("/opt/fn")]
+            );
+            assert_eq!(c.code_intake().max_files, 50);
+            jail.set_env("HEARTH_CODE_PATH_ROOTS", "[\"relative\"]");
+            let err = WorkerConfig::load(None).unwrap_err().to_string();
+            assert!(err.contains("absolute"), "{err}");
+            jail.set_env("HEARTH_CODE_PATH_ROOTS", "[]");
+            jail.set_env("HEARTH_MAX_CODE_FILES", "0");
+            let err = WorkerConfig::load(None).unwrap_err().to_string();
+            assert!(err.contains("max_code_files"), "{err}");
+            Ok(())
+        });
+    }
 }
