@@ -118,7 +118,10 @@ impl FunctionSpec {
             return Err(SpecError::BadName(self.name.clone()));
         }
         if self.runtime != "python3" && self.runtime != "python" {
-            return Err(SpecError::BadRuntime(self.runtime.clone()));
+            // Echoed back, so cut short: the body may be megabytes.
+            return Err(SpecError::BadRuntime(
+                self.runtime.chars().take(32).collect(),
+            ));
         }
         self.runtime = "python3".into();
         check_range(
