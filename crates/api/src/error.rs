@@ -38,6 +38,7 @@ error_codes! {
     UnknownFunction => "unknown_function",
     MethodNotAllowed => "method_not_allowed",
     PayloadTooLarge => "payload_too_large",
+    CodeTooLarge => "code_too_large",
     Conflict => "conflict",
     Overloaded => "overloaded",
     QueueFull => "queue_full",

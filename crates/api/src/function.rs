@@ -7,6 +7,19 @@ use std::collections::BTreeMap;
 pub const MAX_MEMORY_MB: u64 = 64 * 1024;
 pub const MAX_CPUS: f64 = 64.0;
 pub const MAX_TIMEOUT_MS: u64 = 15 * 60 * 1000;
+/// Smallest sandbox worth starting.
+pub const MIN_MEMORY_MB: u64 = 16;
+pub const MIN_CPUS: f64 = 0.01;
+/// Simulated times: an hour is far beyond any function, and keeps sums and products finite.
+pub const MAX_SIM_MS: f64 = 3_600_000.0;
+/// Priorities order functions relative to each other; a small range is plenty.
+pub const MIN_PRIORITY: i32 = -1000;
+pub const MAX_PRIORITY: i32 = 1000;
+/// Environment: Lambda's limits (4 KiB of names and values together).
+pub const MAX_ENV_VARS: u64 = 64;
+pub const MAX_ENV_BYTES: u64 = 4096;
+/// `module.function`, dotted: long enough for deep packages.
+pub const MAX_HANDLER_LEN: u64 = 256;
 
 /// A function as registered: the worker, the controller and the simulator all read this.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -66,14 +79,16 @@ pub enum SpecError {
     BadRuntime(String),
     #[error("handler must look like `function` or `module.function` with identifiers: {0:?}")]
     BadHandler(String),
-    #[error("memory_mb must be between 16 and {MAX_MEMORY_MB}: {0}")]
-    BadMemory(u64),
-    #[error("cpus must be between 0.01 and {MAX_CPUS}: {0}")]
-    BadCpus(f64),
-    #[error("timeout_ms must be between 1 and {MAX_TIMEOUT_MS}: {0}")]
-    BadTimeout(u64),
-    #[error("sim_warm_ms and sim_cold_ms must be finite and non-negative")]
-    BadSimTimes,
+    /// A number outside its bounds: the field, its bounds (inclusive) and what was sent.
+    #[error("{field} must be between {min} and {max}{unit}, got {got}")]
+    OutOfRange {
+        field: &'static str,
+        min: f64,
+        max: f64,
+        /// What is counted, for counts and sizes (e.g. " variables").
+        unit: &'static str,
+        got: String,
+    },
     #[error("environment variable names must be identifiers not starting with HEARTH_: {0:?}")]
     BadEnv(String),
 }
@@ -103,28 +118,58 @@ impl FunctionSpec {
             return Err(SpecError::BadName(self.name.clone()));
         }
         if self.runtime != "python3" && self.runtime != "python" {
-            return Err(SpecError::BadRuntime(self.runtime.clone()));
+            // Echoed back, so cut short: the body may be megabytes.
+            return Err(SpecError::BadRuntime(
+                self.runtime.chars().take(32).collect(),
+            ));
         }
         self.runtime = "python3".into();
+        check_range(
+            "handler",
+            0.0,
+            MAX_HANDLER_LEN as f64,
+            " characters",
+            self.handler.len() as f64,
+        )?;
         if !self.handler.contains('.') {
             self.handler = format!("main.{}", self.handler);
         }
         if !self.handler.split('.').all(is_identifier) {
             return Err(SpecError::BadHandler(self.handler.clone()));
         }
-        if !(16..=MAX_MEMORY_MB).contains(&self.memory_mb) {
-            return Err(SpecError::BadMemory(self.memory_mb));
+        let int = |field, min: u64, max: u64, v: u64| {
+            check_range(field, min as f64, max as f64, "", v as f64)
+        };
+        int("memory_mb", MIN_MEMORY_MB, MAX_MEMORY_MB, self.memory_mb)?;
+        check_range("cpus", MIN_CPUS, MAX_CPUS, "", self.cpus)?;
+        int("timeout_ms", 1, MAX_TIMEOUT_MS, self.timeout_ms)?;
+        if let Some(d) = self.deadline_ms {
+            int("deadline_ms", 1, MAX_TIMEOUT_MS, d)?;
         }
-        if !(self.cpus.is_finite() && (0.01..=MAX_CPUS).contains(&self.cpus)) {
-            return Err(SpecError::BadCpus(self.cpus));
-        }
-        if !(1..=MAX_TIMEOUT_MS).contains(&self.timeout_ms) {
-            return Err(SpecError::BadTimeout(self.timeout_ms));
-        }
-        let sim_ok = |v: f64| v.is_finite() && v >= 0.0;
-        if !(sim_ok(self.sim_warm_ms) && sim_ok(self.sim_cold_ms)) {
-            return Err(SpecError::BadSimTimes);
-        }
+        check_range("sim_warm_ms", 0.0, MAX_SIM_MS, "", self.sim_warm_ms)?;
+        check_range("sim_cold_ms", 0.0, MAX_SIM_MS, "", self.sim_cold_ms)?;
+        check_range(
+            "priority",
+            f64::from(MIN_PRIORITY),
+            f64::from(MAX_PRIORITY),
+            "",
+            f64::from(self.priority),
+        )?;
+        check_range(
+            "env",
+            0.0,
+            MAX_ENV_VARS as f64,
+            " variables",
+            self.env.len() as f64,
+        )?;
+        let env_bytes: usize = self.env.iter().map(|(k, v)| k.len() + v.len()).sum();
+        check_range(
+            "env",
+            0.0,
+            MAX_ENV_BYTES as f64,
+            " bytes of names and values together",
+            env_bytes as f64,
+        )?;
         if let Some(bad) = self
             .env
             .keys()
@@ -138,6 +183,38 @@ impl FunctionSpec {
     /// The module part of the handler (`main` for `main.main`).
     pub fn handler_module(&self) -> &str {
         self.handler.rsplit_once('.').map_or("main", |(m, _)| m)
+    }
+}
+
+/// `Ok` when `v` is finite and within `min..=max`.
+fn check_range(
+    field: &'static str,
+    min: f64,
+    max: f64,
+    unit: &'static str,
+    v: f64,
+) -> Result<(), SpecError> {
+    if v.is_finite() && (min..=max).contains(&v) {
+        return Ok(());
+    }
+    Err(SpecError::OutOfRange {
+        field,
+        min,
+        max,
+        unit,
+        got: v.to_string(),
+    })
+}
+
+impl SpecError {
+    /// The field and its inclusive bounds, for a number out of range (the error body's details).
+    pub fn range(&self) -> Option<(&'static str, f64, f64)> {
+        match self {
+            SpecError::OutOfRange {
+                field, min, max, ..
+            } => Some((field, *min, *max)),
+            _ => None,
+        }
     }
 }
 
@@ -195,6 +272,40 @@ mod tests {
             (|s| s.runtime = "node".into(), "runtime"),
             (|s| s.sim_warm_ms = -1.0, "sim_warm_ms"),
             (
+                |s| s.sim_cold_ms = 1e308,
+                "sim_cold_ms must be between 0 and 3600000",
+            ),
+            (|s| s.sim_cold_ms = f64::INFINITY, "sim_cold_ms"),
+            (
+                |s| s.deadline_ms = Some(u64::MAX),
+                "deadline_ms must be between 1 and 900000",
+            ),
+            (|s| s.deadline_ms = Some(0), "deadline_ms"),
+            (
+                |s| s.priority = 1001,
+                "priority must be between -1000 and 1000",
+            ),
+            (|s| s.priority = i32::MIN, "priority"),
+            (
+                |s| s.memory_mb = u64::MAX,
+                "memory_mb must be between 16 and 65536",
+            ),
+            (|s| s.handler = format!("m.{}", "x".repeat(300)), "handler"),
+            (
+                |s| {
+                    for i in 0..65 {
+                        s.env.insert(format!("V{i}"), String::new());
+                    }
+                },
+                "env must be between 0 and 64 variables",
+            ),
+            (
+                |s| {
+                    s.env.insert("BIG".into(), "x".repeat(4094));
+                },
+                "env must be between 0 and 4096 bytes",
+            ),
+            (
                 |s| {
                     s.env.insert("HEARTH_SOCKET".into(), "x".into());
                 },
@@ -207,6 +318,19 @@ mod tests {
             let err = s.validate().unwrap_err().to_string();
             assert!(err.contains(needle), "{err} should mention {needle}");
         }
+    }
+
+    #[test]
+    fn out_of_range_errors_name_the_field_and_bounds() {
+        let mut s = FunctionSpec::new("ok");
+        s.sim_warm_ms = 3_600_000.0;
+        s.priority = -1000;
+        s.deadline_ms = Some(MAX_TIMEOUT_MS);
+        s.env.insert("A".into(), "x".repeat(4095));
+        s.validate().expect("the bounds themselves are allowed");
+        s.sim_warm_ms = 3_600_000.5;
+        let e = s.validate().unwrap_err();
+        assert_eq!(e.range(), Some(("sim_warm_ms", 0.0, MAX_SIM_MS)));
     }
 
     #[test]

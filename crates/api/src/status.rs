@@ -118,6 +118,10 @@ pub struct StatusReport {
     pub cpus: f64,
     pub shutting_down: bool,
     pub functions: BTreeMap<String, FunctionSandboxes>,
+    /// The worker's whole sandbox memory budget: the controller refuses functions no worker
+    /// could hold. Absent from older workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_budget_mb: Option<u64>,
 }
 
 impl StatusReport {
@@ -153,6 +157,7 @@ impl StatusReport {
             cpus,
             shutting_down: status.shutting_down,
             functions: status.functions.clone(),
+            memory_budget_mb: (status.memory.budget_mb > 0).then_some(status.memory.budget_mb),
         }
     }
 }

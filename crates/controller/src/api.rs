@@ -194,16 +194,17 @@ fn worker_status(status: u16) -> StatusCode {
 }
 
 fn registry_error(e: RegistryError) -> ApiError {
-    match e {
-        RegistryError::BadCode(m) => ApiError::bad_request(m),
-        RegistryError::Storage(m) => ApiError::internal(m),
-    }
+    e.into()
 }
 
 fn register_error(e: RegisterError) -> ApiError {
     match e {
         RegisterError::Registry(e) => registry_error(e),
         RegisterError::Packing(m) => ApiError::internal(m),
+        RegisterError::TooMuchMemory { largest_mb, .. } => ApiError::bad_request(e.to_string())
+            .with("field", json!("memory_mb"))
+            .with("min", json!(hearth_api::function::MIN_MEMORY_MB))
+            .with("max", json!(largest_mb)),
     }
 }
 

@@ -39,6 +39,13 @@ pub struct ControllerConfig {
     pub max_body_bytes: usize,
     /// Largest accepted registration body.
     pub max_code_bytes: usize,
+    /// Host directories `code.path` may copy code from (empty: `code.path` is refused and code
+    /// must be uploaded). See docs/security-intake.md.
+    pub code_path_roots: Vec<PathBuf>,
+    /// Most bytes one function's code may unpack to (archive, files or `code.path`).
+    pub max_code_unpacked_bytes: u64,
+    /// Most files and directories one function's code may hold.
+    pub max_code_files: u64,
     /// How long results of async invocations are kept after they finish.
     pub async_retention_s: u64,
     /// Most async invocations kept before new ones are refused with 429.
@@ -71,6 +78,9 @@ impl Default for ControllerConfig {
             forward_grace_ms: 30_000,
             max_body_bytes: 6 * 1024 * 1024,
             max_code_bytes: 64 * 1024 * 1024,
+            code_path_roots: Vec::new(),
+            max_code_unpacked_bytes: hearth_service::registry::DEFAULT_MAX_CODE_UNPACKED_BYTES,
+            max_code_files: hearth_service::registry::DEFAULT_MAX_CODE_FILES,
             async_retention_s: 600,
             async_max_records: 100_000,
             shutdown_grace_s: 30,
@@ -95,6 +105,9 @@ const CONFIG_KEYS: &[&str] = &[
     "forward_grace_ms",
     "max_body_bytes",
     "max_code_bytes",
+    "code_path_roots",
+    "max_code_unpacked_bytes",
+    "max_code_files",
     "async_retention_s",
     "async_max_records",
     "shutdown_grace_s",
@@ -141,6 +154,7 @@ impl ControllerConfig {
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         hearth_service::quota::check_quotas(&self.quota, &self.quotas)
             .map_err(ConfigError::Invalid)?;
+        self.code_intake().check().map_err(ConfigError::Invalid)?;
         self.balance_params
             .check()
             .map_err(|e| ConfigError::Invalid(e.to_string()))
@@ -151,6 +165,17 @@ impl ControllerConfig {
         self.cluster_key_file
             .clone()
             .unwrap_or_else(|| self.data_dir.join(hearth_service::auth::CLUSTER_KEY_FILE))
+    }
+}
+
+impl ControllerConfig {
+    /// What registrations may bring in as code.
+    pub fn code_intake(&self) -> hearth_service::registry::CodeIntake {
+        hearth_service::registry::CodeIntake {
+            path_roots: self.code_path_roots.clone(),
+            max_unpacked_bytes: self.max_code_unpacked_bytes,
+            max_files: self.max_code_files,
+        }
     }
 }
 

@@ -75,6 +75,12 @@ pub enum RegisterError {
     /// Reading and compressing the function's code failed.
     #[error("{0}")]
     Packing(String),
+    /// No live worker could ever hold one sandbox of the function.
+    #[error(
+        "memory_mb {memory_mb} is more than any live worker has: the largest memory budget is \
+         {largest_mb} MiB"
+    )]
+    TooMuchMemory { memory_mb: u64, largest_mb: u64 },
 }
 
 /// Why a function could not be deleted.

@@ -53,7 +53,7 @@ enum Attempt {
 /// The controller.
 pub struct Controller {
     config: ControllerConfig,
-    registry: Registry,
+    registry: Arc<Registry>,
     /// Code of each function version, packed once for registering it on workers.
     code: DashMap<String, (u64, Arc<Value>)>,
     driver: Driver,
@@ -72,7 +72,7 @@ impl Controller {
     pub async fn start(config: ControllerConfig) -> Result<Arc<Self>, StartError> {
         let data_dir = open_data_dir(&config.data_dir)
             .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
-        let registry = Registry::open(&data_dir)?;
+        let registry = Arc::new(Registry::open_with(&data_dir, config.code_intake())?);
         let cluster_key = if config.auth {
             Some(ClusterKey::read_or_create(&config.cluster_key_path())?)
         } else if let Some(path) = &config.cluster_key_file {
@@ -156,13 +156,23 @@ impl Controller {
 
     // ---- functions ----
 
-    /// Registers or updates a function; true when it is new.
+    /// Registers or updates a function; true when it is new. A spec no live worker could ever
+    /// run is refused here, rather than by every worker at its first invocation. The code is
+    /// copied or unpacked on a blocking thread.
     pub async fn register(
         &self,
         spec: FunctionSpec,
         code: Option<CodeSource>,
     ) -> Result<(Registered, bool), RegisterError> {
-        let (reg, previous) = self.registry.put(spec, code, false)?;
+        if let Some(largest_mb) = self.largest_worker_memory_mb() {
+            if spec.memory_mb > largest_mb {
+                return Err(RegisterError::TooMuchMemory {
+                    memory_mb: spec.memory_mb,
+                    largest_mb,
+                });
+            }
+        }
+        let (reg, previous) = self.registry.put_blocking(spec, code, false).await?;
         if let Some(dir) = reg.code_dir.clone() {
             let code = pack_code(dir).await?;
             self.code
@@ -176,6 +186,18 @@ impl Controller {
         self.driver
             .register(FunctionKey::of(&reg.spec.name), function_info(&reg.spec));
         Ok((reg, previous.is_none()))
+    }
+
+    /// The largest memory budget among live workers that report theirs; None when none does.
+    fn largest_worker_memory_mb(&self) -> Option<u64> {
+        let members = self.driver.members();
+        self.driver.read(|b| {
+            members
+                .iter()
+                .filter(|m| b.workers().get(m.id).is_some_and(|s| s.up))
+                .filter_map(|m| m.report().and_then(|(r, _)| r.memory_budget_mb))
+                .max()
+        })
     }
 
     /// Deletes a function here and, in the background, on every worker that has it.

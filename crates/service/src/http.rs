@@ -108,7 +108,7 @@ fn parse_registration(
         None | Some(Value::Null) => None,
         Some(v) => Some(serde_json::from_value::<CodeSource>(v).map_err(|e| {
             ApiError::bad_request(format!(
-                "code must be one of {{\"path\": ...}}, {{\"archive\": base64 tar.gz}}, {{\"files\": {{...}}}}: {e}"
+                "code must be one of {{\"archive\": base64 tar.gz}}, {{\"files\": {{...}}}} or, where the server allows it, {{\"path\": ...}}: {e}"
             ))
         })?),
     };
@@ -124,8 +124,7 @@ fn parse_registration(
     obj.insert("name".into(), json!(key));
     let mut spec: FunctionSpec = serde_json::from_value(body)
         .map_err(|e| ApiError::bad_request(format!("invalid function spec: {e}")))?;
-    spec.validate()
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    spec.validate().map_err(spec_error)?;
     Ok((spec, code))
 }
 
@@ -137,6 +136,32 @@ pub fn present(spec: &FunctionSpec) -> Value {
     v["namespace"] = json!(ns);
     v
 }
+
+/// A refused spec: 400, with `field`, `min` and `max` in the error for a number out of range.
+fn spec_error(e: hearth_api::SpecError) -> ApiError {
+    let err = ApiError::bad_request(e.to_string());
+    match e.range() {
+        Some((field, min, max)) => out_of_range(err, field, min, max),
+        None => err,
+    }
+}
+
+/// Adds a range's field and bounds to an error (integers as integers).
+fn out_of_range(err: ApiError, field: &str, min: f64, max: f64) -> ApiError {
+    let num = |v: f64| {
+        if v.fract() == 0.0 && v.abs() < 9.0e15 {
+            json!(v as i64)
+        } else {
+            json!(v)
+        }
+    };
+    err.with("field", json!(field))
+        .with("min", num(min))
+        .with("max", num(max))
+}
+
+/// Most sandboxes one prewarm request may ask for, on a worker and through a controller.
+pub const MAX_PREWARM_COUNT: u32 = 1000;
 
 /// `?async=true` on an invocation.
 #[derive(Debug, Deserialize)]
@@ -176,15 +201,16 @@ pub fn accepted(id: &str) -> Response {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PrewarmBody {
+    /// Wider than the range, so that an out-of-range number gets the range's answer.
     #[serde(default = "one")]
-    count: u32,
+    count: i64,
 }
 
-fn one() -> u32 {
+fn one() -> i64 {
     1
 }
 
-/// The `count` of a prewarm request; an empty body means 1.
+/// The `count` of a prewarm request (1..=[`MAX_PREWARM_COUNT`]); an empty body means 1.
 pub fn prewarm_count(body: &Bytes) -> Result<u32, ApiError> {
     let req: PrewarmBody = if body.iter().all(u8::is_ascii_whitespace) {
         PrewarmBody { count: 1 }
@@ -192,7 +218,18 @@ pub fn prewarm_count(body: &Bytes) -> Result<u32, ApiError> {
         serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("invalid prewarm request: {e}")))?
     };
-    Ok(req.count)
+    match u32::try_from(req.count) {
+        Ok(n) if (1..=MAX_PREWARM_COUNT).contains(&n) => Ok(n),
+        _ => Err(out_of_range(
+            ApiError::bad_request(format!(
+                "count must be between 1 and {MAX_PREWARM_COUNT}, got {}",
+                req.count
+            )),
+            "count",
+            1.0,
+            f64::from(MAX_PREWARM_COUNT),
+        )),
+    }
 }
 
 /// `GET /v1/invocations/{id}`: an async invocation's record, 404 if unknown or expired.

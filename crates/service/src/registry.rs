@@ -2,7 +2,14 @@
 //!
 //! Reads on the invocation path hit an in-memory map; the database is written on registration
 //! and read once at start-up, so registered functions survive restarts.
+//!
+//! Code intake treats every upload as hostile (docs/security-intake.md): archives and file maps
+//! hold only regular files and directories inside the tree, bounded in size and count while they
+//! unpack; `code.path` copies only world-readable files from inside the operator's
+//! `code_path_roots`, never from the data directory. Error messages name paths inside the
+//! uploaded tree only, never a host path or a file's content.
 
+use crate::error::ApiError;
 use base64::Engine;
 use dashmap::DashMap;
 use hearth_api::FunctionSpec;
@@ -10,20 +17,65 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection};
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Where a function's code comes from, in a registration request.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum CodeSource {
-    /// A directory or `.py` file on the worker's host (copied at registration).
+    /// A directory or `.py` file on the server's host, copied at registration; only under the
+    /// operator's `code_path_roots` (refused when there are none, the default).
     Path(PathBuf),
     /// Base64 of a gzip-compressed tar archive of the code directory.
     Archive(String),
     /// Files by relative path, e.g. `{"main.py": "def main(args): ..."}`.
     Files(BTreeMap<String, String>),
+}
+
+/// Lambda's limit on unzipped code.
+pub const DEFAULT_MAX_CODE_UNPACKED_BYTES: u64 = 250 * 1024 * 1024;
+pub const DEFAULT_MAX_CODE_FILES: u64 = 10_000;
+
+/// What a registration may bring in as code, and how much (operator settings).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CodeIntake {
+    /// Host directories `code.path` may copy from; empty: `code.path` is refused.
+    pub path_roots: Vec<PathBuf>,
+    /// Most bytes of file content one function's code may unpack to.
+    pub max_unpacked_bytes: u64,
+    /// Most files and directories one function's code may hold.
+    pub max_files: u64,
+}
+
+impl Default for CodeIntake {
+    fn default() -> Self {
+        CodeIntake {
+            path_roots: Vec::new(),
+            max_unpacked_bytes: DEFAULT_MAX_CODE_UNPACKED_BYTES,
+            max_files: DEFAULT_MAX_CODE_FILES,
+        }
+    }
+}
+
+impl CodeIntake {
+    /// Refuses settings that cannot work: relative roots (they would depend on the working
+    /// directory) and zero limits.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(r) = self.path_roots.iter().find(|r| !r.is_absolute()) {
+            return Err(format!(
+                "code_path_roots must be absolute paths, got {:?}",
+                r.display().to_string()
+            ));
+        }
+        if self.max_unpacked_bytes == 0 || self.max_files == 0 {
+            return Err("max_code_unpacked_bytes and max_code_files must be positive".into());
+        }
+        Ok(())
+    }
 }
 
 /// A registered function with its code location.
@@ -34,13 +86,46 @@ pub struct Registered {
     pub code_dir: Option<PathBuf>,
 }
 
+/// Which limit a code upload crossed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeLimit {
+    UnpackedBytes,
+    Files,
+}
+
 /// Why a registry operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
+    /// The code is unusable or not allowed (400); the message names no host path.
     #[error("invalid code: {0}")]
     BadCode(String),
+    /// The code is over a limit (413); reading stopped there.
+    #[error("{}", too_large_message(*.limit, *.max))]
+    TooLarge { limit: CodeLimit, max: u64 },
     #[error("storage: {0}")]
     Storage(String),
+}
+
+fn too_large_message(limit: CodeLimit, max: u64) -> String {
+    match limit {
+        CodeLimit::UnpackedBytes => format!(
+            "the code unpacks to more than {max} bytes, the server's limit \
+             (max_code_unpacked_bytes); unpacking stopped there"
+        ),
+        CodeLimit::Files => format!(
+            "the code holds more than {max} files and directories, the server's limit \
+             (max_code_files); unpacking stopped there"
+        ),
+    }
+}
+
+impl CodeLimit {
+    fn setting(self) -> &'static str {
+        match self {
+            CodeLimit::UnpackedBytes => "max_code_unpacked_bytes",
+            CodeLimit::Files => "max_code_files",
+        }
+    }
 }
 
 impl From<rusqlite::Error> for RegistryError {
@@ -55,20 +140,69 @@ impl From<std::io::Error> for RegistryError {
     }
 }
 
+/// The answer both services give for a registry error: 400, 413 `code_too_large`, or 500.
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::BadCode(m) => ApiError::bad_request(m),
+            RegistryError::TooLarge { limit, max } => ApiError::new(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                "code_too_large",
+                too_large_message(limit, max),
+            )
+            .with("setting", limit.setting().into())
+            .with("limit", max.into()),
+            RegistryError::Storage(m) => ApiError::internal(m),
+        }
+    }
+}
+
 /// The registry.
 pub struct Registry {
     db: Mutex<Connection>,
     code_root: PathBuf,
+    /// Where uploads unpack before they become a version (removed at start).
+    incoming: PathBuf,
+    /// The data directory, canonical: never a source of `code.path`.
+    data_dir: PathBuf,
+    intake: CodeIntake,
     functions: DashMap<String, Registered>,
+    /// Versions are decided and committed one registration at a time; unpacking is not.
+    commit: Mutex<()>,
 }
 
+/// Names of the database and its SQLite side files, all private to the service's user.
+const DB_FILES: [&str; 3] = ["hearth.db", "hearth.db-wal", "hearth.db-shm"];
+
 impl Registry {
-    /// Opens (or creates) the registry under `data_dir` and loads every function.
+    /// Opens (or creates) the registry under `data_dir` with the default code intake.
     pub fn open(data_dir: &Path) -> Result<Self, RegistryError> {
+        Self::open_with(data_dir, CodeIntake::default())
+    }
+
+    /// Opens (or creates) the registry under `data_dir` and loads every function.
+    pub fn open_with(data_dir: &Path, intake: CodeIntake) -> Result<Self, RegistryError> {
+        let data_dir = std::fs::canonicalize(data_dir)?;
         let code_root = data_dir.join("functions");
         std::fs::create_dir_all(&code_root)?;
         set_mode(&code_root, 0o755)?;
-        let db = Connection::open(data_dir.join("hearth.db"))?;
+        let incoming = code_root.join(".incoming");
+        if incoming.exists() {
+            std::fs::remove_dir_all(&incoming)?;
+        }
+        for root in &intake.path_roots {
+            if std::fs::canonicalize(root).is_err() {
+                tracing::warn!(root = %root.display(), "code_path_roots: this root does not exist");
+            }
+        }
+        // Created private before SQLite opens it (umask-proof), and fixed if it was not.
+        let db_path = data_dir.join(DB_FILES[0]);
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&db_path)?;
+        let db = Connection::open(&db_path)?;
         db.execute_batch(
             "PRAGMA journal_mode=WAL;
              CREATE TABLE IF NOT EXISTS functions (
@@ -78,6 +212,12 @@ impl Registry {
                  updated_at INTEGER NOT NULL
              );",
         )?;
+        for f in DB_FILES {
+            match set_mode(&data_dir.join(f), 0o600) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                _ => {}
+            }
+        }
         let functions = DashMap::new();
         {
             let mut stmt = db.prepare("SELECT name, spec, code_dir FROM functions")?;
@@ -109,7 +249,11 @@ impl Registry {
         let reg = Registry {
             db: Mutex::new(db),
             code_root,
+            incoming,
+            data_dir,
+            intake,
             functions,
+            commit: Mutex::new(()),
         };
         reg.remove_unreferenced_code();
         Ok(reg)
@@ -127,58 +271,96 @@ impl Registry {
         all
     }
 
-    /// Registers or updates a function. `code` may be omitted on update (the previous code is
-    /// kept) or when `require_code` is false (sim backend). Returns the stored function and the
-    /// previous version, if any.
-    pub fn put(
-        &self,
-        mut spec: FunctionSpec,
+    /// [`Self::put`] on a blocking thread: copying, unpacking and checking code read and write
+    /// files, which must never hold up the async threads that answer `/healthz` and invocations.
+    pub async fn put_blocking(
+        self: &Arc<Self>,
+        spec: FunctionSpec,
         code: Option<CodeSource>,
         require_code: bool,
     ) -> Result<(Registered, Option<Registered>), RegistryError> {
+        let me = Arc::clone(self);
+        tokio::task::spawn_blocking(move || me.put(spec, code, require_code))
+            .await
+            .map_err(|e| RegistryError::Storage(format!("the registration task failed: {e}")))?
+    }
+
+    /// Registers or updates a function. `code` may be omitted on update (the previous code is
+    /// kept) or when `require_code` is false (sim backend). Returns the stored function and the
+    /// previous version, if any. Blocking: see [`Self::put_blocking`].
+    pub fn put(
+        &self,
+        spec: FunctionSpec,
+        code: Option<CodeSource>,
+        require_code: bool,
+    ) -> Result<(Registered, Option<Registered>), RegistryError> {
+        // Unpacked and checked in a directory of its own, concurrently with other uploads.
+        let staged = match code {
+            Some(src) => Some(self.stage(&spec, &src)?),
+            None => None,
+        };
+        let _one_at_a_time = self.commit.lock();
+        let mut spec = spec;
         let previous = self.get(&spec.name);
         spec.version = previous.as_ref().map_or(1, |p| p.spec.version + 1);
-        let code_dir = match code {
-            Some(src) => {
-                let dir = self
-                    .code_root
-                    .join(&spec.name)
-                    .join(format!("v{}", spec.version));
-                if dir.exists() {
-                    std::fs::remove_dir_all(&dir)?;
-                }
-                std::fs::create_dir_all(&dir)?;
-                let unpacked = unpack(&src, &dir).and_then(|()| check_module(&spec, &dir));
-                if let Err(e) = unpacked {
-                    let _ = std::fs::remove_dir_all(&dir);
-                    return Err(e);
-                }
-                Some(dir)
-            }
+        let code_dir = match staged {
+            Some(staged) => Some(staged.commit(&self.code_root, &spec)?),
             None => previous.as_ref().and_then(|p| p.code_dir.clone()),
         };
         if require_code && code_dir.is_none() {
             return Err(RegistryError::BadCode(
-                "`code` is required (a path, an archive or files)".into(),
+                "`code` is required (an archive or files)".into(),
             ));
         }
-        if let (Some(dir), None) = (&code_dir, &previous) {
+        let kept_code = previous.as_ref().and_then(|p| p.code_dir.as_ref()) == code_dir.as_ref();
+        if let (Some(dir), true) = (&code_dir, kept_code) {
+            // The handler may have changed while the code stayed.
             check_module(&spec, dir)?;
         }
         let json =
             serde_json::to_string(&spec).map_err(|e| RegistryError::Storage(e.to_string()))?;
         let code_str = code_dir.as_ref().map(|d| d.to_string_lossy().into_owned());
-        self.db.lock().execute(
+        let written = self.db.lock().execute(
             "INSERT INTO functions (name, spec, code_dir, updated_at) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT(name) DO UPDATE SET spec = ?2, code_dir = ?3, updated_at = ?4",
             params![spec.name, json, code_str, unix_now()],
-        )?;
+        );
+        if let Err(e) = written {
+            if !kept_code {
+                if let Some(dir) = &code_dir {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+            }
+            return Err(e.into());
+        }
         let reg = Registered {
             spec: Arc::new(spec),
             code_dir,
         };
         self.functions.insert(reg.spec.name.clone(), reg.clone());
         Ok((reg, previous))
+    }
+
+    /// Unpacks `src` into a fresh staging directory and checks the handler's module is there.
+    fn stage(&self, spec: &FunctionSpec, src: &CodeSource) -> Result<Staged, RegistryError> {
+        std::fs::create_dir_all(&self.incoming)?;
+        let dir = self
+            .incoming
+            .join(format!("{}-{:016x}", spec.name, rand::random::<u64>()));
+        create_dir(&dir)?;
+        let staged = Staged { dir: Some(dir) };
+        let dir = staged.path();
+        let mut budget = Budget::new(&self.intake);
+        match src {
+            CodeSource::Path(path) => {
+                copy_from_roots(path, &self.intake, &self.data_dir, dir, &mut budget)?
+            }
+            CodeSource::Archive(b64) => unpack_archive(b64, dir, &mut budget)?,
+            CodeSource::Files(files) => write_files(files, dir, &mut budget)?,
+        }
+        make_readable(dir)?;
+        check_module(spec, dir)?;
+        Ok(staged)
     }
 
     /// Removes a function; returns it if it existed. Its code is removed by
@@ -190,14 +372,19 @@ impl Registry {
         Ok(self.functions.remove(name).map(|(_, r)| r))
     }
 
-    /// Deletes a code directory that no registered function refers to.
+    /// Deletes a code directory that no registered function refers to. The files are removed
+    /// on a blocking thread when called from async code (a function's code can be large).
     pub fn remove_code_dir(&self, dir: &Path) {
         let in_use = self
             .functions
             .iter()
             .any(|r| r.code_dir.as_deref() == Some(dir));
-        if !in_use && dir.starts_with(&self.code_root) {
-            if let Err(e) = std::fs::remove_dir_all(dir) {
+        if in_use || !dir.starts_with(&self.code_root) {
+            return;
+        }
+        let dir = dir.to_path_buf();
+        let remove = move || {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!(dir = %dir.display(), error = %e, "could not remove old code");
                 }
@@ -205,10 +392,17 @@ impl Registry {
             if let Some(parent) = dir.parent() {
                 let _ = std::fs::remove_dir(parent); // only succeeds when empty
             }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn_blocking(remove);
+            }
+            Err(_) => remove(),
         }
     }
 
-    /// Start-up: code directories of deleted or replaced versions are garbage.
+    /// Start-up: code directories of deleted or replaced versions are garbage, and so are the
+    /// function directories they leave empty.
     fn remove_unreferenced_code(&self) {
         let Ok(entries) = std::fs::read_dir(&self.code_root) else {
             return;
@@ -220,7 +414,50 @@ impl Registry {
             for v in versions.flatten() {
                 self.remove_code_dir(&v.path());
             }
-            let _ = std::fs::remove_dir(fn_dir.path());
+            let _ = std::fs::remove_dir(fn_dir.path()); // only succeeds when empty
+        }
+    }
+}
+
+/// Code unpacked in the staging area; removed unless committed.
+struct Staged {
+    dir: Option<PathBuf>,
+}
+
+impl Staged {
+    fn path(&self) -> &Path {
+        self.dir.as_deref().unwrap_or(Path::new(""))
+    }
+
+    /// Moves the code to its version's directory, `v{version}`. A directory of that name left
+    /// by a deleted function (maybe still mounted by a sandbox, or being removed) is never
+    /// reused: the new one gets a suffix.
+    fn commit(mut self, code_root: &Path, spec: &FunctionSpec) -> Result<PathBuf, RegistryError> {
+        let fn_dir = code_root.join(&spec.name);
+        let mut target = fn_dir.join(format!("v{}", spec.version));
+        if target.exists() {
+            target = fn_dir.join(format!("v{}-{:08x}", spec.version, rand::random::<u32>()));
+        }
+        // The function's directory may be removed meanwhile with its last old version.
+        let mut tries = 0;
+        loop {
+            std::fs::create_dir_all(&fn_dir)?;
+            set_mode(&fn_dir, 0o755)?;
+            match std::fs::rename(self.path(), &target) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 3 => tries += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.dir = None;
+        Ok(target)
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
@@ -235,90 +472,473 @@ fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
 
-/// Puts the code into `dir`, readable by the sandbox's unprivileged user.
-fn unpack(src: &CodeSource, dir: &Path) -> Result<(), RegistryError> {
-    let bad = |m: String| RegistryError::BadCode(m);
-    match src {
-        CodeSource::Path(path) => {
-            let meta =
-                std::fs::metadata(path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
-            if meta.is_dir() {
-                copy_dir(path, dir).map_err(|e| bad(format!("copying {}: {e}", path.display())))?;
-            } else {
-                let name = path
-                    .file_name()
-                    .ok_or_else(|| bad(format!("{} has no file name", path.display())))?;
-                std::fs::copy(path, dir.join(name))
-                    .map_err(|e| bad(format!("copying {}: {e}", path.display())))?;
-            }
-        }
-        CodeSource::Archive(b64) => {
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(b64.trim())
-                .map_err(|e| bad(format!("archive is not valid base64: {e}")))?;
-            let gz = flate2::read::GzDecoder::new(&bytes[..]);
-            let mut ar = tar::Archive::new(gz);
-            ar.set_preserve_permissions(false);
-            ar.set_unpack_xattrs(false);
-            let entries = ar
-                .entries()
-                .map_err(|e| bad(format!("archive is not a tar.gz: {e}")))?;
-            for entry in entries {
-                let mut entry = entry.map_err(|e| bad(format!("archive is not a tar.gz: {e}")))?;
-                let kind = entry.header().entry_type();
-                if !(kind.is_file() || kind.is_dir()) {
-                    continue; // links and devices have no place in function code
-                }
-                // unpack_in refuses paths that escape `dir`.
-                let ok = entry
-                    .unpack_in(dir)
-                    .map_err(|e| bad(format!("unpacking archive: {e}")))?;
-                if !ok {
-                    return Err(bad("archive entry escapes the code directory".into()));
-                }
-            }
-        }
-        CodeSource::Files(files) => {
-            for (rel, content) in files {
-                let rel_path = Path::new(rel);
-                if rel.is_empty()
-                    || rel_path.is_absolute()
-                    || rel_path
-                        .components()
-                        .any(|c| !matches!(c, std::path::Component::Normal(_)))
-                {
-                    return Err(bad(format!(
-                        "file path {rel:?} must be relative, without .."
-                    )));
-                }
-                let target = dir.join(rel_path);
-                if let Some(parent) = target.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
-                std::fs::write(&target, content)?;
-            }
+/// A directory the sandbox user can read (0755 whatever the umask).
+fn create_dir(path: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().mode(0o755).create(path)?;
+    set_mode(path, 0o755)
+}
+
+/// What is left of the limits while one upload unpacks.
+struct Budget {
+    files_left: u64,
+    bytes_left: u64,
+    max_files: u64,
+    max_bytes: u64,
+}
+
+impl Budget {
+    fn new(intake: &CodeIntake) -> Self {
+        Budget {
+            files_left: intake.max_files,
+            bytes_left: intake.max_unpacked_bytes,
+            max_files: intake.max_files,
+            max_bytes: intake.max_unpacked_bytes,
         }
     }
-    make_readable(dir)?;
+
+    /// One more file or directory.
+    fn entry(&mut self) -> Result<(), RegistryError> {
+        if self.files_left == 0 {
+            return Err(RegistryError::TooLarge {
+                limit: CodeLimit::Files,
+                max: self.max_files,
+            });
+        }
+        self.files_left -= 1;
+        Ok(())
+    }
+
+    fn over_bytes(&self) -> RegistryError {
+        RegistryError::TooLarge {
+            limit: CodeLimit::UnpackedBytes,
+            max: self.max_bytes,
+        }
+    }
+
+    /// `n` more bytes of content.
+    fn bytes(&mut self, n: u64) -> Result<(), RegistryError> {
+        if n > self.bytes_left {
+            return Err(self.over_bytes());
+        }
+        self.bytes_left -= n;
+        Ok(())
+    }
+
+    /// Copies `from` into `to`, stopping as soon as the content goes over the limit.
+    fn copy(&mut self, from: &mut impl Read, to: &mut impl Write) -> Result<(), CopyError> {
+        let copied = std::io::copy(&mut from.take(self.bytes_left + 1), to)?;
+        self.bytes(copied).map_err(CopyError::Limit)
+    }
+}
+
+/// A failed copy: over a limit, or an I/O error to classify.
+enum CopyError {
+    Limit(RegistryError),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for CopyError {
+    fn from(e: std::io::Error) -> Self {
+        CopyError::Io(e)
+    }
+}
+
+/// An I/O error while writing `rel` into the code directory: the upload's fault (400) when the
+/// names clash or are unusable, else the server's (500). The message names only `rel`.
+fn write_error(rel: &str, e: std::io::Error) -> RegistryError {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::AlreadyExists
+        | K::NotADirectory
+        | K::IsADirectory
+        | K::InvalidInput
+        | K::InvalidFilename
+        | K::NotFound => RegistryError::BadCode(format!(
+            "{rel:?} cannot be created: it clashes with another file or directory of the code, \
+             or its name is unusable"
+        )),
+        _ => RegistryError::Storage(format!("writing {rel:?}: {e}")),
+    }
+}
+
+fn copy_error(rel: &str, e: CopyError) -> RegistryError {
+    match e {
+        CopyError::Limit(e) => e,
+        CopyError::Io(e) => write_error(rel, e),
+    }
+}
+
+/// A name inside the uploaded tree, as a relative path of normal components (`./` is allowed
+/// in archives, where `tar -C dir .` puts it); None when it is empty, absolute or has `..`.
+fn safe_relative(name: &str, allow_cur_dir: bool) -> Option<PathBuf> {
+    if name.is_empty() || name.len() > 4096 || name.contains('\0') {
+        return None;
+    }
+    let mut out = PathBuf::new();
+    for c in Path::new(name).components() {
+        match c {
+            Component::Normal(n) if n.len() <= 255 => out.push(n),
+            Component::CurDir if allow_cur_dir => {}
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// Writes a file map (`{"files": {...}}`): names relative, without `..`, within the limits.
+fn write_files(
+    files: &BTreeMap<String, String>,
+    dir: &Path,
+    budget: &mut Budget,
+) -> Result<(), RegistryError> {
+    for (rel, content) in files {
+        let path = safe_relative(rel, false)
+            .filter(|p| !p.as_os_str().is_empty() && !rel.ends_with('/'))
+            .ok_or_else(|| {
+                RegistryError::BadCode(format!(
+                    "file name {rel:?} must be a relative path of names, without `.`, `..` or \
+                     a trailing `/`"
+                ))
+            })?;
+        budget.entry()?;
+        budget.bytes(content.len() as u64)?;
+        let target = dir.join(&path);
+        if let Some(parent) = target.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)
+                .map_err(|e| write_error(rel, e))?;
+        }
+        new_file(&target)
+            .and_then(|mut f| f.write_all(content.as_bytes()))
+            .map_err(|e| write_error(rel, e))?;
+    }
     Ok(())
 }
 
-fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let ty = entry.file_type()?;
-        let name = entry.file_name();
-        if name == "__pycache__" || name == ".git" {
-            continue;
+/// A new file for code (never an existing one, never through a symlink).
+fn new_file(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)
+}
+
+/// Headers, long names and PAX records one archive entry may take before its content: generous
+/// for real archives, and a bound on what the tar reader holds in memory for one entry.
+const MAX_HEADER_BYTES: u64 = 1 << 20;
+
+/// The decompressed archive stream, cut off at a moving limit so that nothing (content, headers,
+/// or data the reader skips) is read past what the budget allows.
+struct Capped<R> {
+    inner: R,
+    read: Arc<AtomicU64>,
+    cap: Arc<AtomicU64>,
+    hit: Arc<AtomicBool>,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let read = self.read.load(Ordering::Relaxed);
+        let left = self.cap.load(Ordering::Relaxed).saturating_sub(read);
+        if left == 0 {
+            self.hit.store(true, Ordering::Relaxed);
+            return Err(std::io::Error::other("archive limit reached"));
         }
-        if ty.is_dir() {
-            std::fs::create_dir_all(to.join(&name))?;
-            copy_dir(&entry.path(), &to.join(&name))?;
-        } else if ty.is_file() {
-            std::fs::copy(entry.path(), to.join(&name))?;
+        let n = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let got = self.inner.read(&mut buf[..n])?;
+        self.read.fetch_add(got as u64, Ordering::Relaxed);
+        Ok(got)
+    }
+}
+
+/// Unpacks a base64 tar.gz: only regular files and directories with relative names, each
+/// limit enforced before the bytes that would cross it are read.
+fn unpack_archive(b64: &str, dir: &Path, budget: &mut Budget) -> Result<(), RegistryError> {
+    let bad = |m: String| RegistryError::BadCode(m);
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|e| bad(format!("archive is not valid base64: {e}")))?;
+    let read = Arc::new(AtomicU64::new(0));
+    let cap = Arc::new(AtomicU64::new(MAX_HEADER_BYTES));
+    let hit = Arc::new(AtomicBool::new(false));
+    let stream = Capped {
+        inner: flate2::read::GzDecoder::new(&bytes[..]),
+        read: Arc::clone(&read),
+        cap: Arc::clone(&cap),
+        hit: Arc::clone(&hit),
+    };
+    let mut ar = tar::Archive::new(stream);
+    let unreadable = |e: std::io::Error, hit: &AtomicBool| {
+        if hit.load(Ordering::Relaxed) {
+            bad(format!(
+                "archive has an entry with over {MAX_HEADER_BYTES} bytes of headers"
+            ))
+        } else {
+            bad(format!("archive is not a tar.gz: {e}"))
         }
+    };
+    let entries = ar.entries().map_err(|e| unreadable(e, &hit))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| unreadable(e, &hit))?;
+        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let rel = safe_relative(&name, true).ok_or_else(|| {
+            bad(format!(
+                "archive entry {name:?} must be a relative path without `..`"
+            ))
+        })?;
+        let kind = entry.header().entry_type();
+        let size = entry.size();
+        if !(kind.is_file() || kind.is_dir()) {
+            return Err(bad(format!(
+                "archive entry {name:?} is a {}: code may hold only regular files and \
+                 directories (no links or devices)",
+                kind_name(kind)
+            )));
+        }
+        budget.entry()?;
+        // Declared sizes count before a byte of content is read, so a bomb costs nothing.
+        budget.bytes(size)?;
+        if kind.is_dir() {
+            if size != 0 {
+                return Err(bad(format!("archive directory {name:?} has content")));
+            }
+            if !rel.as_os_str().is_empty() {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(dir.join(&rel))
+                    .map_err(|e| write_error(&name, e))?;
+            }
+        } else {
+            if rel.as_os_str().is_empty() {
+                return Err(bad(format!("archive entry {name:?} is not a file name")));
+            }
+            let target = dir.join(&rel);
+            if let Some(parent) = target.parent() {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(parent)
+                    .map_err(|e| write_error(&name, e))?;
+            }
+            // A later entry with the same name replaces the earlier one, as tar does.
+            match std::fs::symlink_metadata(&target) {
+                Ok(m) if m.is_file() => {
+                    std::fs::remove_file(&target).map_err(|e| write_error(&name, e))?
+                }
+                _ => {}
+            }
+            let mut out = new_file(&target).map_err(|e| write_error(&name, e))?;
+            cap.store(
+                read.load(Ordering::Relaxed)
+                    .saturating_add(size.saturating_add(512)),
+                Ordering::Relaxed,
+            );
+            let copied = std::io::copy(&mut entry, &mut out).map_err(|e| unreadable(e, &hit))?;
+            if copied != size {
+                return Err(bad(format!("archive entry {name:?} is truncated")));
+            }
+        }
+        // The next entry's headers, and the padding before them.
+        cap.store(
+            read.load(Ordering::Relaxed)
+                .saturating_add(MAX_HEADER_BYTES),
+            Ordering::Relaxed,
+        );
     }
     Ok(())
+}
+
+fn kind_name(kind: tar::EntryType) -> &'static str {
+    match kind {
+        tar::EntryType::Symlink => "symbolic link",
+        tar::EntryType::Link => "hard link",
+        tar::EntryType::Char | tar::EntryType::Block => "device",
+        tar::EntryType::Fifo => "named pipe",
+        _ => "special entry",
+    }
+}
+
+const PATH_TURNED_OFF: &str = "`code.path` is turned off on this server (it has no \
+    code_path_roots): upload the code instead, as {\"archive\": base64 tar.gz} or \
+    {\"files\": {...}}; `hearth fn register NAME --code DIR` sends an archive";
+
+const PATH_OUTSIDE: &str = "`code.path` must be an existing directory or file inside one of \
+    the server's code_path_roots";
+
+/// Copies `code.path` from inside the operator's roots: only world-readable regular files and
+/// directories, no symlinks below the path itself, never the data directory.
+fn copy_from_roots(
+    path: &Path,
+    intake: &CodeIntake,
+    data_dir: &Path,
+    dest: &Path,
+    budget: &mut Budget,
+) -> Result<(), RegistryError> {
+    let bad = |m: &str| RegistryError::BadCode(m.to_string());
+    if intake.path_roots.is_empty() {
+        return Err(bad(PATH_TURNED_OFF));
+    }
+    if !path.is_absolute() {
+        return Err(bad("`code.path` must be an absolute path"));
+    }
+    // Not existing and outside the roots answer alike: nothing to learn about the host.
+    let real = std::fs::canonicalize(path).map_err(|_| bad(PATH_OUTSIDE))?;
+    let inside = intake
+        .path_roots
+        .iter()
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .any(|r| real.starts_with(&r));
+    if !inside {
+        return Err(bad(PATH_OUTSIDE));
+    }
+    if real.starts_with(data_dir) || data_dir.starts_with(&real) {
+        return Err(bad(
+            "`code.path` may not be, or hold, the server's own data directory",
+        ));
+    }
+    // Readable by others only if every directory above lets others through.
+    for above in real.ancestors().skip(1) {
+        let m = std::fs::metadata(above).map_err(|_| bad(PATH_OUTSIDE))?;
+        if m.mode() & 0o001 == 0 {
+            return Err(bad(
+                "`code.path` is inside a directory other users of the host cannot enter; only \
+                 code every user may read is copied",
+            ));
+        }
+    }
+    let meta = std::fs::symlink_metadata(&real).map_err(|_| bad(PATH_OUTSIDE))?;
+    let source = Source {
+        root: &real,
+        data_dir,
+    };
+    if meta.is_dir() {
+        check_public(&meta, ".")?;
+        source.copy_dir(&real, Path::new(""), dest, budget)
+    } else {
+        let name = real
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if name.is_empty() {
+            return Err(bad(PATH_OUTSIDE));
+        }
+        budget.entry()?;
+        source.copy_file(&real, &name, &dest.join(&name), budget)
+    }
+}
+
+/// Refuses what other users of the host could not read (a 0600 secret must not become readable
+/// by every sandbox); `rel` is the name inside the tree.
+fn check_public(meta: &std::fs::Metadata, rel: &str) -> Result<(), RegistryError> {
+    let need = if meta.is_dir() { 0o005 } else { 0o004 };
+    if meta.mode() & need != need {
+        return Err(RegistryError::BadCode(format!(
+            "{rel:?} in `code.path` is not readable by other users of the host; only code every \
+             user may read is copied (make it world-readable, or upload the code)"
+        )));
+    }
+    Ok(())
+}
+
+/// The tree `code.path` names, resolved.
+struct Source<'a> {
+    root: &'a Path,
+    data_dir: &'a Path,
+}
+
+impl Source<'_> {
+    fn copy_dir(
+        &self,
+        from: &Path,
+        rel: &Path,
+        to: &Path,
+        budget: &mut Budget,
+    ) -> Result<(), RegistryError> {
+        let unreadable = |rel: &Path| {
+            RegistryError::BadCode(format!(
+                "{:?} in `code.path` cannot be read",
+                rel.display().to_string()
+            ))
+        };
+        let mut entries: Vec<_> = std::fs::read_dir(from)
+            .map_err(|_| unreadable(rel))?
+            .collect::<Result<_, _>>()
+            .map_err(|_| unreadable(rel))?;
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let name = entry.file_name();
+            if name == "__pycache__" || name == ".git" {
+                continue;
+            }
+            let child_rel = rel.join(&name);
+            let shown = child_rel.display().to_string();
+            let meta =
+                std::fs::symlink_metadata(entry.path()).map_err(|_| unreadable(&child_rel))?;
+            let kind = meta.file_type();
+            if kind.is_symlink() {
+                return Err(RegistryError::BadCode(format!(
+                    "{shown:?} in `code.path` is a symbolic link: links are not followed (copy \
+                     what it points to into the directory, or upload the code)"
+                )));
+            }
+            check_public(&meta, &shown)?;
+            budget.entry()?;
+            if kind.is_dir() {
+                create_dir(&to.join(&name)).map_err(|e| write_error(&shown, e))?;
+                self.copy_dir(&entry.path(), &child_rel, &to.join(&name), budget)?;
+            } else if kind.is_file() {
+                self.copy_file(&entry.path(), &shown, &to.join(&name), budget)?;
+            } else {
+                return Err(RegistryError::BadCode(format!(
+                    "{shown:?} in `code.path` is not a regular file or directory"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies one file, checked again on the open descriptor: a file swapped for a link or moved
+    /// out of the tree after the directory was listed is refused.
+    fn copy_file(
+        &self,
+        from: &Path,
+        rel: &str,
+        to: &Path,
+        budget: &mut Budget,
+    ) -> Result<(), RegistryError> {
+        let unreadable =
+            || RegistryError::BadCode(format!("{rel:?} in `code.path` cannot be read"));
+        let mut src = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(from)
+            .map_err(|_| unreadable())?;
+        let meta = src.metadata().map_err(|_| unreadable())?;
+        if !meta.is_file() {
+            return Err(RegistryError::BadCode(format!(
+                "{rel:?} in `code.path` is not a regular file"
+            )));
+        }
+        check_public(&meta, rel)?;
+        let real = std::fs::read_link(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&src)
+        ))
+        .map_err(|_| unreadable())?;
+        if !real.starts_with(self.root) || real.starts_with(self.data_dir) {
+            return Err(RegistryError::BadCode(format!(
+                "{rel:?} moved out of `code.path` while it was being copied"
+            )));
+        }
+        let mut out = new_file(to).map_err(|e| write_error(rel, e))?;
+        budget
+            .copy(&mut src, &mut out)
+            .map_err(|e| copy_error(rel, e))
+    }
 }
 
 /// Directories 0755 and files 0644, so uid `nobody` in the sandbox can read but not write.
@@ -326,9 +946,10 @@ fn make_readable(dir: &Path) -> std::io::Result<()> {
     set_mode(dir, 0o755)?;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        if entry.file_type()?.is_dir() {
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
             make_readable(&entry.path())?;
-        } else {
+        } else if kind.is_file() {
             set_mode(&entry.path(), 0o644)?;
         }
     }
@@ -454,5 +1075,156 @@ mod tests {
         let file = r.code_dir.unwrap().join("pkg/mod.py");
         let mode = std::fs::metadata(file).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o644);
+    }
+
+    fn targz(build: impl FnOnce(&mut tar::Builder<flate2::write::GzEncoder<Vec<u8>>>)) -> String {
+        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut b = tar::Builder::new(gz);
+        build(&mut b);
+        let bytes = b.into_inner().unwrap().finish().unwrap();
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
+    fn with_roots(data: &Path, roots: Vec<PathBuf>) -> Registry {
+        let intake = CodeIntake {
+            path_roots: roots,
+            ..CodeIntake::default()
+        };
+        Registry::open_with(data, intake).unwrap()
+    }
+
+    #[test]
+    fn code_path_is_off_without_roots_and_confined_with_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        set_mode(tmp.path(), 0o755).unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(root.join("f")).unwrap();
+        std::fs::write(root.join("f/main.py"), "def main(a):\n    return a\n").unwrap();
+        std::fs::write(root.join("f/key.pem"), "PRIVATE").unwrap();
+        set_mode(&root.join("f/key.pem"), 0o640).unwrap();
+        let data = tmp.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        let path = |p: &Path| Some(CodeSource::Path(p.to_path_buf()));
+
+        let reg = Registry::open(&data).unwrap();
+        let err = reg
+            .put(FunctionSpec::new("f"), path(&root.join("f")), true)
+            .unwrap_err();
+        assert!(err.to_string().contains("code_path_roots"), "{err}");
+        drop(reg);
+
+        let reg = with_roots(&data, vec![tmp.path().to_path_buf()]);
+        let err = reg
+            .put(FunctionSpec::new("f"), path(&root.join("f")), true)
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("key.pem") && !msg.contains("PRIVATE"), "{msg}");
+        assert!(!msg.contains(&tmp.path().display().to_string()), "{msg}");
+        set_mode(&root.join("f/key.pem"), 0o644).unwrap();
+        let (r, _) = reg
+            .put(FunctionSpec::new("f"), path(&root.join("f")), true)
+            .unwrap();
+        assert!(r.code_dir.unwrap().join("key.pem").is_file());
+        let err = reg
+            .put(FunctionSpec::new("g"), path(&data), true)
+            .unwrap_err();
+        assert!(err.to_string().contains("data directory"), "{err}");
+        let err = reg
+            .put(
+                FunctionSpec::new("g"),
+                path(Path::new("relative/dir")),
+                true,
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("absolute"), "{err}");
+    }
+
+    #[test]
+    fn an_oversized_header_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(dir.path()).unwrap();
+        // A PAX header the tar reader would otherwise load whole into memory.
+        let archive = targz(|b| {
+            let mut h = tar::Header::new_ustar();
+            h.set_entry_type(tar::EntryType::XHeader);
+            h.set_size(64 << 20);
+            h.set_cksum();
+            b.append(&h, std::io::repeat(b'a').take(64 << 20)).unwrap();
+        });
+        let err = reg
+            .put(
+                FunctionSpec::new("f"),
+                Some(CodeSource::Archive(archive)),
+                false,
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("headers"), "{err}");
+    }
+
+    #[test]
+    fn limits_count_files_and_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let intake = CodeIntake {
+            max_files: 3,
+            max_unpacked_bytes: 100,
+            ..CodeIntake::default()
+        };
+        let reg = Registry::open_with(dir.path(), intake).unwrap();
+        let files = |n: usize, size: usize| {
+            let mut m: BTreeMap<String, String> = (0..n)
+                .map(|i| (format!("f{i}.py"), "x".repeat(size)))
+                .collect();
+            m.insert("main.py".into(), "def main(a): return a\n".into());
+            Some(CodeSource::Files(m))
+        };
+        assert!(reg.put(FunctionSpec::new("ok"), files(2, 10), true).is_ok());
+        let err = reg
+            .put(FunctionSpec::new("n"), files(3, 1), true)
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            RegistryError::TooLarge {
+                limit: CodeLimit::Files,
+                max: 3
+            }
+        ));
+        let err = reg
+            .put(FunctionSpec::new("b"), files(1, 90), true)
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            RegistryError::TooLarge {
+                limit: CodeLimit::UnpackedBytes,
+                max: 100
+            }
+        ));
+        let staged: Vec<_> = std::fs::read_dir(dir.path().join("functions/.incoming"))
+            .unwrap()
+            .collect();
+        assert!(staged.is_empty(), "refused uploads leave nothing behind");
+    }
+
+    /// On a single-threaded runtime, a task spawned beside a registration runs before the
+    /// registration completes: the unpacking does not hold the runtime's only thread.
+    #[tokio::test(flavor = "current_thread")]
+    async fn registration_leaves_the_async_thread_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Arc::new(Registry::open(dir.path()).unwrap());
+        let files: BTreeMap<String, String> = (0..2000)
+            .map(|i| (format!("m{i}.py"), "x = 1\n".repeat(100)))
+            .chain([("main.py".to_string(), "def main(a): return a\n".to_string())])
+            .collect();
+        let other_ran = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&other_ran);
+        let other = tokio::spawn(async move { flag.store(true, Ordering::SeqCst) });
+        let (put, seen) = {
+            let r = reg
+                .put_blocking(FunctionSpec::new("f"), Some(CodeSource::Files(files)), true)
+                .await;
+            (r, other_ran.load(Ordering::SeqCst))
+        };
+        put.unwrap();
+        assert!(seen, "the other task ran while the code was being written");
+        other.await.unwrap();
     }
 }

@@ -23,10 +23,19 @@ pub enum ServeError<S: std::error::Error + 'static> {
 }
 
 /// Creates the data directory if needed and returns its canonical path, so that what lives in
-/// it (registry, sandbox bundles) does not depend on the working directory.
+/// it (registry, sandbox bundles) does not depend on the working directory. It is private to
+/// the service's user (0700: it holds function secrets), created so whatever the umask, and an
+/// existing one is made private too. Sandboxes reach their code through bind mounts, which do
+/// not depend on the modes of the directories above it.
 pub fn open_data_dir(dir: &Path) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::canonicalize(dir)
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let dir = std::fs::canonicalize(dir)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    Ok(dir)
 }
 
 /// `$HEARTH_DATA_DIR`, else `$XDG_DATA_HOME/hearth`, else `~/.local/share/hearth`.

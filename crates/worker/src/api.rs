@@ -57,7 +57,7 @@ async fn register(
 ) -> Result<Response, ApiError> {
     let key = p.authorized_key(&name, Access::Manage)?;
     let (spec, code) = registration_request(&name, &key, body, w.config().max_code_bytes)?;
-    let (reg, created) = w.register(spec, code).map_err(register_error)?;
+    let (reg, created) = w.register(spec, code).await.map_err(register_error)?;
     Ok(registered(&reg.spec, created))
 }
 
@@ -227,10 +227,8 @@ fn start_error(name: &str, e: SandboxError) -> ApiError {
 
 fn register_error(e: RegisterError) -> ApiError {
     match e {
-        RegisterError::TooMuchMemory { .. } | RegisterError::BadCode(_) => {
-            ApiError::bad_request(e.to_string())
-        }
-        RegisterError::Storage(m) => ApiError::internal(m),
+        RegisterError::TooMuchMemory { .. } => ApiError::bad_request(e.to_string()),
+        RegisterError::Code(e) => e.into(),
     }
 }
 

@@ -157,6 +157,13 @@ pub struct WorkerConfig {
     pub max_body_bytes: usize,
     /// Largest accepted registration body (code archives).
     pub max_code_bytes: usize,
+    /// Host directories `code.path` may copy code from (empty: `code.path` is refused and code
+    /// must be uploaded). See docs/security-intake.md.
+    pub code_path_roots: Vec<PathBuf>,
+    /// Most bytes one function's code may unpack to (archive, files or `code.path`).
+    pub max_code_unpacked_bytes: u64,
+    /// Most files and directories one function's code may hold.
+    pub max_code_files: u64,
     /// How long results of async invocations are kept after they finish.
     pub async_retention_s: u64,
     /// Most async invocations kept (pending and finished) before new ones are refused with 429.
@@ -210,6 +217,9 @@ impl Default for WorkerConfig {
             hist: HistSettings::default(),
             max_body_bytes: 6 * 1024 * 1024,
             max_code_bytes: 64 * 1024 * 1024,
+            code_path_roots: Vec::new(),
+            max_code_unpacked_bytes: hearth_service::registry::DEFAULT_MAX_CODE_UNPACKED_BYTES,
+            max_code_files: hearth_service::registry::DEFAULT_MAX_CODE_FILES,
             async_retention_s: 600,
             async_max_records: 100_000,
             shutdown_grace_s: 30,
@@ -248,6 +258,9 @@ const CONFIG_KEYS: &[&str] = &[
     "hist",
     "max_body_bytes",
     "max_code_bytes",
+    "code_path_roots",
+    "max_code_unpacked_bytes",
+    "max_code_files",
     "async_retention_s",
     "async_max_records",
     "shutdown_grace_s",
@@ -295,6 +308,7 @@ impl WorkerConfig {
         if self.max_body_bytes == 0 || self.max_code_bytes == 0 {
             return bad("max_body_bytes and max_code_bytes must be positive".into());
         }
+        self.code_intake().check().map_err(ConfigError::Invalid)?;
         if self.max_queue == 0 {
             return bad("max_queue must be at least 1".into());
         }
@@ -358,6 +372,15 @@ impl WorkerConfig {
             Ok(RegulatorConfig::Fixed(n)) => n,
             Ok(RegulatorConfig::Aimd(a)) if a.max > 0 => a.max,
             _ => self.effective_cpus(),
+        }
+    }
+
+    /// What registrations may bring in as code.
+    pub fn code_intake(&self) -> hearth_service::registry::CodeIntake {
+        hearth_service::registry::CodeIntake {
+            path_roots: self.code_path_roots.clone(),
+            max_unpacked_bytes: self.max_code_unpacked_bytes,
+            max_files: self.max_code_files,
         }
     }
 
@@ -504,6 +527,36 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("missing.toml"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn code_intake_settings_come_from_the_environment_and_are_checked() {
+        figment::Jail::expect_with(|jail| {
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert!(c.code_path_roots.is_empty(), "code.path is off by default");
+            assert_eq!(c.code_intake().max_unpacked_bytes, 250 * 1024 * 1024);
+            assert_eq!(c.code_intake().max_files, 10_000);
+            jail.set_env(
+                "HEARTH_CODE_PATH_ROOTS",
+                "[\"/srv/functions\", \"/opt/fn\"]",
+            );
+            jail.set_env("HEARTH_MAX_CODE_FILES", "50");
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(
+                c.code_path_roots,
+                vec![PathBuf::from("/srv/functions"), PathBuf::from("/opt/fn")]
+            );
+            assert_eq!(c.code_intake().max_files, 50);
+            jail.set_env("HEARTH_CODE_PATH_ROOTS", "[\"relative\"]");
+            let err = WorkerConfig::load(None).unwrap_err().to_string();
+            assert!(err.contains("absolute"), "{err}");
+            jail.set_env("HEARTH_CODE_PATH_ROOTS", "[]");
+            jail.set_env("HEARTH_MAX_CODE_FILES", "0");
+            let err = WorkerConfig::load(None).unwrap_err().to_string();
+            assert!(err.contains("max_code_files"), "{err}");
             Ok(())
         });
     }

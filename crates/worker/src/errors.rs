@@ -73,10 +73,9 @@ pub struct HandlerFailure {
 pub enum RegisterError {
     #[error("memory_mb {memory_mb} exceeds this worker's memory budget of {budget_mb} MiB")]
     TooMuchMemory { memory_mb: u64, budget_mb: u64 },
+    /// The code or its storage (the registry's error says which, and its HTTP answer).
     #[error("{0}")]
-    BadCode(String),
-    #[error("{0}")]
-    Storage(String),
+    Code(#[from] hearth_service::registry::RegistryError),
 }
 
 /// Why a function could not be deleted.

@@ -65,7 +65,7 @@ impl Worker {
         let data_dir = open_data_dir(&config.data_dir)
             .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
         let id = config.worker_id();
-        let registry = Arc::new(Registry::open(&data_dir)?);
+        let registry = Arc::new(Registry::open_with(&data_dir, config.code_intake())?);
         let cluster_key = match &config.cluster_key_file {
             Some(path) => Some(ClusterKey::read(path)?),
             None => None,
@@ -434,8 +434,9 @@ impl Worker {
     }
 
     /// Registers or updates a function; sandboxes of the previous version are retired. Returns
-    /// the registration and whether the function is new.
-    pub fn register(
+    /// the registration and whether the function is new. The code is copied or unpacked on a
+    /// blocking thread.
+    pub async fn register(
         &self,
         spec: FunctionSpec,
         code: Option<CodeSource>,
@@ -448,11 +449,8 @@ impl Worker {
         }
         let (reg, previous) = self
             .registry
-            .put(spec, code, self.driver.backend().needs_code())
-            .map_err(|e| match e {
-                RegistryError::BadCode(m) => RegisterError::BadCode(m),
-                RegistryError::Storage(m) => RegisterError::Storage(m),
-            })?;
+            .put_blocking(spec, code, self.driver.backend().needs_code())
+            .await?;
         let created = previous.is_none();
         if let Some(prev) = previous {
             self.driver.retire(&prev);
