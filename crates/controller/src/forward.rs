@@ -118,7 +118,10 @@ impl Forwarder {
         connector.set_connect_timeout(Some(connect_timeout));
         connector.enforce_http(true);
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
+            // Under the workers' default idle_timeout_ms (60 s): a pooled connection is given
+            // up here before the worker closes it, so a request never races the worker's close
+            // (that failure could not be told from a worker that died mid-request).
+            .pool_idle_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(1024)
             .build(connector);
         Forwarder {
