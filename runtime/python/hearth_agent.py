@@ -20,6 +20,13 @@ DEFAULT_HANDLER = "main.main"
 MAX_HEAD = 64 * 1024  # request line + headers
 RECV_SIZE = 256 * 1024
 TRACEBACK_LINES = 8
+MAX_MESSAGE = 2048  # characters of an error message or traceback (the worker caps error answers)
+# The largest result answered (HEARTH_MAX_RESULT_BYTES, set by the worker; 0: no limit). A larger
+# one is answered 413 so the worker can refuse it and keep this sandbox.
+try:
+    MAX_RESULT = int(os.environ.get("HEARTH_MAX_RESULT_BYTES") or 0)
+except ValueError:
+    MAX_RESULT = 0
 
 _REASONS = {
     100: b"Continue",
@@ -27,6 +34,7 @@ _REASONS = {
     400: b"Bad Request",
     404: b"Not Found",
     405: b"Method Not Allowed",
+    413: b"Payload Too Large",
     431: b"Request Header Fields Too Large",
     500: b"Internal Server Error",
     505: b"HTTP Version Not Supported",
@@ -74,8 +82,12 @@ def _parse_args(argv):
 
 
 def _error_body(type_name, message, phase, tb=None):
+    if len(message) > MAX_MESSAGE:
+        message = message[:MAX_MESSAGE] + "... (truncated)"
     err = {"type": type_name, "message": message}
     if tb is not None:
+        if len(tb) > MAX_MESSAGE:
+            tb = "... (truncated)" + tb[-MAX_MESSAGE:]
         err["traceback"] = tb
     err["phase"] = phase
     return json.dumps(err).encode()
@@ -274,6 +286,14 @@ class Agent:
                 "TypeError", "handler result is not JSON-serializable: %s" % exc, "result"
             )
             return _response(500, err, b"X-Exec-Us: %d\r\n" % exec_us, close)
+        if MAX_RESULT and len(out) > MAX_RESULT:
+            err = _error_body(
+                "ResultTooLarge",
+                "the result is %d bytes, over the limit of %d bytes (max_result_bytes)"
+                % (len(out), MAX_RESULT),
+                "result",
+            )
+            return _response(413, err, b"X-Exec-Us: %d\r\n" % exec_us, close)
         return b"%s%d\r\nX-Exec-Us: %d\r\n%s\r\n%s" % (
             _OK_PREFIX,
             len(out),

@@ -50,6 +50,8 @@ error_codes! {
     SandboxCrashed => "sandbox_crashed",
     SandboxStartFailed => "sandbox_start_failed",
     OutOfMemory => "out_of_memory",
+    ResultTooLarge => "result_too_large",
+    TooManyConnections => "too_many_connections",
     NoWorkers => "no_workers",
     WorkerUnavailable => "worker_unavailable",
     WorkerFailed => "worker_failed",

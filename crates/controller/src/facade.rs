@@ -93,11 +93,13 @@ impl Controller {
         }
         let metrics = Arc::new(Metrics::default());
         let c = Arc::new(Controller {
-            forwarder: Forwarder::new(Duration::from_millis(config.connect_timeout_ms), credential),
+            forwarder: Forwarder::new(Duration::from_millis(config.connect_timeout_ms), credential)
+                .with_max_answer_bytes(config.max_result_bytes),
             invocations: AsyncInvocations::new(
                 Duration::from_secs(config.async_retention_s),
                 config.async_max_records,
-            ),
+            )
+            .with_max_bytes(config.async_max_bytes),
             config,
             registry,
             code: DashMap::new(),

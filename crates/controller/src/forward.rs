@@ -7,8 +7,8 @@
 
 use bytes::Bytes;
 use hearth_api::{ErrorBody, ErrorCode};
-use http_body_util::{BodyExt, Full};
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
@@ -23,6 +23,23 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// What the client gets for a worker's answer over `limit` bytes: 502 `result_too_large`
+    /// (the worker's bytes are dropped unread, and the connection with them).
+    fn too_large(limit: usize) -> Self {
+        let body = ErrorBody::new(
+            ErrorCode::ResultTooLarge,
+            format!(
+                "the worker's answer is larger than the controller's limit of {limit} bytes \
+                 (max_result_bytes plus {ANSWER_MARGIN_BYTES} for the answer's fields)"
+            ),
+        );
+        Answer {
+            status: StatusCode::BAD_GATEWAY,
+            retry_after: None,
+            body: Bytes::from(body.to_vec()),
+        }
+    }
+
     /// A 2xx answer.
     pub fn is_success(&self) -> bool {
         self.status.is_success()
@@ -82,12 +99,18 @@ pub enum ForwardError {
     TimedOut(Duration),
 }
 
+/// Room in a worker's answer beyond its result: the answer's own fields (timing, worker, cold
+/// reason) and error details (a traceback).
+pub const ANSWER_MARGIN_BYTES: usize = 64 * 1024;
+
 /// The pooled client.
 #[derive(Clone)]
 pub struct Forwarder {
     client: Client<HttpConnector, Full<Bytes>>,
     /// `Bearer <cluster key>`: workers serve the controller only with it.
     credential: Option<HeaderValue>,
+    /// The most bytes read of one answer; a larger one is never buffered.
+    max_answer_bytes: usize,
 }
 
 impl Forwarder {
@@ -97,10 +120,24 @@ impl Forwarder {
         connector.set_connect_timeout(Some(connect_timeout));
         connector.enforce_http(true);
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
+            // Under the workers' default idle_timeout_ms (60 s): a pooled connection is given
+            // up here before the worker closes it, so a request never races the worker's close
+            // (that failure could not be told from a worker that died mid-request).
+            .pool_idle_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(1024)
             .build(connector);
-        Forwarder { client, credential }
+        Forwarder {
+            client,
+            credential,
+            max_answer_bytes: hearth_service::serving::DEFAULT_MAX_RESULT_BYTES
+                + ANSWER_MARGIN_BYTES,
+        }
+    }
+
+    /// Caps what is read of an answer at `max_result_bytes` plus [`ANSWER_MARGIN_BYTES`].
+    pub fn with_max_answer_bytes(mut self, max_result_bytes: usize) -> Self {
+        self.max_answer_bytes = max_result_bytes.saturating_add(ANSWER_MARGIN_BYTES);
+        self
     }
 
     /// Sends one request to `base` (`http://HOST:PORT`) + `path`; the whole exchange (connect,
@@ -133,12 +170,22 @@ impl Forwarder {
             })?;
             let status = resp.status();
             let retry_after = resp.headers().get(RETRY_AFTER).cloned();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| ForwardError::MaybeStarted(error_chain(&e)))?
-                .to_bytes();
+            let limit = self.max_answer_bytes;
+            let declared = resp
+                .headers()
+                .get(CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            if declared.is_some_and(|n| n > limit as u64) {
+                // Dropping the response unread closes the connection.
+                return Ok(Answer::too_large(limit));
+            }
+            let body = match Limited::new(resp.into_body(), limit).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                    return Ok(Answer::too_large(limit));
+                }
+                Err(e) => return Err(ForwardError::MaybeStarted(error_chain(&*e))),
+            };
             Ok(Answer {
                 status,
                 retry_after,
@@ -161,4 +208,68 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A one-shot server answering 200 with `len` bytes, chunked or with a length.
+    async fn huge_answer(len: usize, chunked: bool) -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let chunk = vec![b'x'; 64 * 1024];
+            if chunked {
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                    .await;
+                let mut sent = 0;
+                while sent < len {
+                    let head = format!("{:x}\r\n", chunk.len());
+                    if s.write_all(head.as_bytes()).await.is_err()
+                        || s.write_all(&chunk).await.is_err()
+                        || s.write_all(b"\r\n").await.is_err()
+                    {
+                        return;
+                    }
+                    sent += chunk.len();
+                }
+            } else {
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(&chunk).await;
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn an_answer_over_the_cap_is_a_502_result_too_large_and_not_buffered() {
+        let f = Forwarder::new(Duration::from_secs(1), None).with_max_answer_bytes(1024);
+        for chunked in [false, true] {
+            let base = huge_answer(10 * 1024 * 1024, chunked).await;
+            let a = f
+                .send(
+                    Method::POST,
+                    &base,
+                    "/x",
+                    Bytes::new(),
+                    Duration::from_secs(10),
+                )
+                .await
+                .unwrap();
+            assert_eq!(a.status, StatusCode::BAD_GATEWAY, "chunked {chunked}");
+            assert_eq!(a.error_code(), Some(ErrorCode::ResultTooLarge));
+            assert!(
+                a.error_message().contains("66560 bytes"),
+                "{}",
+                a.error_message()
+            );
+        }
+    }
 }

@@ -20,6 +20,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let (listener, addr) = serving::bind(&mut config.listen).await?;
     let grace = Duration::from_secs(config.shutdown_grace_s);
+    let limits = config.conn_limits();
     let controller = Controller::start(config).await.map_err(ServeError::Start)?;
     tracing::info!(
         %addr,
@@ -43,6 +44,7 @@ pub async fn serve(
         stopping,
         drain,
         grace + Duration::from_secs(1),
+        limits,
     )
     .await?;
     Ok(())

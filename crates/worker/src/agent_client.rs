@@ -9,8 +9,9 @@ use std::path::Path;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-/// Responses larger than this are refused (a handler result is capped like a request body).
-pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+/// Room beyond the result limit for an error answer (a handler's message and traceback; the
+/// agent truncates long messages to fit).
+pub const ERROR_MARGIN_BYTES: usize = 64 * 1024;
 
 /// One response from the agent.
 #[derive(Debug, Clone)]
@@ -30,6 +31,9 @@ pub enum AgentError {
     Io(#[from] std::io::Error),
     #[error("agent sent a malformed response: {0}")]
     Malformed(String),
+    /// The agent announced a body over the limit: it was not read, so the connection is lost.
+    #[error("the sandbox's answer of {size} bytes is over the limit of {limit} bytes")]
+    TooLarge { size: usize, limit: usize },
 }
 
 /// A persistent connection to one agent.
@@ -37,15 +41,19 @@ pub struct AgentConn {
     stream: UnixStream,
     buf: BytesMut,
     req: Vec<u8>,
+    /// The largest result body read (an error answer may add [`ERROR_MARGIN_BYTES`]).
+    max_result: usize,
 }
 
 impl AgentConn {
-    pub async fn connect(path: &Path) -> std::io::Result<Self> {
+    /// Connects to the agent at `path`; a 200 body over `max_result` bytes is never read.
+    pub async fn connect(path: &Path, max_result: usize) -> std::io::Result<Self> {
         let stream = UnixStream::connect(path).await?;
         Ok(AgentConn {
             stream,
             buf: BytesMut::with_capacity(16 * 1024),
             req: Vec::with_capacity(4096),
+            max_result,
         })
     }
 
@@ -80,10 +88,17 @@ impl AgentConn {
     async fn read_response(&mut self) -> Result<AgentReply, AgentError> {
         loop {
             if let Some((head_len, status, exec_us, content_len)) = parse_head(&self.buf)? {
-                if content_len > MAX_RESPONSE_BYTES {
-                    return Err(AgentError::Malformed(format!(
-                        "response body of {content_len} bytes exceeds {MAX_RESPONSE_BYTES}"
-                    )));
+                // Code in the sandbox may bypass the agent's own check: never buffer more.
+                let limit = if status == 200 {
+                    self.max_result
+                } else {
+                    self.max_result.saturating_add(ERROR_MARGIN_BYTES)
+                };
+                if content_len > limit {
+                    return Err(AgentError::TooLarge {
+                        size: content_len,
+                        limit: self.max_result,
+                    });
                 }
                 let total = head_len + content_len;
                 if self.buf.capacity() < total {
@@ -190,7 +205,7 @@ mod tests {
                 s.write_all(body).await.unwrap();
             }
         });
-        let mut c = AgentConn::connect(&path).await.unwrap();
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
         for _ in 0..2 {
             let r = c.invoke(b"{}").await.unwrap();
             assert_eq!(r.status, 200);
@@ -202,5 +217,30 @@ mod tests {
             c.invoke(b"{}").await,
             Err(AgentError::Closed | AgentError::Io(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            // Announces 1 GiB; sends only the head.
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n")
+                .await;
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+        });
+        let mut c = AgentConn::connect(&path, 1000).await.unwrap();
+        match c.invoke(b"{}").await {
+            Err(AgentError::TooLarge { size, limit }) => {
+                assert_eq!((size, limit), (1 << 30, 1000));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(c.buf.capacity() < 1 << 20);
     }
 }

@@ -181,6 +181,7 @@ pub fn api_error(e: InvokeError) -> ApiError {
         InvokeError::Sandbox(error) => {
             let code = match error {
                 SandboxError::OutOfMemory { .. } => "out_of_memory",
+                SandboxError::ResultTooLarge { .. } => "result_too_large",
                 _ => "sandbox_crashed",
             };
             ApiError::new(StatusCode::BAD_GATEWAY, code, message)
@@ -188,6 +189,8 @@ pub fn api_error(e: InvokeError) -> ApiError {
         InvokeError::Handler(f) => {
             let (status, code) = match f.agent_status {
                 400 => (StatusCode::BAD_REQUEST, "bad_request"),
+                // The agent refused a result over max_result_bytes (the sandbox is kept).
+                413 => (StatusCode::BAD_GATEWAY, "result_too_large"),
                 _ => (StatusCode::BAD_GATEWAY, "handler_error"),
             };
             ApiError::new(status, code, message)

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use hearth_service::config_checks;
 pub use hearth_service::config_loader::ConfigError;
 use hearth_service::config_loader::EnvKeys;
+use hearth_service::serving::{self, DEFAULT_MAX_RESULT_BYTES};
 
 /// The concurrency limit: a number of invocations, or `aimd` (0: the worker's CPUs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -168,6 +169,17 @@ pub struct WorkerConfig {
     pub async_retention_s: u64,
     /// Most async invocations kept (pending and finished) before new ones are refused with 429.
     pub async_max_records: usize,
+    /// Bytes of finished async results kept in memory; the oldest results are dropped first to
+    /// stay under it.
+    pub async_max_bytes: usize,
+    /// Largest handler result passed on; a larger one is answered 502 `result_too_large`.
+    pub max_result_bytes: usize,
+    /// A request head must arrive within this from its first byte, else the connection closes.
+    pub header_read_timeout_ms: u64,
+    /// A connection with no request running and no traffic for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// Most open HTTP connections (lowered to fit the open-file limit); more are refused 503.
+    pub max_connections: usize,
     /// On SIGTERM, how long in-flight invocations may take to finish.
     pub shutdown_grace_s: u64,
     /// While invocations arrive, ask the kernel to keep idle CPUs out of deep sleep (PM QoS),
@@ -222,6 +234,11 @@ impl Default for WorkerConfig {
             max_code_files: hearth_service::registry::DEFAULT_MAX_CODE_FILES,
             async_retention_s: 600,
             async_max_records: 100_000,
+            async_max_bytes: 256 * 1024 * 1024,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            header_read_timeout_ms: serving::DEFAULT_HEADER_READ_TIMEOUT_MS,
+            idle_timeout_ms: serving::DEFAULT_IDLE_TIMEOUT_MS,
+            max_connections: serving::DEFAULT_MAX_CONNECTIONS,
             shutdown_grace_s: 30,
             low_latency: true,
             low_latency_quiet_ms: 1000,
@@ -263,6 +280,11 @@ const CONFIG_KEYS: &[&str] = &[
     "max_code_files",
     "async_retention_s",
     "async_max_records",
+    "async_max_bytes",
+    "max_result_bytes",
+    "header_read_timeout_ms",
+    "idle_timeout_ms",
+    "max_connections",
     "shutdown_grace_s",
     "low_latency",
     "low_latency_quiet_ms",
@@ -292,10 +314,26 @@ impl WorkerConfig {
         hearth_service::config_loader::load(file, ENV_KEYS, Self::check)
     }
 
+    /// The HTTP edge's connection limits.
+    pub fn conn_limits(&self) -> serving::ConnLimits {
+        serving::ConnLimits {
+            header_read_timeout: std::time::Duration::from_millis(self.header_read_timeout_ms),
+            idle_timeout: std::time::Duration::from_millis(self.idle_timeout_ms),
+            max_connections: self.max_connections,
+        }
+    }
+
     /// Refuses settings that cannot work.
     pub fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         config_checks::listen(&self.listen)?;
+        serving::check_limits(
+            self.max_result_bytes,
+            self.async_max_bytes,
+            self.header_read_timeout_ms,
+            self.idle_timeout_ms,
+            self.max_connections,
+        )?;
         if self.memory_mb < 16 {
             return bad(format!(
                 "memory_mb must be at least 16, got {}",

@@ -77,7 +77,13 @@ impl Worker {
         })?;
         let backend = match config.backend {
             BackendKind::Runc => Backend::Runc(
-                crate::backend::runc::RuncBackend::new(config.runc.clone(), &data_dir, &id).await?,
+                crate::backend::runc::RuncBackend::new(
+                    config.runc.clone(),
+                    &data_dir,
+                    &id,
+                    config.max_result_bytes,
+                )
+                .await?,
             ),
             BackendKind::Sim => Backend::Sim(crate::backend::sim::SimBackend::new()),
         };
@@ -125,7 +131,8 @@ impl Worker {
             invocations: AsyncInvocations::new(
                 Duration::from_secs(config.async_retention_s),
                 config.async_max_records,
-            ),
+            )
+            .with_max_bytes(config.async_max_bytes),
             config,
             epoch: Instant::now(),
             registry,

@@ -20,6 +20,7 @@ pub async fn serve(
     // Port 0 asks for any free port: the worker is named after the one it got.
     let (listener, addr) = serving::bind(&mut config.listen).await?;
     let grace = Duration::from_secs(config.shutdown_grace_s);
+    let limits = config.conn_limits();
     let worker = Worker::start(config).await.map_err(ServeError::Start)?;
     tracing::info!(
         %addr,
@@ -47,7 +48,15 @@ pub async fn serve(
         ))
     });
     // A request still running after the grace period is cut off and its sandbox killed below.
-    serving::serve_until_stopped(listener, app, stopping, std::future::ready(()), grace).await?;
+    serving::serve_until_stopped(
+        listener,
+        app,
+        stopping,
+        std::future::ready(()),
+        grace,
+        limits,
+    )
+    .await?;
     if let Some(m) = membership {
         let _ = tokio::time::timeout(Duration::from_secs(2), m).await;
     }

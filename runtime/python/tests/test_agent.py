@@ -140,7 +140,7 @@ def workdir():
 def start_agent(workdir):
     procs = []
 
-    def start(handler="main.main", code=HANDLERS, files=None, python=sys.executable):
+    def start(handler="main.main", code=HANDLERS, files=None, python=sys.executable, env=None):
         code_dir = os.path.join(workdir, "code")
         os.makedirs(code_dir, exist_ok=True)
         for name, text in ({"main.py": code} if files is None else files).items():
@@ -154,6 +154,7 @@ def start_agent(workdir):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=None if env is None else {**os.environ, **env},
         )
         procs.append(proc)
         _wait_for_socket(proc, sock_path)
@@ -379,6 +380,27 @@ def test_large_body_round_trips(start_agent):
     assert json.loads(body) == {"echo": payload}
     assert len(body) > 1 << 20
     assert c.invoke({"after": True})[0] == 200
+
+
+def test_result_over_the_limit_is_413_and_the_agent_keeps_serving(start_agent):
+    c = start_agent(env={"HEARTH_MAX_RESULT_BYTES": "1000"}).client()
+    status, headers, body = c.invoke({"blob": "x" * 2000})
+    assert status == 413
+    err = json.loads(body)
+    assert err["type"] == "ResultTooLarge" and err["phase"] == "result"
+    assert "over the limit of 1000 bytes" in err["message"]
+    assert "x-exec-us" in headers
+    status, _, body = c.invoke({"small": 1})
+    assert status == 200 and json.loads(body) == {"echo": {"small": 1}}
+
+
+def test_long_error_messages_are_truncated(start_agent):
+    code = HANDLERS + "\ndef loud(args):\n    raise ValueError('y' * 1000000)\n"
+    c = start_agent(handler="main.loud", code=code).client()
+    status, _, body = c.invoke({})
+    assert status == 500
+    err = json.loads(body)
+    assert len(body) < 64 * 1024 and err["message"].endswith("(truncated)")
 
 
 def test_request_split_across_sends(start_agent):

@@ -28,6 +28,10 @@ pub enum SandboxError {
     /// The cgroup's OOM killer ended the sandbox.
     #[error("sandbox was killed for exceeding its memory limit of {limit_mb} MiB")]
     OutOfMemory { limit_mb: u64 },
+    /// The sandbox sent a result over `max_result_bytes` past the agent's own check; its
+    /// connection was given up unread, so the sandbox is destroyed.
+    #[error("the function's result is larger than the limit of {limit} bytes (max_result_bytes)")]
+    ResultTooLarge { limit: usize },
     /// The sandbox process died or the connection broke.
     #[error("sandbox crashed: {0}")]
     Crashed(String),

@@ -34,6 +34,8 @@ pub struct OciParams<'a> {
     pub cgroups_path: &'a str,
     /// Size of the private `/tmp` tmpfs in MiB.
     pub tmp_size_mb: u64,
+    /// `HEARTH_MAX_RESULT_BYTES`: the agent refuses larger results itself.
+    pub max_result_bytes: usize,
 }
 
 /// Where the function's code appears inside the sandbox.
@@ -202,6 +204,7 @@ fn env_list(p: &OciParams) -> Vec<String> {
         format!("HEARTH_SOCKET={AGENT_SOCKET}"),
         format!("HEARTH_CODE_DIR={CODE_MOUNT}"),
         format!("HEARTH_HANDLER={}", p.handler),
+        format!("HEARTH_MAX_RESULT_BYTES={}", p.max_result_bytes),
     ];
     env.extend(
         p.env
@@ -415,6 +418,7 @@ mod tests {
             uid: 65534,
             gid: 65534,
             cgroups_path: "/hearth/w1/s1",
+            max_result_bytes: 6 * 1024 * 1024,
             tmp_size_mb: 64,
         }
     }
@@ -536,6 +540,7 @@ mod tests {
                 "HEARTH_SOCKET=/hearth/run/agent.sock",
                 "HEARTH_CODE_DIR=/code",
                 "HEARTH_HANDLER=main.main",
+                "HEARTH_MAX_RESULT_BYTES=6291456",
                 "FOO=bar=baz",
             ]
         );

@@ -7,7 +7,7 @@
 
 use super::oci::{self, OciParams};
 use super::SandboxError;
-use crate::agent_client::{AgentConn, AgentReply};
+use crate::agent_client::{AgentConn, AgentError, AgentReply};
 use crate::config::RuncConfig;
 use hearth_api::FunctionSpec;
 use hearth_core::SandboxId;
@@ -29,6 +29,8 @@ pub struct RuncBackend {
     cgroup_parent: String,
     /// Container names are `<prefix><sandbox id>`, unique per worker on a host.
     prefix: String,
+    /// The largest result a sandbox may answer (told to the agent, enforced on reading it).
+    max_result_bytes: usize,
 }
 
 pub struct RuncSandbox {
@@ -59,6 +61,7 @@ impl RuncBackend {
         cfg: RuncConfig,
         data_dir: &Path,
         worker_id: &str,
+        max_result_bytes: usize,
     ) -> Result<Self, SandboxError> {
         let fail = |what: &str, e: std::io::Error| {
             SandboxError::StartFailed(format!("preparing the runc backend ({what}): {e}"))
@@ -88,6 +91,7 @@ impl RuncBackend {
             cgroup_parent: format!("/hearth/{worker}"),
             prefix: format!("hearth-{worker}-"),
             cfg,
+            max_result_bytes,
         };
         // <data>/sandboxes/<id>/run/agent.sock must fit in sockaddr_un (108 bytes).
         let socket_len = b.sandboxes_dir.as_os_str().len()
@@ -195,6 +199,7 @@ impl RuncBackend {
             gid: self.cfg.gid,
             cgroups_path,
             tmp_size_mb: self.cfg.tmp_size_mb,
+            max_result_bytes: self.max_result_bytes,
         });
         std::fs::write(dir.join("config.json"), config.to_string())
     }
@@ -234,7 +239,7 @@ impl RuncBackend {
         let mut polls: u32 = 0;
         loop {
             if socket.exists() {
-                if let Ok(conn) = AgentConn::connect(&socket).await {
+                if let Ok(conn) = AgentConn::connect(&socket, self.max_result_bytes).await {
                     return Ok(conn);
                 }
             }
@@ -263,6 +268,7 @@ impl RuncBackend {
     ) -> Result<AgentReply, SandboxError> {
         match sb.conn.invoke(args).await {
             Ok(r) => Ok(r),
+            Err(AgentError::TooLarge { limit, .. }) => Err(SandboxError::ResultTooLarge { limit }),
             Err(e) => Err(self
                 .diagnose(&sb.cgroups_path, sb.memory_mb, &sb.dir, &e.to_string())
                 .await),
