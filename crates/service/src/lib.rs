@@ -11,6 +11,7 @@ pub mod config_loader;
 pub mod error;
 pub mod http;
 pub mod in_flight;
+pub mod intake;
 pub mod invocations;
 pub mod keys_api;
 pub mod metrics;
