@@ -346,3 +346,69 @@ fn bundle_files_are_private_to_root() {
         assert_eq!(mode(&bundle.join(f)), 0o600, "{f}");
     }
 }
+
+/// Mounts, containers and cgroups that a worker named `worker` with `data_dir` left.
+fn traces(data_dir: &Path, worker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let dd = data_dir.to_string_lossy();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for line in mounts.lines().filter(|l| l.contains(dd.as_ref())) {
+        found.push(format!("mount: {line}"));
+    }
+    let out = std::process::Command::new("runc")
+        .arg("--root")
+        .arg(data_dir.join("runc"))
+        .args(["list", "-q"])
+        .output()
+        .unwrap();
+    for c in String::from_utf8_lossy(&out.stdout).lines() {
+        found.push(format!("container: {c}"));
+    }
+    for ctrl in ["freezer", "memory", "cpu", "pids"] {
+        let parent = Path::new("/sys/fs/cgroup")
+            .join(ctrl)
+            .join("hearth")
+            .join(worker);
+        if let Ok(rd) = std::fs::read_dir(&parent) {
+            for e in rd.flatten().filter(|e| e.path().is_dir()) {
+                found.push(format!("cgroup: {}", e.path().display()));
+            }
+        }
+    }
+    found
+}
+
+/// A worker killed with SIGKILL leaves frozen sandboxes with their run tmpfs mounted; the next
+/// worker on the same data directory removes them before it serves.
+#[test]
+fn a_killed_workers_frozen_sandboxes_and_mounts_are_removed_on_restart() {
+    if !runc_available() {
+        return;
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("hearth-test-")
+        .tempdir()
+        .unwrap();
+    let data = tmp.path().join("data");
+    let id = format!("test-crash-{}", std::process::id());
+    let cgroup_name = id.replace('-', "_");
+    let env = [("HEARTH_WORKER_ID", id.as_str())];
+    let mut s = Server::start_in("runc", &data, &env);
+    let src = "def main(args):\n    return {'ok': True}\n";
+    assert_eq!(s.put_fn("f", inline(src, 64)).status, 201);
+    invoke_ok(&s, "f", "{}");
+    let before = traces(&data, &cgroup_name);
+    assert!(
+        before.iter().any(|t| t.starts_with("mount:"))
+            && before.iter().any(|t| t.starts_with("container:")),
+        "the check sees the live sandbox: {before:#?}"
+    );
+    unsafe {
+        libc::kill(s.pid() as i32, libc::SIGKILL);
+    }
+    assert!(!s.terminate().success());
+    let s = Server::start_in("runc", &data, &env);
+    let left = traces(&data, &cgroup_name);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+    drop(s);
+}

@@ -43,6 +43,11 @@ const LOG_TAIL_BYTES: u64 = 16 * 1024;
 const LOG_DRAIN_WAIT: Duration = Duration::from_secs(2);
 /// How long an error path waits for a sandbox's last output to reach its log.
 const LOG_SETTLE_WAIT: Duration = Duration::from_millis(200);
+/// An empty freezer cgroup under the worker's parent, frozen while the worker runs. The kernel
+/// patches a static key on every CPU whenever the number of freezing cgroups goes from 0 to 1
+/// or back: with a single sandbox, each invocation's freeze and thaw would do that twice
+/// (measured 215 µs per freeze+thaw; 4.6 µs while this anchor keeps the key on).
+const FREEZER_ANCHOR: &str = "frozen-anchor";
 
 pub struct RuncBackend {
     cfg: RuncConfig,
@@ -54,6 +59,8 @@ pub struct RuncBackend {
     cgroup_parent: String,
     /// Container names are `<prefix><sandbox id>`, unique per worker on a host.
     prefix: String,
+    /// Whether [`FREEZER_ANCHOR`] is in place.
+    anchor_frozen: std::sync::atomic::AtomicBool,
 }
 
 pub struct RuncSandbox {
@@ -163,6 +170,7 @@ impl RuncBackend {
             agent_dir: data_dir.join("agent"),
             cgroup_parent: format!("/hearth/{worker}"),
             prefix: format!("hearth-{worker}-"),
+            anchor_frozen: std::sync::atomic::AtomicBool::new(false),
             cfg,
         };
         // <data>/sandboxes/<id>/run/agent.sock must fit in sockaddr_un (108 bytes).
@@ -210,6 +218,7 @@ impl RuncBackend {
         let dir = self.sandboxes_dir.join(id.0.to_string());
         let cgroups_path = self.cgroups_path(&container);
         let started = Instant::now();
+        self.freeze_anchor();
         let prepared = self
             .write_bundle(&container, &dir, spec, code_dir, &cgroups_path)
             .and_then(|()| start_log_copier(&dir, self.cfg.log_file_bytes));
@@ -267,6 +276,29 @@ impl RuncBackend {
         };
         self.remove(&container, &dir, &mut log).await;
         Err(failure)
+    }
+
+    /// Creates and freezes [`FREEZER_ANCHOR`] once (again after [`Self::cleanup_all`]). Only
+    /// a cost saving: failure is logged, and sandboxes are frozen all the same.
+    fn freeze_anchor(&self) {
+        use std::sync::atomic::Ordering;
+        if self.anchor_frozen.load(Ordering::Relaxed) {
+            return;
+        }
+        let dir = self.anchor_dir();
+        match std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(dir.join("freezer.state"), "FROZEN"))
+        {
+            Ok(()) => self.anchor_frozen.store(true, Ordering::Relaxed),
+            Err(e) => tracing::warn!(error = %e, "freezing the freezer anchor cgroup failed"),
+        }
+    }
+
+    fn anchor_dir(&self) -> PathBuf {
+        oci::cgroup_v1_dir(
+            "freezer",
+            &format!("{}/{FREEZER_ANCHOR}", self.cgroup_parent),
+        )
     }
 
     /// `/hearth/<worker>/<container>`.
@@ -514,7 +546,15 @@ impl RuncBackend {
                 discard_bundle(&e.path());
             }
         }
-        // Sandbox cgroups runc could not delete (a crashed worker), then the worker's parent.
+        // The anchor (empty, so removable while frozen), sandbox cgroups runc could not delete
+        // (a crashed worker), then the worker's parent.
+        self.anchor_frozen
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = std::fs::remove_dir(self.anchor_dir()) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(error = %e, "removing the freezer anchor cgroup failed");
+            }
+        }
         let memory_parent = oci::cgroup_v1_dir("memory", &self.cgroup_parent);
         if let Ok(children) = std::fs::read_dir(&memory_parent) {
             for c in children.flatten().filter(|c| c.path().is_dir()) {
