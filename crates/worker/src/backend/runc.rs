@@ -487,8 +487,8 @@ impl RuncBackend {
         self.remove(&container, &dir, &mut log).await;
     }
 
-    /// Kills and deletes the container (runc removes its cgroups), waits for its log to be
-    /// copied, and removes its bundle directory with the run tmpfs. `kill` first: `delete
+    /// Kills the container, waits for its log to be copied, deletes it (runc removes its
+    /// cgroups), and removes its bundle directory with the run tmpfs. `kill` first: `delete
     /// --force` on a running container sleeps 100 ms after its SIGKILL.
     async fn remove(&self, container: &str, dir: &Path, log: &mut LogCopier) {
         let _ = self
@@ -504,6 +504,9 @@ impl RuncBackend {
             oci::freezer_state_path(&self.cgroups_path(container)),
             "THAWED",
         );
+        // The copier reaches the end of the output once the last process of the sandbox has
+        // exited; waiting for it here also spares `delete --force` its 100 ms sleep.
+        log.finish(LOG_DRAIN_WAIT).await;
         match self
             .runc()
             .arg("delete")
@@ -523,7 +526,6 @@ impl RuncBackend {
             Err(e) => tracing::warn!(%container, error = %e, "runc delete failed"),
             Ok(_) => {}
         }
-        log.finish(LOG_DRAIN_WAIT).await;
         discard_bundle(dir);
     }
 
