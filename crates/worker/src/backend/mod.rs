@@ -34,6 +34,9 @@ pub enum SandboxError {
 }
 
 /// A backend.
+// One per worker, made once and never moved on the hot path: boxing the runc variant would
+// only add an indirection.
+#[allow(clippy::large_enum_variant)]
 pub enum Backend {
     Runc(runc::RuncBackend),
     Sim(sim::SimBackend),
