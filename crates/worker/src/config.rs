@@ -104,8 +104,39 @@ pub struct RuncConfig {
     pub gid: u32,
     /// Size of each sandbox's private /tmp.
     pub tmp_size_mb: u64,
+    /// Files and directories a sandbox may create in /tmp, and separately in /dev/shm.
+    pub tmp_inodes: u64,
+    /// Size of the tmpfs the worker mounts at each sandbox's /hearth/run (the agent's socket).
+    pub run_size_mb: u64,
+    /// Files and directories a sandbox may create in /hearth/run (its socket is one).
+    pub run_inodes: u64,
+    /// A sandbox's stdout and stderr go to `stdio.log`, which is rotated to `stdio.log.1` when it
+    /// reaches this size: at most twice this much is kept per sandbox.
+    pub log_file_bytes: u64,
     /// How long a new sandbox may take to start and import its handler.
     pub start_timeout_ms: u64,
+}
+
+impl RuncConfig {
+    /// Refuses limits that cannot work: every one must be positive, and none so large that
+    /// it means no limit.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let ranges: [(&str, u64, u64, u64); 5] = [
+            ("tmp_size_mb", self.tmp_size_mb, 1, 1 << 20),
+            ("tmp_inodes", self.tmp_inodes, 16, 1 << 24),
+            ("run_size_mb", self.run_size_mb, 1, 1 << 20),
+            ("run_inodes", self.run_inodes, 8, 1 << 24),
+            ("log_file_bytes", self.log_file_bytes, 4096, 1 << 40),
+        ];
+        for (key, value, min, max) in ranges {
+            if !(min..=max).contains(&value) {
+                return Err(ConfigError::Invalid(format!(
+                    "runc.{key} must be between {min} and {max}, got {value}"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for RuncConfig {
@@ -115,6 +146,10 @@ impl Default for RuncConfig {
             uid: 65534,
             gid: 65534,
             tmp_size_mb: 64,
+            tmp_inodes: 4096,
+            run_size_mb: 4,
+            run_inodes: 64,
+            log_file_bytes: 1024 * 1024,
             start_timeout_ms: 10_000,
         }
     }
@@ -373,6 +408,7 @@ impl WorkerConfig {
             return bad("hist.max_cov must be >= 0".into());
         }
         self.regulator()?;
+        self.runc.check()?;
         for (key, url) in [
             ("controller", &self.controller),
             ("advertise_url", &self.advertise_url),
@@ -491,6 +527,31 @@ mod tests {
             assert_eq!(c.runc.tmp_size_mb, 32);
             Ok(())
         });
+    }
+
+    #[test]
+    fn runc_limits_must_be_positive_and_bounded() {
+        assert!(RuncConfig::default().check().is_ok());
+        for bad in [
+            RuncConfig {
+                run_inodes: 0,
+                ..RuncConfig::default()
+            },
+            RuncConfig {
+                log_file_bytes: 10,
+                ..RuncConfig::default()
+            },
+            RuncConfig {
+                tmp_size_mb: u64::MAX,
+                ..RuncConfig::default()
+            },
+        ] {
+            let c = WorkerConfig {
+                runc: bad,
+                ..WorkerConfig::default()
+            };
+            assert!(c.check().unwrap_err().to_string().contains("runc."));
+        }
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct OciParams<'a> {
     pub tmp_size_mb: u64,
     /// `HEARTH_MAX_RESULT_BYTES`: the agent refuses larger results itself.
     pub max_result_bytes: usize,
+    /// Inodes (files, directories) of `/tmp`, and separately of `/dev/shm`.
+    pub tmp_inodes: u64,
 }
 
 /// Where the function's code appears inside the sandbox.
@@ -104,6 +106,20 @@ const BASE_TMP_MODE: u32 = 0o1777;
 /// Syscalls allowed unconditionally: the moby/containerd default seccomp allow-list, resolved for
 /// x86_64 with no capabilities and kernel >= 4.8 (so `ptrace` and `process_vm_*` are in).
 /// Names of 32-bit-only syscalls are left out because the profile admits only the x86_64 ABI.
+///
+/// Compared with moby's current default profile (`github.com/moby/profiles`,
+/// `seccomp/default.json` at commit cd3bed80, 2026-06-30), which no longer allows:
+/// * `io_uring_setup`, `io_uring_enter`, `io_uring_register` — removed in moby/profiles commit
+///   0e2acd4 (2023-11-02, "seccomp: block io_uring_* syscalls in default profile", following
+///   containerd): io_uring has been the source of many kernel exploits, and ChromeOS, Android
+///   and Google's servers turn it off;
+/// * `socket(AF_ALG, ...)` — commit dec315c (2026-04-30): the kernel crypto API; see
+///   [`SOCKET_DENIED_FAMILIES`].
+///
+/// Syscalls the current profile added since (`cachestat`, `fchmodat2`, `futex_wait`,
+/// `futex_wake`, `futex_requeue`, `map_shadow_stack`, `mseal`, `listmount`, `statmount`,
+/// `*xattrat`, `uretprobe`) are not listed: runc 1.1.5's libseccomp does not know their names,
+/// and runc answers syscalls newer than any it knows with ENOSYS, which libc falls back from.
 const SECCOMP_ALLOW: &str = "\
     accept accept4 access adjtimex alarm bind brk capget capset chdir chmod chown clock_adjtime \
     clock_getres clock_gettime clock_nanosleep close close_range connect copy_file_range creat \
@@ -116,7 +132,7 @@ const SECCOMP_ALLOW: &str = "\
     getresgid getresuid getrlimit get_robust_list getrusage getsid getsockname getsockopt \
     get_thread_area gettid gettimeofday getuid getxattr inotify_add_watch inotify_init \
     inotify_init1 inotify_rm_watch io_cancel ioctl io_destroy io_getevents io_pgetevents \
-    ioprio_get ioprio_set io_setup io_submit io_uring_enter io_uring_register io_uring_setup \
+    ioprio_get ioprio_set io_setup io_submit \
     kill landlock_add_rule landlock_create_ruleset landlock_restrict_self lchown lgetxattr link \
     linkat listen listxattr llistxattr lremovexattr lseek lsetxattr lstat madvise membarrier \
     memfd_create memfd_secret mincore mkdir mkdirat mknod mknodat mlock mlock2 mlockall mmap \
@@ -145,28 +161,36 @@ const SECCOMP_PERSONALITIES: [u64; 5] = [0, 8, 0x20000, 0x20008, 0xffff_ffff];
 /// Namespace flags `clone(2)` may not carry without CAP_SYS_ADMIN (CLONE_NEWNS | NEWUTS | NEWIPC
 /// | NEWUSER | NEWPID | NEWNET | NEWCGROUP).
 const CLONE_NS_MASK: u64 = 0x7e02_0000;
-/// `socket(2)` family refused by the default profile.
-const AF_VSOCK: u64 = 40;
+/// `socket(2)` families refused by the default profile: AF_ALG (38, the kernel crypto API)
+/// and AF_VSOCK (40). Allowed are `< 38`, `== 39` and `> 40`: seccomp ANDs the conditions of one
+/// rule, so "neither 38 nor 40" needs three rules (as in moby's profile).
+pub const SOCKET_DENIED_FAMILIES: [u64; 2] = [38, 40];
 /// ENOSYS for `clone3`, so glibc falls back to `clone`, whose flags seccomp can inspect.
 const ENOSYS: u64 = 38;
 
-/// The seccomp section: docker's default profile (default action EPERM) for the x86_64 ABI only.
+/// The seccomp section: docker's default profile (default action EPERM) for the x86_64 ABI only,
+/// as of moby/profiles 2026-06 (see [`SECCOMP_ALLOW`]).
 ///
 /// Listing only `SCMP_ARCH_X86_64` means i386 (`int 0x80`) and x32 syscalls kill the process
 /// (SIGSYS) instead of being filtered; docker also admits those ABIs, but compiling the filter
 /// for three ABIs made every `runc run` about 15 ms slower here.
 pub fn seccomp_profile() -> Value {
-    let mut rules = vec![
-        json!({
-            "names": SECCOMP_ALLOW.split_whitespace().collect::<Vec<_>>(),
-            "action": "SCMP_ACT_ALLOW",
-        }),
-        json!({
+    let mut rules = vec![json!({
+        "names": SECCOMP_ALLOW.split_whitespace().collect::<Vec<_>>(),
+        "action": "SCMP_ACT_ALLOW",
+    })];
+    let [alg, vsock] = SOCKET_DENIED_FAMILIES;
+    for (value, op) in [
+        (alg, "SCMP_CMP_LT"),
+        (alg + 1, "SCMP_CMP_EQ"),
+        (vsock, "SCMP_CMP_GT"),
+    ] {
+        rules.push(json!({
             "names": ["socket"],
             "action": "SCMP_ACT_ALLOW",
-            "args": [{"index": 0, "value": AF_VSOCK, "op": "SCMP_CMP_NE"}],
-        }),
-    ];
+            "args": [{"index": 0, "value": value, "op": op}],
+        }));
+    }
     rules.extend(SECCOMP_PERSONALITIES.iter().map(|v| {
         json!({
             "names": ["personality"],
@@ -248,7 +272,8 @@ fn mounts(p: &OciParams) -> Vec<Value> {
         json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",
                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]}),
         json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-               "options": ["nosuid", "noexec", "nodev", "mode=1777", DEV_TMPFS_SIZE]}),
+               "options": ["nosuid", "noexec", "nodev", "mode=1777", DEV_TMPFS_SIZE,
+                           format!("nr_inodes={}", p.tmp_inodes)]}),
         json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
                "options": ["nosuid", "noexec", "nodev"]}),
         json!({"destination": "/sys", "type": "sysfs", "source": "sysfs",
@@ -263,7 +288,8 @@ fn mounts(p: &OciParams) -> Vec<Value> {
         bind(AGENT_MOUNT, p.agent_dir, false),
         bind(RUN_MOUNT, p.run_dir, true),
         json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
-               "options": ["nosuid", "nodev", "mode=1777", format!("size={}m", p.tmp_size_mb)]}),
+               "options": ["nosuid", "nodev", "mode=1777", format!("size={}m", p.tmp_size_mb),
+                           format!("nr_inodes={}", p.tmp_inodes)]}),
     ]
 }
 
@@ -358,6 +384,13 @@ pub fn cgroup_v1_dir(controller: &str, cgroups_path: &str) -> PathBuf {
         .join(cgroups_path.trim_start_matches('/'))
 }
 
+/// The cgroup v1 freezer's control file of a sandbox: writing `FROZEN` stops every task in it
+/// (the kernel freezes new children too), `THAWED` resumes them. The sandbox cannot write it: it
+/// is root's, and `/sys/fs/cgroup` is read-only inside.
+pub fn freezer_state_path(cgroups_path: &str) -> PathBuf {
+    cgroup_v1_dir("freezer", cgroups_path).join("freezer.state")
+}
+
 /// Parses the `oom_kill N` line of a cgroup v1 `memory.oom_control` file.
 fn parse_oom_kill(oom_control: &str) -> Option<u64> {
     oom_control.lines().find_map(|line| {
@@ -420,6 +453,7 @@ mod tests {
             cgroups_path: "/hearth/w1/s1",
             max_result_bytes: 6 * 1024 * 1024,
             tmp_size_mb: 64,
+            tmp_inodes: 4096,
         }
     }
 
@@ -471,6 +505,8 @@ mod tests {
         let tmp = mount(&spec, "/tmp");
         assert_eq!(tmp["type"], "tmpfs");
         assert!(options(tmp).contains(&"size=64m"));
+        assert!(options(tmp).contains(&"nr_inodes=4096"));
+        assert!(options(mount(&spec, "/dev/shm")).contains(&"nr_inodes=4096"));
         for dest in [
             "/proc",
             "/dev",
@@ -619,8 +655,30 @@ mod tests {
             assert!(allowed.contains(&name), "{name} missing from allow-list");
         }
         let rules = sc["syscalls"].as_array().unwrap();
-        assert!(rules.iter().any(|r| r["names"] == json!(["socket"])));
+        // socket(family) is allowed for every family but AF_ALG (38) and AF_VSOCK (40).
+        let socket_allowed = |family: u64| {
+            rules
+                .iter()
+                .filter(|r| r["names"] == json!(["socket"]))
+                .any(|r| {
+                    let a = &r["args"][0];
+                    let v = a["value"].as_u64().unwrap();
+                    match a["op"].as_str().unwrap() {
+                        "SCMP_CMP_LT" => family < v,
+                        "SCMP_CMP_EQ" => family == v,
+                        "SCMP_CMP_GT" => family > v,
+                        op => panic!("unexpected op {op}"),
+                    }
+                })
+        };
+        for family in [1, 2, 10, 16, 37, 39, 41, 45] {
+            assert!(socket_allowed(family), "family {family}");
+        }
+        assert!(!socket_allowed(38) && !socket_allowed(40));
         for name in [
+            "io_uring_setup",
+            "io_uring_enter",
+            "io_uring_register",
             "mount",
             "unshare",
             "setns",

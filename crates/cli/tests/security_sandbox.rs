@@ -1,0 +1,414 @@
+//! Sandbox hardening of the runc backend (issue 11): syscalls Docker's current default profile
+//! denies, code left running between invocations, output and scratch space that would fill the
+//! host's disk, and bundle files readable by other host users.
+//!
+//! Needs root and runc. Without them these tests say why and pass, unless
+//! `HEARTH_REQUIRE_RUNC=1` (set by scripts/test.sh, so CI never skips them silently).
+
+mod common;
+
+use common::Server;
+use serde_json::{json, Value};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn runc_available() -> bool {
+    let ok = unsafe { libc::geteuid() } == 0
+        && std::process::Command::new("runc")
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+    if !ok {
+        assert!(
+            std::env::var("HEARTH_REQUIRE_RUNC").is_err(),
+            "HEARTH_REQUIRE_RUNC is set but runc or root is missing"
+        );
+        eprintln!("skipping: real-sandbox tests need root and runc (apt-get install runc)");
+    }
+    ok
+}
+
+fn inline(src: &str, memory_mb: u64) -> Value {
+    json!({"code": {"files": {"main.py": src}}, "memory_mb": memory_mb, "cpus": 1.0})
+}
+
+fn invoke_ok(s: &Server, name: &str, args: &str) -> Value {
+    let r = s.invoke(name, args);
+    assert_eq!(r.status, 200, "{name}: {}", r.text());
+    r.json()
+}
+
+/// The cgroup (in hierarchy `controller`) of the worker's only sandbox.
+fn only_sandbox_cgroup(s: &Server, controller: &str) -> PathBuf {
+    let worker: String = s.status()["worker"]
+        .as_str()
+        .unwrap()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let parent = Path::new("/sys/fs/cgroup")
+        .join(controller)
+        .join("hearth")
+        .join(worker);
+    let dirs: Vec<PathBuf> = std::fs::read_dir(&parent)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    assert_eq!(dirs.len(), 1, "one sandbox expected: {dirs:?}");
+    dirs.into_iter().next().unwrap()
+}
+
+/// CPU nanoseconds the sandbox's tasks used.
+fn cpu_ns(cgroup: &Path) -> u64 {
+    std::fs::read_to_string(cgroup.join("cpuacct.usage"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// CPU the sandbox burns over half a second while no invocation runs, in milliseconds.
+fn idle_cpu_ms(s: &Server) -> u64 {
+    let cg = only_sandbox_cgroup(s, "cpuacct");
+    let before = cpu_ns(&cg);
+    std::thread::sleep(Duration::from_millis(500));
+    (cpu_ns(&cg) - before) / 1_000_000
+}
+
+/// The bundle directory of the worker's only sandbox.
+fn only_bundle(s: &Server) -> PathBuf {
+    let dirs: Vec<PathBuf> = std::fs::read_dir(s.data_dir.join("sandboxes"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "one sandbox expected: {dirs:?}");
+    dirs.into_iter().next().unwrap()
+}
+
+#[test]
+fn io_uring_and_af_alg_are_denied() {
+    if !runc_available() {
+        return;
+    }
+    let s = Server::start("runc", &[]);
+    let probe = r#"
+import ctypes, socket
+
+def main(args):
+    libc = ctypes.CDLL(None, use_errno=True)
+    out = {}
+    # io_uring_setup(entries, params), io_uring_enter(fd, ...), io_uring_register(fd, ...)
+    for name, nr in (("io_uring_setup", 425), ("io_uring_enter", 426), ("io_uring_register", 427)):
+        params = ctypes.create_string_buffer(120)
+        ctypes.set_errno(0)
+        if nr == 425:
+            r = libc.syscall(nr, 8, params)
+        else:
+            r = libc.syscall(nr, 0, 0, 0, 0, 0, 0)
+        out[name] = [r, ctypes.get_errno()]
+    try:
+        socket.socket(38, socket.SOCK_SEQPACKET, 0).close()  # AF_ALG: the kernel crypto API
+        out["af_alg"] = "ok"
+    except OSError as e:
+        out["af_alg"] = e.errno
+    return out
+"#;
+    assert_eq!(s.put_fn("probe", inline(probe, 64)).status, 201);
+    let v = &invoke_ok(&s, "probe", "{}")["result"];
+    for name in ["io_uring_setup", "io_uring_enter", "io_uring_register"] {
+        let r = &v[name];
+        assert_eq!(r[0], -1, "{name} must fail: {v}");
+        let errno = r[1].as_i64().unwrap();
+        assert!(
+            errno == libc::EPERM as i64 || errno == libc::ENOSYS as i64,
+            "{name} must be filtered by seccomp (EPERM/ENOSYS), got errno {errno}: {v}"
+        );
+    }
+    assert_eq!(v["af_alg"], libc::EPERM, "AF_ALG sockets are denied: {v}");
+}
+
+/// A handler that leaves a CPU-spinning child process behind: nothing of the sandbox runs
+/// between invocations, and the sandbox still serves warm.
+#[test]
+fn a_child_process_left_spinning_does_not_run_between_invocations() {
+    if !runc_available() {
+        return;
+    }
+    let s = Server::start("runc", &[]);
+    let src = r#"
+import subprocess, sys
+
+def main(args):
+    if args.get("spawn"):
+        p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return {"child": p.pid}
+    return {"ok": True}
+"#;
+    assert_eq!(s.put_fn("stray", inline(src, 64)).status, 201);
+    let v = invoke_ok(&s, "stray", r#"{"spawn": true}"#);
+    assert!(v["result"]["child"].as_u64().is_some(), "{v}");
+    let used = idle_cpu_ms(&s);
+    assert!(
+        used < 50,
+        "the sandbox burned {used} ms of CPU in 500 ms between invocations"
+    );
+    let v = invoke_ok(&s, "stray", "{}");
+    assert_eq!(v["result"]["ok"], true, "{v}");
+    assert_eq!(v["cold"], false, "the sandbox is still served warm: {v}");
+    let used = idle_cpu_ms(&s);
+    assert!(used < 50, "after the next invocation: {used} ms");
+}
+
+/// A handler that leaves a busy thread inside the agent: it does not spin between invocations.
+#[test]
+fn a_background_thread_left_spinning_does_not_run_between_invocations() {
+    if !runc_available() {
+        return;
+    }
+    let s = Server::start("runc", &[]);
+    let src = r#"
+import threading
+
+def spin():
+    while True:
+        pass
+
+def main(args):
+    if args.get("spawn"):
+        threading.Thread(target=spin, daemon=True).start()
+    return {"threads": threading.active_count()}
+"#;
+    assert_eq!(s.put_fn("thread", inline(src, 64)).status, 201);
+    let v = invoke_ok(&s, "thread", r#"{"spawn": true}"#);
+    assert_eq!(v["result"]["threads"], 2, "{v}");
+    let used = idle_cpu_ms(&s);
+    assert!(
+        used < 50,
+        "the sandbox burned {used} ms of CPU in 500 ms between invocations"
+    );
+    let v = invoke_ok(&s, "thread", "{}");
+    assert_eq!(v["result"]["threads"], 2, "{v}");
+    let used = idle_cpu_ms(&s);
+    assert!(used < 50, "after the next invocation: {used} ms");
+}
+
+/// Sizes of the sandbox's log files (`stdio.log` and its rotations).
+fn log_bytes(bundle: &Path) -> (u64, Vec<(String, u64)>) {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(bundle).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("stdio.log") {
+            files.push((name, e.metadata().unwrap().len()));
+        }
+    }
+    (files.iter().map(|f| f.1).sum(), files)
+}
+
+#[test]
+fn a_handler_printing_far_more_than_the_log_cap_keeps_the_log_under_it() {
+    if !runc_available() {
+        return;
+    }
+    // The default `runc.log_file_bytes`.
+    let cap: u64 = 1024 * 1024;
+    let s = Server::start("runc", &[]);
+    let src = r#"
+import sys
+
+def main(args):
+    line = "x" * 1023 + "\n"
+    for i in range(args["kib"]):
+        sys.stdout.write(line)
+        if i % 8 == 0:
+            sys.stderr.write(line)
+    sys.stdout.write("END-OF-OUTPUT\n")
+    sys.stdout.flush()
+    return {"ok": True}
+"#;
+    assert_eq!(s.put_fn("loud", inline(src, 64)).status, 201);
+    invoke_ok(&s, "loud", r#"{"kib": 16384}"#);
+    let bundle = only_bundle(&s);
+    // The newest output reaches the log (the worker copies it asynchronously) ...
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(bundle.join("stdio.log")).unwrap_or_default();
+        if text.contains("END-OF-OUTPUT") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the last output never reached the log: {:?}",
+            log_bytes(&bundle)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // ... and the ~18 MiB printed left at most two files of `cap` bytes.
+    let (total, files) = log_bytes(&bundle);
+    assert!(files.len() <= 2, "{files:?}");
+    assert!(total <= 2 * cap, "log holds {total} bytes: {files:?}");
+    // The sandbox is still usable.
+    let v = invoke_ok(&s, "loud", r#"{"kib": 1}"#);
+    assert_eq!(v["cold"], false, "{v}");
+}
+
+#[test]
+fn writable_directories_are_bounded_in_bytes_and_files() {
+    if !runc_available() {
+        return;
+    }
+    let s = Server::start("runc", &[]);
+    let src = r#"
+import errno, os
+
+def fill(path, mib):
+    try:
+        with open(path, "wb") as f:
+            for _ in range(mib):
+                f.write(b"x" * 1048576)
+                f.flush()
+        return "ok"
+    except OSError as e:
+        return e.errno
+    finally:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+def many(d, n):
+    made = []
+    try:
+        for i in range(n):
+            p = "%s/f%d" % (d, i)
+            open(p, "w").close()
+            made.append(p)
+        return "ok"
+    except OSError as e:
+        return e.errno
+    finally:
+        for p in made:
+            os.remove(p)
+
+def main(args):
+    return {
+        "run_bytes": fill("/hearth/run/big", 64),
+        "run_files": many("/hearth/run", 20000),
+        "tmp_files": many("/tmp", 20000),
+        "shm_files": many("/dev/shm", 20000),
+        "tmp_small": fill("/tmp/small", 1),
+    }
+"#;
+    assert_eq!(s.put_fn("fill", inline(src, 256)).status, 201);
+    let v = &invoke_ok(&s, "fill", "{}")["result"];
+    let enospc = libc::ENOSPC;
+    assert_eq!(v["run_bytes"], enospc, "64 MiB into /hearth/run: {v}");
+    assert_eq!(v["run_files"], enospc, "20000 files in /hearth/run: {v}");
+    assert_eq!(v["tmp_files"], enospc, "20000 files in /tmp: {v}");
+    assert_eq!(v["shm_files"], enospc, "20000 files in /dev/shm: {v}");
+    assert_eq!(v["tmp_small"], "ok", "/tmp stays usable: {v}");
+}
+
+/// No file the worker keeps for a sandbox is readable by other host users.
+#[test]
+fn bundle_files_are_private_to_root() {
+    if !runc_available() {
+        return;
+    }
+    let s = Server::start("runc", &[]);
+    let src = "def main(args):\n    print('secret output')\n    return {}\n";
+    assert_eq!(s.put_fn("quiet", inline(src, 64)).status, 201);
+    invoke_ok(&s, "quiet", "{}");
+    let sandboxes = s.data_dir.join("sandboxes");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&sandboxes), 0o700, "{}", sandboxes.display());
+    let bundle = only_bundle(&s);
+    assert_eq!(mode(&bundle), 0o700, "{}", bundle.display());
+    let mut seen = Vec::new();
+    for e in std::fs::read_dir(&bundle).unwrap().flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let m = mode(&p);
+        if name == "run" {
+            // The agent's own directory (its socket), owned by the sandbox user.
+            assert_eq!(m & 0o077, 0, "{name}: {m:o}");
+        } else {
+            assert_eq!(m & 0o077, 0, "{name} is open to other users: {m:o}");
+            seen.push(name);
+        }
+    }
+    for f in ["config.json", "stdio.log"] {
+        assert!(seen.iter().any(|n| n == f), "{f} missing: {seen:?}");
+        assert_eq!(mode(&bundle.join(f)), 0o600, "{f}");
+    }
+}
+
+/// Mounts, containers and cgroups that a worker named `worker` with `data_dir` left.
+fn traces(data_dir: &Path, worker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let dd = data_dir.to_string_lossy();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for line in mounts.lines().filter(|l| l.contains(dd.as_ref())) {
+        found.push(format!("mount: {line}"));
+    }
+    let out = std::process::Command::new("runc")
+        .arg("--root")
+        .arg(data_dir.join("runc"))
+        .args(["list", "-q"])
+        .output()
+        .unwrap();
+    for c in String::from_utf8_lossy(&out.stdout).lines() {
+        found.push(format!("container: {c}"));
+    }
+    for ctrl in ["freezer", "memory", "cpu", "pids"] {
+        let parent = Path::new("/sys/fs/cgroup")
+            .join(ctrl)
+            .join("hearth")
+            .join(worker);
+        if let Ok(rd) = std::fs::read_dir(&parent) {
+            for e in rd.flatten().filter(|e| e.path().is_dir()) {
+                found.push(format!("cgroup: {}", e.path().display()));
+            }
+        }
+    }
+    found
+}
+
+/// A worker killed with SIGKILL leaves frozen sandboxes with their run tmpfs mounted; the next
+/// worker on the same data directory removes them before it serves.
+#[test]
+fn a_killed_workers_frozen_sandboxes_and_mounts_are_removed_on_restart() {
+    if !runc_available() {
+        return;
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("hearth-test-")
+        .tempdir()
+        .unwrap();
+    let data = tmp.path().join("data");
+    let id = format!("test-crash-{}", std::process::id());
+    let cgroup_name = id.replace('-', "_");
+    let env = [("HEARTH_WORKER_ID", id.as_str())];
+    let mut s = Server::start_in("runc", &data, &env);
+    let src = "def main(args):\n    return {'ok': True}\n";
+    assert_eq!(s.put_fn("f", inline(src, 64)).status, 201);
+    invoke_ok(&s, "f", "{}");
+    let before = traces(&data, &cgroup_name);
+    assert!(
+        before.iter().any(|t| t.starts_with("mount:"))
+            && before.iter().any(|t| t.starts_with("container:")),
+        "the check sees the live sandbox: {before:#?}"
+    );
+    unsafe {
+        libc::kill(s.pid() as i32, libc::SIGKILL);
+    }
+    assert!(!s.terminate().success());
+    let s = Server::start_in("runc", &data, &env);
+    let left = traces(&data, &cgroup_name);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+    drop(s);
+}
