@@ -41,7 +41,7 @@ pub struct ControllerConfig {
     /// Largest accepted registration body.
     pub max_code_bytes: usize,
     /// Host directories `code.path` may copy code from (empty: `code.path` is refused and code
-    /// must be uploaded). See docs/security-intake.md.
+    /// must be uploaded). See docs/security.md.
     pub code_path_roots: Vec<PathBuf>,
     /// Most bytes one function's code may unpack to (archive, files or `code.path`).
     pub max_code_unpacked_bytes: u64,
