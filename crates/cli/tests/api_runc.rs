@@ -5,27 +5,10 @@
 
 mod common;
 
-use common::{wait_invocation, Server};
+use common::{runc_available, wait_invocation, Server};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-fn runc_available() -> bool {
-    let ok = unsafe { libc::geteuid() } == 0
-        && std::process::Command::new("runc")
-            .arg("--version")
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-    if !ok {
-        assert!(
-            std::env::var("HEARTH_REQUIRE_RUNC").is_err(),
-            "HEARTH_REQUIRE_RUNC is set but runc or root is missing"
-        );
-        eprintln!("skipping: real-sandbox tests need root and runc (apt-get install runc)");
-    }
-    ok
-}
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -8,7 +8,7 @@
 mod common;
 
 use common::cluster::{patient_client, wait_members, wait_until};
-use common::{wait_invocation, Server};
+use common::{runc_available, wait_invocation, Server};
 use hearth_cli::client::Client;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
@@ -16,23 +16,6 @@ use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-fn runc_available() -> bool {
-    let ok = unsafe { libc::geteuid() } == 0
-        && Command::new("runc")
-            .arg("--version")
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-    if !ok {
-        assert!(
-            std::env::var("HEARTH_REQUIRE_RUNC").is_err(),
-            "HEARTH_REQUIRE_RUNC is set but runc or root is missing"
-        );
-        eprintln!("skipping: real-sandbox tests need root and runc (apt-get install runc)");
-    }
-    ok
-}
 
 fn inline(src: &str) -> Value {
     json!({"code": {"files": {"main.py": src}}, "memory_mb": 64})

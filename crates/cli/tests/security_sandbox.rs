@@ -7,28 +7,11 @@
 
 mod common;
 
-use common::Server;
+use common::{runc_available, Server};
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-fn runc_available() -> bool {
-    let ok = unsafe { libc::geteuid() } == 0
-        && std::process::Command::new("runc")
-            .arg("--version")
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-    if !ok {
-        assert!(
-            std::env::var("HEARTH_REQUIRE_RUNC").is_err(),
-            "HEARTH_REQUIRE_RUNC is set but runc or root is missing"
-        );
-        eprintln!("skipping: real-sandbox tests need root and runc (apt-get install runc)");
-    }
-    ok
-}
 
 fn inline(src: &str, memory_mb: u64) -> Value {
     json!({"code": {"files": {"main.py": src}}, "memory_mb": memory_mb, "cpus": 1.0})

@@ -19,7 +19,7 @@ use hearth_api::{PrewarmAnswer, StatusReport};
 use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
 use hearth_service::http::{
-    accepted, invocation_record, invoke_request, json_bytes, json_error, metrics_response, present,
+    accepted, invocation_record, invoke_request, json_bytes, json_error, metrics_for, present,
     prewarm_count, registered, registration_request, InvokeQuery,
 };
 use hearth_service::registry::RegistryError;
@@ -316,17 +316,9 @@ async fn leave(
     }
 }
 
-/// Every function's metrics for the operator; a namespace admin's own functions' otherwise.
 async fn metrics(
     State(c): State<Arc<Controller>>,
     Extension(p): Extension<Principal>,
 ) -> Result<Response, ApiError> {
-    let text = c.metrics.encode(&c.loads());
-    if p.require(Action::Operate).is_ok() {
-        return Ok(metrics_response(text));
-    }
-    p.require(Action::Manage(p.namespace()))?;
-    Ok(metrics_response(
-        hearth_service::metrics::scope_to_namespace(&text, p.namespace()),
-    ))
+    metrics_for(&p, c.metrics.encode(&c.loads()))
 }

@@ -33,6 +33,20 @@ async fn no_such_endpoint() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
 }
 
+/// `GET /metrics` for `p`: every function's metrics for the operator, only its own namespace's
+/// functions for a namespace admin, 403 for anyone else.
+pub fn metrics_for(p: &Principal, text: String) -> Result<Response, ApiError> {
+    use crate::auth::Action;
+    if p.require(Action::Operate).is_ok() {
+        return Ok(metrics_response(text));
+    }
+    p.require(Action::Manage(p.namespace()))?;
+    Ok(metrics_response(crate::metrics::scope_to_namespace(
+        &text,
+        p.namespace(),
+    )))
+}
+
 /// Prometheus text with its content type (`GET /metrics`).
 pub fn metrics_response(text: String) -> Response {
     (

@@ -16,8 +16,8 @@ use hearth_api::{AsyncRecord, PrewarmAnswer, WorkerStatus};
 use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
 use hearth_service::http::{
-    accepted, invocation_record, invoke_request, json_bytes, metrics_response, present,
-    prewarm_count, registered, registration_request, InvokeQuery,
+    accepted, invocation_record, invoke_request, json_bytes, metrics_for, present, prewarm_count,
+    registered, registration_request, InvokeQuery,
 };
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -276,17 +276,9 @@ async fn status(
     Ok(Json(w.status()))
 }
 
-/// Every function's metrics for the operator; a namespace admin's own functions' otherwise.
 async fn metrics(
     State(w): State<Arc<Worker>>,
     Extension(p): Extension<Principal>,
 ) -> Result<Response, ApiError> {
-    let text = w.metrics.encode(&w.stats());
-    if p.require(Action::Operate).is_ok() {
-        return Ok(metrics_response(text));
-    }
-    p.require(Action::Manage(p.namespace()))?;
-    Ok(metrics_response(
-        hearth_service::metrics::scope_to_namespace(&text, p.namespace()),
-    ))
+    metrics_for(&p, w.metrics.encode(&w.stats()))
 }

@@ -295,3 +295,22 @@ pub fn failed(out: Output) -> String {
 pub fn p(path: &Path) -> &str {
     path.to_str().unwrap()
 }
+
+/// Whether real-sandbox tests can run here (root and runc); with `HEARTH_REQUIRE_RUNC` set, a
+/// missing runc fails the test instead of skipping it.
+pub fn runc_available() -> bool {
+    let ok = unsafe { libc::geteuid() } == 0
+        && Command::new("runc")
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+    if !ok {
+        assert!(
+            std::env::var("HEARTH_REQUIRE_RUNC").is_err(),
+            "HEARTH_REQUIRE_RUNC is set but runc or root is missing"
+        );
+        eprintln!("skipping: real-sandbox tests need root and runc (apt-get install runc)");
+    }
+    ok
+}
