@@ -426,7 +426,8 @@ fn namespace_quotas_answer_429_with_retry_after() {
 fn a_listener_beyond_loopback_without_authentication_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     for service in ["worker", "controller"] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+        let log = dir.path().join(format!("{service}.log"));
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
             .args([service, "--listen", "0.0.0.0:0", "--data-dir"])
             .arg(dir.path().join(service))
             .args(if service == "worker" {
@@ -435,10 +436,26 @@ fn a_listener_beyond_loopback_without_authentication_refuses_to_start() {
                 &[]
             })
             .env("HEARTH_AUTH", "false")
-            .output()
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
             .unwrap();
-        assert!(!out.status.success(), "{service} started");
-        let err = String::from_utf8_lossy(&out.stderr);
+        // It must exit at once; one still running is serving without authentication.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let err = std::fs::read_to_string(&log).unwrap();
+        let status = status.unwrap_or_else(|| panic!("the {service} started without auth: {err}"));
+        assert!(!status.success(), "{service} started");
         assert!(err.contains("without authentication"), "{err}");
     }
 }
