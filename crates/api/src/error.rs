@@ -64,6 +64,7 @@ error_codes! {
     FairShare => "fair_share",
     LastOperatorKey => "last_operator_key",
     AuthDisabled => "auth_disabled",
+    PrewarmFailed => "prewarm_failed",
     Internal => "internal",
 }
 

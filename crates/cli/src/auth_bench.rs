@@ -31,7 +31,8 @@ fn measure(dir: &std::path::Path, checks: usize, as_json: bool) -> Result<()> {
     }
     let (_, tenant) = keys.create(Scope::Namespace("team-a".into()), Role::Invoke, "")?;
     let operator = std::fs::read_to_string(dir.join(hearth_service::auth::ADMIN_KEY_FILE))?;
-    let wrong = format!("{}x", &tenant[..tenant.len() - 1]);
+    let last = if tenant.ends_with('x') { 'y' } else { 'x' };
+    let wrong = format!("{}{last}", &tenant[..tenant.len() - 1]);
     let mut out = serde_json::Map::new();
     for (name, token) in [
         ("tenant", tenant.as_str()),

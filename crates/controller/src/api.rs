@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use hearth_api::namespace::namespace_of;
+use hearth_api::ErrorCode;
 use hearth_api::{PrewarmAnswer, StatusReport};
 use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
@@ -160,28 +161,32 @@ pub fn invoke_error(e: InvokeError) -> ApiError {
         e
     };
     match e {
-        InvokeError::ShuttingDown => unavailable("shutting_down"),
+        InvokeError::ShuttingDown => unavailable(ErrorCode::ShuttingDown),
         InvokeError::UnknownFunction(name) => ApiError::unknown_function(&name),
-        InvokeError::NoWorkers => unavailable("no_workers"),
+        InvokeError::NoWorkers => unavailable(ErrorCode::NoWorkers),
         InvokeError::Overloaded { .. } | InvokeError::AsyncStoreFull => {
             ApiError::overloaded(message)
         }
-        InvokeError::WorkerUnavailable { .. } => unavailable("worker_unavailable"),
+        InvokeError::WorkerUnavailable { .. } => unavailable(ErrorCode::WorkerUnavailable),
         InvokeError::WorkerFailed { worker, .. } => {
-            let mut e = ApiError::new(StatusCode::BAD_GATEWAY, "worker_failed", message)
+            let mut e = ApiError::new(StatusCode::BAD_GATEWAY, ErrorCode::WorkerFailed, message)
                 .with("worker", json!(worker));
             e.retry_after_s = Some(1);
             e
         }
-        InvokeError::WorkerTimeout { .. } => {
-            ApiError::new(StatusCode::GATEWAY_TIMEOUT, "worker_timeout", message)
-        }
-        InvokeError::WorkerRefused { status, .. } => {
-            ApiError::new(worker_status(status), "worker_refused_function", message)
-        }
+        InvokeError::WorkerTimeout { .. } => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            ErrorCode::WorkerTimeout,
+            message,
+        ),
+        InvokeError::WorkerRefused { status, .. } => ApiError::new(
+            worker_status(status),
+            ErrorCode::WorkerRefusedFunction,
+            message,
+        ),
         InvokeError::WorkerAnswer(a) => ApiError::new(
             StatusCode::BAD_GATEWAY,
-            "internal",
+            ErrorCode::Internal,
             format!("the worker's answer (HTTP {}) was not passed on", a.status),
         ),
         InvokeError::Internal(m) => ApiError::internal(m),
@@ -214,14 +219,14 @@ fn prewarm_error(e: PrewarmError) -> ApiError {
         PrewarmError::Invoke(e) => invoke_error(e),
         PrewarmError::WorkerRefused { status, .. } => {
             let code = if status == StatusCode::TOO_MANY_REQUESTS.as_u16() {
-                "overloaded"
+                ErrorCode::Overloaded
             } else {
-                "prewarm_failed"
+                ErrorCode::PrewarmFailed
             };
             ApiError::new(worker_status(status), code, message)
         }
         PrewarmError::UnreadableAnswer { .. } => {
-            ApiError::new(StatusCode::BAD_GATEWAY, "internal", message)
+            ApiError::new(StatusCode::BAD_GATEWAY, ErrorCode::Internal, message)
         }
     }
 }

@@ -2,12 +2,13 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use hearth_api::ErrorCode;
 
 /// An error answer: `{"error": {"code", "message", ...details}}`.
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub status: StatusCode,
-    pub code: &'static str,
+    pub code: hearth_api::ErrorCode,
     pub message: String,
     /// Extra fields merged into the error object (e.g. a handler's traceback, timing).
     pub details: Option<serde_json::Map<String, serde_json::Value>>,
@@ -16,7 +17,11 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(
+        status: StatusCode,
+        code: hearth_api::ErrorCode,
+        message: impl Into<String>,
+    ) -> Self {
         ApiError {
             status,
             code,
@@ -26,45 +31,53 @@ impl ApiError {
         }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+        Self::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message)
     }
     pub fn not_found(what: &str, name: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
-            "not_found",
+            ErrorCode::NotFound,
             format!("{what} {name:?} not found"),
         )
     }
     pub fn unknown_function(name: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
-            "unknown_function",
+            ErrorCode::UnknownFunction,
             format!("function {name:?} is not registered"),
         )
     }
     pub fn too_large(limit: usize) -> Self {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
+            ErrorCode::PayloadTooLarge,
             format!("request body is larger than the limit of {limit} bytes"),
         )
     }
     pub fn overloaded(message: impl Into<String>) -> Self {
-        let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", message);
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::Overloaded,
+            message,
+        );
         e.retry_after_s = Some(1);
         e
     }
     pub fn shutting_down() -> Self {
         let mut e = Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "shutting_down",
+            ErrorCode::ShuttingDown,
             "the worker is shutting down",
         );
         e.retry_after_s = Some(1);
         e
     }
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Internal,
+            message,
+        )
     }
     /// Adds a field to the error object.
     pub fn with(mut self, key: &str, value: serde_json::Value) -> Self {
@@ -76,10 +89,7 @@ impl ApiError {
 
     /// The typed error body.
     pub fn error_body(&self) -> hearth_api::ErrorBody {
-        let mut b = hearth_api::ErrorBody::new(
-            hearth_api::ErrorCode::parse(self.code),
-            self.message.clone(),
-        );
+        let mut b = hearth_api::ErrorBody::new(self.code.clone(), self.message.clone());
         if let Some(d) = &self.details {
             b.error.details = d.clone();
         }

@@ -12,6 +12,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use hearth_api::ErrorCode;
 use hearth_api::{AsyncAccepted, AsyncRecord, FunctionSpec};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -30,7 +31,11 @@ where
 
 /// 404 for paths the API does not have.
 async fn no_such_endpoint() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        ErrorCode::NotFound,
+        "no such endpoint",
+    )
 }
 
 /// `GET /metrics` for `p`: every function's metrics for the operator, only its own namespace's
@@ -63,7 +68,7 @@ pub fn metrics_response(text: String) -> Response {
 async fn method_not_allowed() -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        ErrorCode::MethodNotAllowed,
         "method not allowed on this endpoint",
     )
 }

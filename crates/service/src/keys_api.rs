@@ -13,6 +13,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
 use axum::{Extension, Json, Router};
+use hearth_api::ErrorCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -47,7 +48,7 @@ fn store(auth: &Auth) -> Result<&crate::auth::KeyStore, ApiError> {
     auth.keys().ok_or_else(|| {
         ApiError::new(
             StatusCode::CONFLICT,
-            "auth_disabled",
+            ErrorCode::AuthDisabled,
             "authentication is off on this service: there are no keys",
         )
     })
@@ -124,7 +125,7 @@ async fn revoke(
     {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "last_operator_key",
+            ErrorCode::LastOperatorKey,
             "this is the last operator key; create another one before deleting it",
         ));
     }

@@ -6,6 +6,7 @@
 use crate::error::ApiError;
 use axum::http::StatusCode;
 use dashmap::DashMap;
+use hearth_api::ErrorCode;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -93,9 +94,9 @@ impl QuotaError {
     /// 429 with `Retry-After`.
     pub fn api_error(&self) -> ApiError {
         let (code, retry) = match self {
-            QuotaError::Concurrency { .. } => ("quota_concurrency", 1),
-            QuotaError::Rate { retry_after_s, .. } => ("quota_rate", *retry_after_s),
-            QuotaError::FairShare { .. } => ("fair_share", 1),
+            QuotaError::Concurrency { .. } => (ErrorCode::QuotaConcurrency, 1),
+            QuotaError::Rate { retry_after_s, .. } => (ErrorCode::QuotaRate, *retry_after_s),
+            QuotaError::FairShare { .. } => (ErrorCode::FairShare, 1),
         };
         let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, code, self.to_string());
         e.retry_after_s = Some(retry);

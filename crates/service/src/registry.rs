@@ -11,6 +11,7 @@ use crate::intake::{
     write_files, Budget,
 };
 use dashmap::DashMap;
+use hearth_api::ErrorCode;
 use hearth_api::FunctionSpec;
 use parking_lot::Mutex;
 use rusqlite::{params, Connection};
@@ -144,7 +145,7 @@ impl From<RegistryError> for ApiError {
             RegistryError::BadCode(m) => ApiError::bad_request(m),
             RegistryError::TooLarge { limit, max } => ApiError::new(
                 axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-                "code_too_large",
+                ErrorCode::CodeTooLarge,
                 too_large_message(limit, max),
             )
             .with("setting", limit.setting().into())

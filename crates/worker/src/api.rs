@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use hearth_api::namespace::namespace_of;
+use hearth_api::ErrorCode;
 use hearth_api::{AsyncRecord, PrewarmAnswer, WorkerStatus};
 use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
@@ -164,34 +165,34 @@ pub fn api_error(e: InvokeError) -> ApiError {
         InvokeError::ShuttingDown => ApiError::shutting_down(),
         InvokeError::UnknownFunction(name) => ApiError::unknown_function(&name),
         InvokeError::QueueFull { .. } => {
-            let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", message);
+            let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::QueueFull, message);
             e.retry_after_s = Some(1);
             e
         }
         InvokeError::NoMemory { .. } | InvokeError::AsyncStoreFull => ApiError::overloaded(message),
         InvokeError::TooLarge { .. } => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
-            "insufficient_memory",
+            ErrorCode::InsufficientMemory,
             message,
         ),
         InvokeError::Start { function, error } => start_error(&function, error),
         InvokeError::Timeout { .. } => {
-            ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message)
+            ApiError::new(StatusCode::GATEWAY_TIMEOUT, ErrorCode::Timeout, message)
         }
         InvokeError::Sandbox(error) => {
             let code = match error {
-                SandboxError::OutOfMemory { .. } => "out_of_memory",
-                SandboxError::ResultTooLarge { .. } => "result_too_large",
-                _ => "sandbox_crashed",
+                SandboxError::OutOfMemory { .. } => ErrorCode::OutOfMemory,
+                SandboxError::ResultTooLarge { .. } => ErrorCode::ResultTooLarge,
+                _ => ErrorCode::SandboxCrashed,
             };
             ApiError::new(StatusCode::BAD_GATEWAY, code, message)
         }
         InvokeError::Handler(f) => {
             let (status, code) = match f.agent_status {
-                400 => (StatusCode::BAD_REQUEST, "bad_request"),
+                400 => (StatusCode::BAD_REQUEST, ErrorCode::BadRequest),
                 // The agent refused a result over max_result_bytes (the sandbox is kept).
-                413 => (StatusCode::BAD_GATEWAY, "result_too_large"),
-                _ => (StatusCode::BAD_GATEWAY, "handler_error"),
+                413 => (StatusCode::BAD_GATEWAY, ErrorCode::ResultTooLarge),
+                _ => (StatusCode::BAD_GATEWAY, ErrorCode::HandlerError),
             };
             ApiError::new(status, code, message)
                 .with("type", json!(f.kind))
@@ -212,17 +213,19 @@ fn start_error(name: &str, e: SandboxError) -> ApiError {
             traceback,
         } => ApiError::new(
             StatusCode::BAD_GATEWAY,
-            "init_error",
+            ErrorCode::InitError,
             format!("{name} failed to initialize: {kind}: {message}"),
         )
         .with("type", json!(kind))
         .with("traceback", json!(traceback)),
-        SandboxError::OutOfMemory { .. } => {
-            ApiError::new(StatusCode::BAD_GATEWAY, "out_of_memory", e.to_string())
-        }
+        SandboxError::OutOfMemory { .. } => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            ErrorCode::OutOfMemory,
+            e.to_string(),
+        ),
         other => ApiError::new(
             StatusCode::BAD_GATEWAY,
-            "sandbox_start_failed",
+            ErrorCode::SandboxStartFailed,
             other.to_string(),
         ),
     }
@@ -242,7 +245,7 @@ fn prewarm_error(e: PrewarmError) -> ApiError {
         PrewarmError::UnknownFunction(name) => ApiError::unknown_function(&name),
         PrewarmError::NoMemory { .. } => ApiError::overloaded(e.to_string()),
         PrewarmError::StartFailed(m) => {
-            ApiError::new(StatusCode::BAD_GATEWAY, "sandbox_start_failed", m)
+            ApiError::new(StatusCode::BAD_GATEWAY, ErrorCode::SandboxStartFailed, m)
         }
     }
 }
