@@ -18,6 +18,7 @@ pub async fn serve(
     stop: impl Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<std::net::SocketAddr>>,
 ) -> Result<(), ServeError> {
+    let tls = serving::load_tls(config.tls_cert.as_deref(), config.tls_key.as_deref()).await?;
     let (listener, addr) = serving::bind(&mut config.listen).await?;
     let grace = Duration::from_secs(config.shutdown_grace_s);
     let limits = config.conn_limits();
@@ -45,6 +46,7 @@ pub async fn serve(
         drain,
         grace + Duration::from_secs(1),
         limits,
+        tls,
     )
     .await?;
     Ok(())
