@@ -33,8 +33,7 @@ impl Pki {
         let ca_key = KeyPair::generate().unwrap();
         let ca_cert = ca.self_signed(&ca_key).unwrap();
         let mut leaf =
-            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-                .unwrap();
+            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
         leaf.distinguished_name
             .push(DnType::CommonName, "hearth test server");
         let leaf_key = KeyPair::generate().unwrap();
@@ -200,8 +199,8 @@ fn a_controller_that_does_not_trust_the_workers_ca_never_sends_them_invocations(
     // by `pki`'s, and it trusts both (the controller's, and its own for the test's clients).
     let c = Server::start_controller("ch-rlu", &borrow(&other.env()));
     let bundle = pki.path("both.pem");
-    let both = std::fs::read_to_string(pki.ca()).unwrap()
-        + &std::fs::read_to_string(other.ca()).unwrap();
+    let both =
+        std::fs::read_to_string(pki.ca()).unwrap() + &std::fs::read_to_string(other.ca()).unwrap();
     std::fs::write(&bundle, both).unwrap();
     let mut wenv = pki.env();
     wenv.retain(|(k, _)| *k != "HEARTH_TLS_CA");
@@ -283,5 +282,8 @@ fn bad_tls_settings_stop_the_start_without_quoting_the_files() {
     let other = Pki::new();
     let other_key = s(&other.path("key.pem"));
     let err = refused_start(&[("HEARTH_TLS_CERT", &cert), ("HEARTH_TLS_KEY", &other_key)]);
-    assert!(err.contains("tls_cert and tls_key cannot be used together"), "{err}");
+    assert!(
+        err.contains("tls_cert and tls_key cannot be used together"),
+        "{err}"
+    );
 }

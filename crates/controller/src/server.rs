@@ -25,6 +25,7 @@ pub async fn serve(
     let controller = Controller::start(config).await.map_err(ServeError::Start)?;
     tracing::info!(
         %addr,
+        tls = tls.is_some(),
         balance = %controller.config().balance,
         data_dir = %controller.config().data_dir.display(),
         static_workers = controller.config().workers.len(),

@@ -40,10 +40,12 @@ pub fn tls_pair(
     }
     match (cert, key) {
         (Some(_), None) => Err(ConfigError::Invalid(
-            "tls_cert is set but tls_key is not: TLS needs both (or neither, for plain HTTP)".into(),
+            "tls_cert is set but tls_key is not: TLS needs both (or neither, for plain HTTP)"
+                .into(),
         )),
         (None, Some(_)) => Err(ConfigError::Invalid(
-            "tls_key is set but tls_cert is not: TLS needs both (or neither, for plain HTTP)".into(),
+            "tls_key is set but tls_cert is not: TLS needs both (or neither, for plain HTTP)"
+                .into(),
         )),
         _ => Ok(()),
     }
@@ -80,9 +82,15 @@ mod tests {
         let p = |s: &'static str| Some(std::path::Path::new(s));
         assert!(tls_pair(None, None).is_ok() && tls_pair(p("c"), p("k")).is_ok());
         let err = tls_pair(p("c"), None).unwrap_err().to_string();
-        assert!(err.starts_with("tls_cert is set but tls_key is not"), "{err}");
+        assert!(
+            err.starts_with("tls_cert is set but tls_key is not"),
+            "{err}"
+        );
         let err = tls_pair(None, p("k")).unwrap_err().to_string();
-        assert!(err.starts_with("tls_key is set but tls_cert is not"), "{err}");
+        assert!(
+            err.starts_with("tls_key is set but tls_cert is not"),
+            "{err}"
+        );
         assert!(tls_pair(p(""), p("k")).is_err());
         assert!(status_interval_ms(10).is_ok() && status_interval_ms(60_000).is_ok());
         for bad in [9, 60_001] {

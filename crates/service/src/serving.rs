@@ -350,8 +350,11 @@ async fn accept_loop(
             },
         };
         if open.load(Ordering::Relaxed) >= limits.max_connections {
-            // Answer without waiting on the peer and free the descriptor at once.
-            let _ = tcp.try_write(REFUSAL);
+            // Answer without waiting on the peer and free the descriptor at once (a TLS client
+            // could not read a plain answer: it only sees the close).
+            if tls.is_none() {
+                let _ = tcp.try_write(REFUSAL);
+            }
             drop(tcp);
             tracing::debug!(
                 limit = limits.max_connections,
@@ -660,6 +663,13 @@ mod tests {
     }
 
     async fn serve(limits: ConnLimits) -> (SocketAddr, watch::Sender<bool>) {
+        serve_with(limits, None).await
+    }
+
+    async fn serve_with(
+        limits: ConnLimits,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> (SocketAddr, watch::Sender<bool>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = Router::new().route(
@@ -678,7 +688,7 @@ mod tests {
                 std::future::ready(()),
                 Duration::from_secs(5),
                 limits,
-                None,
+                tls,
             )
             .await;
         });
@@ -718,6 +728,48 @@ mod tests {
             .unwrap();
         let body = read_to_close(&mut ok).await;
         assert!(String::from_utf8_lossy(&body).starts_with("HTTP/1.1 200"));
+    }
+
+    /// A TLS listener for `localhost` (a self-signed certificate loaded from PEM files), and a
+    /// client config trusting it.
+    fn tls_pair() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&cert, ck.cert.pem()).unwrap();
+        std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+        let server = crate::tls::server_config(&cert, &key).unwrap();
+        let client = crate::tls::client_config("tls_ca", Some(&cert)).unwrap();
+        (server, client)
+    }
+
+    #[tokio::test]
+    async fn over_tls_the_head_clock_starts_after_the_handshake() {
+        let (server, client) = tls_pair();
+        let (addr, _stop) = serve_with(
+            ConnLimits {
+                header_read_timeout: Duration::from_millis(100),
+                idle_timeout: Duration::from_secs(60),
+                max_connections: 100,
+            },
+            Some(server),
+        )
+        .await;
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(client)
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        // Quiet for longer than the header timeout but well under the idle timeout: a fresh
+        // connection waiting for its first request, not a slow head.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        tls.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(20), tls.read_to_end(&mut out)).await;
+        assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"));
     }
 
     #[tokio::test]

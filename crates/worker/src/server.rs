@@ -30,6 +30,7 @@ pub async fn serve(
     let worker = Worker::start(config).await.map_err(ServeError::Start)?;
     tracing::info!(
         %addr,
+        tls = tls.is_some(),
         worker = worker.id(),
         backend = worker.backend_name(),
         data_dir = %worker.config().data_dir.display(),
@@ -39,27 +40,28 @@ pub async fn serve(
     let w2 = Arc::clone(&worker);
     let stopping = serving::on_stop(stop, move || w2.begin_shutdown());
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let membership = worker
-        .config()
-        .controller
-        .clone()
-        .zip(client_tls)
-        .map(|(controller, client_tls)| {
-        let url = worker
+    let membership =
+        worker
             .config()
-            .advertise_url
+            .controller
             .clone()
-            .unwrap_or_else(|| format!("{scheme}://{addr}"));
-        let interval = Duration::from_millis(worker.config().status_interval_ms);
-        tokio::spawn(crate::membership::run(
-            Arc::clone(&worker),
-            controller,
-            url,
-            interval,
-            client_tls,
-            stopping.clone(),
-        ))
-    });
+            .zip(client_tls)
+            .map(|(controller, client_tls)| {
+                let url = worker
+                    .config()
+                    .advertise_url
+                    .clone()
+                    .unwrap_or_else(|| format!("{scheme}://{addr}"));
+                let interval = Duration::from_millis(worker.config().status_interval_ms);
+                tokio::spawn(crate::membership::run(
+                    Arc::clone(&worker),
+                    controller,
+                    url,
+                    interval,
+                    client_tls,
+                    stopping.clone(),
+                ))
+            });
     // A request still running after the grace period is cut off and its sandbox killed below.
     serving::serve_until_stopped(
         listener,

@@ -209,11 +209,7 @@ mod tests {
     #[test]
     fn urls_must_be_http_host_port() {
         assert!(super::parse_url("http://127.0.0.1:7878/").is_ok());
-        for bad in [
-            "127.0.0.1:7878",
-            "http://",
-            "http://127.0.0.1:7878/v1",
-        ] {
+        for bad in ["127.0.0.1:7878", "http://", "http://127.0.0.1:7878/v1"] {
             let err = super::parse_url(bad).unwrap_err().to_string();
             assert!(err.contains("expected http://HOST:PORT"), "{bad}: {err}");
         }
