@@ -23,10 +23,11 @@ pub enum ClientError {
     /// What the client trusts could not be loaded (`$HEARTH_CA_FILE`).
     #[error("{0}")]
     Trust(String),
-    #[error("TLS with {addr} failed: {source}")]
+    /// The handshake failed (an untrusted certificate, a server that does not speak TLS).
+    #[error("TLS with {addr} failed: {error}")]
     Tls {
         addr: String,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("cannot reach {addr}: {source} (is hearth running? start it with `hearth up`)")]
     Connect {
@@ -239,9 +240,9 @@ impl Client {
         t: &TlsTarget,
         mut tcp: TcpStream,
     ) -> Result<StreamOwned<ClientConnection, TcpStream>, ClientError> {
-        let tls_err = |source: std::io::Error| ClientError::Tls {
+        let tls_err = |error: std::io::Error| ClientError::Tls {
             addr: self.addr.to_string(),
-            source,
+            error,
         };
         let mut conn = ClientConnection::new(Arc::clone(&t.config), t.name.clone())
             .map_err(|e| tls_err(std::io::Error::other(e)))?;

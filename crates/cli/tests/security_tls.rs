@@ -146,8 +146,8 @@ fn a_tls_worker_answers_https_and_refuses_plain_http_and_untrusting_clients() {
         .with_timeout(Some(Duration::from_secs(20)))
         .get("/healthz");
     match got {
-        Err(ClientError::Tls { source, .. }) => {
-            assert!(source.to_string().contains("certificate"), "{source}")
+        Err(ClientError::Tls { error, .. }) => {
+            assert!(error.to_string().contains("certificate"), "{error}")
         }
         other => panic!("an untrusted server was accepted: {other:?}"),
     }
