@@ -25,10 +25,7 @@ pub enum ClientError {
     Trust(String),
     /// The handshake failed (an untrusted certificate, a server that does not speak TLS).
     #[error("TLS with {addr} failed: {error}")]
-    Tls {
-        addr: String,
-        error: std::io::Error,
-    },
+    Tls { addr: String, error: std::io::Error },
     #[error("cannot reach {addr}: {source} (is hearth running? start it with `hearth up`)")]
     Connect {
         addr: String,
