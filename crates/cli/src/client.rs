@@ -3,16 +3,29 @@
 //! The CLI, the benchmarks and the integration tests all use it. Blocking I/O on a dedicated
 //! thread per connection is the lowest-overhead way to drive a closed loop, so benchmark numbers
 //! measure the server, not the client's runtime.
+//!
+//! `https://` URLs speak TLS (rustls), trusting the certificates in `$HEARTH_CA_FILE` if set,
+//! else the system's roots; `http://` ones stay plain TCP.
 
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// A client error.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("bad URL {0:?}: expected http://HOST:PORT")]
+    #[error("bad URL {0:?}: expected http://HOST:PORT or https://HOST:PORT")]
     BadUrl(String),
+    /// What the client trusts could not be loaded (`$HEARTH_CA_FILE`).
+    #[error("{0}")]
+    Trust(String),
+    /// The handshake failed (an untrusted certificate, a server that does not speak TLS).
+    #[error("TLS with {addr} failed: {error}")]
+    Tls { addr: String, error: std::io::Error },
     #[error("cannot reach {addr}: {source} (is hearth running? start it with `hearth up`)")]
     Connect {
         addr: String,
@@ -60,11 +73,72 @@ impl Response {
     }
 }
 
+/// An open connection: plain TCP, or TLS over it.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// What an `https://` client needs: whom to trust, and the name the certificate must carry.
+struct TlsTarget {
+    config: Arc<ClientConfig>,
+    name: ServerName<'static>,
+}
+
+/// The trust of `https://` clients that were given none: `$HEARTH_CA_FILE`, else the system's
+/// roots; loaded once per process.
+fn default_tls() -> Result<Arc<ClientConfig>, ClientError> {
+    static DEFAULT: OnceLock<Result<Arc<ClientConfig>, String>> = OnceLock::new();
+    DEFAULT
+        .get_or_init(|| {
+            let ca = std::env::var_os("HEARTH_CA_FILE").filter(|v| !v.is_empty());
+            hearth_service::tls::client_config("HEARTH_CA_FILE", ca.as_deref().map(Path::new))
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(ClientError::Trust)
+}
+
+/// The name in `HOST:PORT` (`[v6]:PORT` too) that the server's certificate must carry.
+fn server_name(host: &str) -> Option<ServerName<'static>> {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split_once(']')?.0,
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    ServerName::try_from(name).ok().map(|n| n.to_owned())
+}
+
 /// One persistent connection to a Hearth API.
 pub struct Client {
     addr: SocketAddr,
     host: String,
-    stream: Option<TcpStream>,
+    /// Set for `https://` URLs.
+    tls: Option<TlsTarget>,
+    stream: Option<Conn>,
     buf: Vec<u8>,
     req: Vec<u8>,
     timeout: Option<Duration>,
@@ -73,11 +147,16 @@ pub struct Client {
 }
 
 impl Client {
-    /// `url` is `http://HOST:PORT` (a trailing slash is fine).
+    /// `url` is `http://HOST:PORT` or `https://HOST:PORT` (a trailing slash is fine).
     pub fn new(url: &str) -> Result<Self, ClientError> {
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| ClientError::BadUrl(url.into()))?;
+        let (rest, https) = match url.strip_prefix("https://") {
+            Some(rest) => (rest, true),
+            None => (
+                url.strip_prefix("http://")
+                    .ok_or_else(|| ClientError::BadUrl(url.into()))?,
+                false,
+            ),
+        };
         let host = rest.trim_end_matches('/').to_string();
         if host.contains('/') || host.is_empty() {
             return Err(ClientError::BadUrl(url.into()));
@@ -87,9 +166,18 @@ impl Client {
             .ok()
             .and_then(|mut a| a.next())
             .ok_or_else(|| ClientError::BadUrl(url.into()))?;
+        let tls = if https {
+            Some(TlsTarget {
+                config: default_tls()?,
+                name: server_name(&host).ok_or_else(|| ClientError::BadUrl(url.into()))?,
+            })
+        } else {
+            None
+        };
         Ok(Client {
             addr,
             host,
+            tls,
             stream: None,
             buf: Vec::with_capacity(16 * 1024),
             req: Vec::with_capacity(1024),
@@ -104,13 +192,24 @@ impl Client {
         self
     }
 
+    /// Trusts only the certificates in the PEM file `ca` for an `https://` URL (instead of
+    /// `$HEARTH_CA_FILE` or the system's roots); no effect on `http://`.
+    pub fn with_ca_file(mut self, ca: &Path) -> Result<Self, ClientError> {
+        if let Some(t) = &mut self.tls {
+            t.config = hearth_service::tls::client_config("the CA file", Some(ca))
+                .map_err(|e| ClientError::Trust(e.to_string()))?;
+            self.stream = None;
+        }
+        Ok(self)
+    }
+
     /// Sets a read timeout for responses (None waits forever).
     pub fn with_timeout(mut self, t: Option<Duration>) -> Self {
         self.timeout = t;
         self
     }
 
-    fn stream(&mut self) -> Result<&mut TcpStream, ClientError> {
+    fn stream(&mut self) -> Result<&mut Conn, ClientError> {
         if self.stream.is_none() {
             let s = TcpStream::connect(self.addr).map_err(|e| ClientError::Connect {
                 addr: self.addr.to_string(),
@@ -118,13 +217,36 @@ impl Client {
             })?;
             s.set_nodelay(true)?;
             s.set_read_timeout(self.timeout)?;
-            self.stream = Some(s);
+            let conn = match &self.tls {
+                None => Conn::Plain(s),
+                Some(t) => Conn::Tls(Box::new(self.handshake(t, s)?)),
+            };
+            self.stream = Some(conn);
             self.buf.clear();
         }
         match self.stream.as_mut() {
             Some(s) => Ok(s),
             None => Err(ClientError::Malformed("no connection".into())),
         }
+    }
+
+    /// Completes the TLS handshake now, so that an untrusted or non-TLS server is reported as
+    /// such rather than as a broken request.
+    fn handshake(
+        &self,
+        t: &TlsTarget,
+        mut tcp: TcpStream,
+    ) -> Result<StreamOwned<ClientConnection, TcpStream>, ClientError> {
+        let tls_err = |error: std::io::Error| ClientError::Tls {
+            addr: self.addr.to_string(),
+            error,
+        };
+        let mut conn = ClientConnection::new(Arc::clone(&t.config), t.name.clone())
+            .map_err(|e| tls_err(std::io::Error::other(e)))?;
+        while conn.is_handshaking() {
+            conn.complete_io(&mut tcp).map_err(tls_err)?;
+        }
+        Ok(StreamOwned::new(conn, tcp))
     }
 
     pub fn get(&mut self, path: &str) -> Result<Response, ClientError> {

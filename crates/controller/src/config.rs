@@ -24,7 +24,8 @@ pub struct ControllerConfig {
     pub balance: BalanceKind,
     /// Its parameters (`[balance_params]`).
     pub balance_params: BalanceParams,
-    /// Workers polled by the controller (`http://HOST:PORT`), besides those that join by pushing.
+    /// Workers polled by the controller (`http://HOST:PORT` or `https://HOST:PORT`), besides
+    /// those that join by pushing.
     pub workers: Vec<String>,
     /// How often static workers are polled; pushing workers choose their own interval.
     pub status_interval_ms: u64,
@@ -74,6 +75,14 @@ pub struct ControllerConfig {
     pub quota: QuotaLimits,
     /// Quotas of particular namespaces, replacing `quota` for them.
     pub quotas: BTreeMap<String, QuotaLimits>,
+    /// The listener's certificate chain (PEM, leaf first): with `tls_key`, the API is served
+    /// over TLS only (docs/security-tls.md). Unset: plain HTTP.
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub tls_key: Option<PathBuf>,
+    /// Certificates (PEM) trusted when connecting to workers over `https://`; unset: the
+    /// system's roots.
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Default for ControllerConfig {
@@ -105,6 +114,9 @@ impl Default for ControllerConfig {
             cluster_key_file: None,
             quota: QuotaLimits::default(),
             quotas: BTreeMap::new(),
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
         }
     }
 }
@@ -137,6 +149,9 @@ const CONFIG_KEYS: &[&str] = &[
     "cluster_key_file",
     "quota",
     "quotas",
+    "tls_cert",
+    "tls_key",
+    "tls_ca",
 ];
 
 /// Unknown `HEARTH_*` variables are not warned about: `hearth up` runs the controller in a
@@ -188,6 +203,7 @@ impl ControllerConfig {
                 "connect_timeout_ms, max_body_bytes and max_code_bytes must be positive".into(),
             );
         }
+        config_checks::tls_pair(self.tls_cert.as_deref(), self.tls_key.as_deref())?;
         hearth_service::auth::check_exposure(&self.listen, self.auth)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         hearth_service::quota::check_quotas(&self.quota, &self.quotas)

@@ -137,7 +137,8 @@ impl Driver {
     /// A report from a new incarnation replaces the member (its functions must be registered
     /// again); the same incarnation coming back keeps what it has.
     pub fn on_report(&self, report: StatusReport, is_static: bool) -> Result<(), ReportError> {
-        if report.worker.is_empty() || !report.url.starts_with("http://") {
+        let scheme_ok = report.url.starts_with("http://") || report.url.starts_with("https://");
+        if report.worker.is_empty() || !scheme_ok {
             return Err(ReportError::Unusable);
         }
         if report.shutting_down {

@@ -17,6 +17,8 @@ pub enum StartError {
     Balance(#[from] hearth_core::balance::ParamsError),
     #[error("authentication: {0}")]
     Auth(#[from] hearth_service::auth::AuthError),
+    #[error("{0}")]
+    Tls(#[from] hearth_service::tls::TlsError),
 }
 
 /// Why an invocation (or an async one's acceptance) did not produce a result here.
@@ -114,6 +116,6 @@ pub enum PrewarmError {
 /// Why a status report was not taken.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    #[error("a status report needs a worker id and an http:// url")]
+    #[error("a status report needs a worker id and an http:// or https:// url")]
     Unusable,
 }

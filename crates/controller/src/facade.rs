@@ -92,9 +92,15 @@ impl Controller {
             policy.register(0, FunctionKey::of(&r.spec.name), function_info(&r.spec));
         }
         let metrics = Arc::new(Metrics::default());
+        let tls =
+            hearth_service::serving::load_client_tls("tls_ca", config.tls_ca.as_deref()).await?;
         let c = Arc::new(Controller {
-            forwarder: Forwarder::new(Duration::from_millis(config.connect_timeout_ms), credential)
-                .with_max_answer_bytes(config.max_result_bytes),
+            forwarder: Forwarder::new(
+                Duration::from_millis(config.connect_timeout_ms),
+                credential,
+                tls,
+            )
+            .with_max_answer_bytes(config.max_result_bytes),
             invocations: AsyncInvocations::new(
                 Duration::from_secs(config.async_retention_s),
                 config.async_max_records,

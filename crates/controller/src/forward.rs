@@ -1,4 +1,5 @@
-//! Requests to workers over persistent HTTP/1.1 connections (hyper-util's pooled client).
+//! Requests to workers over persistent HTTP/1.1 connections (hyper-util's pooled client), plain
+//! for `http://` workers and TLS (rustls) for `https://` ones.
 //!
 //! Every failure is classified by what the controller can prove: a request that could not even
 //! connect never reached the worker ([`ForwardError::NotStarted`]); any later failure may have
@@ -10,8 +11,10 @@ use hearth_api::{ErrorBody, ErrorCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, StatusCode};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A worker's answer.
@@ -106,7 +109,7 @@ pub const ANSWER_MARGIN_BYTES: usize = 64 * 1024;
 /// The pooled client.
 #[derive(Clone)]
 pub struct Forwarder {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// `Bearer <cluster key>`: workers serve the controller only with it.
     credential: Option<HeaderValue>,
     /// The most bytes read of one answer; a larger one is never buffered.
@@ -114,11 +117,23 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    pub fn new(connect_timeout: Duration, credential: Option<HeaderValue>) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(connect_timeout));
-        connector.enforce_http(true);
+    /// `tls` is what `https://` workers are checked against; `http://` ones stay plain TCP.
+    pub fn new(
+        connect_timeout: Duration,
+        credential: Option<HeaderValue>,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Self {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        // The TLS connector below takes `https://` URIs through this one; it passes `http://`
+        // connections through untouched.
+        http.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(Arc::unwrap_or_clone(tls))
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             // Under the workers' default idle_timeout_ms (60 s): a pooled connection is given
             // up here before the worker closes it, so a request never races the worker's close
@@ -140,8 +155,9 @@ impl Forwarder {
         self
     }
 
-    /// Sends one request to `base` (`http://HOST:PORT`) + `path`; the whole exchange (connect,
-    /// send, wait, read) is bounded by `timeout`.
+    /// Sends one request to `base` (`http://HOST:PORT` or `https://HOST:PORT`) + `path`; the
+    /// whole exchange (connect, TLS handshake, send, wait, read) is bounded by `timeout`. A
+    /// failed handshake is a connect error: the request never went out.
     pub async fn send(
         &self,
         method: Method,
@@ -250,7 +266,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_over_the_cap_is_a_502_result_too_large_and_not_buffered() {
-        let f = Forwarder::new(Duration::from_secs(1), None).with_max_answer_bytes(1024);
+        let tls = hearth_service::tls::client_config("tls_ca", None).unwrap();
+        let f = Forwarder::new(Duration::from_secs(1), None, tls).with_max_answer_bytes(1024);
         for chunked in [false, true] {
             let base = huge_answer(10 * 1024 * 1024, chunked).await;
             let a = f

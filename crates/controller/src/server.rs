@@ -18,12 +18,14 @@ pub async fn serve(
     stop: impl Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<std::net::SocketAddr>>,
 ) -> Result<(), ServeError> {
+    let tls = serving::load_tls(config.tls_cert.as_deref(), config.tls_key.as_deref()).await?;
     let (listener, addr) = serving::bind(&mut config.listen).await?;
     let grace = Duration::from_secs(config.shutdown_grace_s);
     let limits = config.conn_limits();
     let controller = Controller::start(config).await.map_err(ServeError::Start)?;
     tracing::info!(
         %addr,
+        tls = tls.is_some(),
         balance = %controller.config().balance,
         data_dir = %controller.config().data_dir.display(),
         static_workers = controller.config().workers.len(),
@@ -45,6 +47,7 @@ pub async fn serve(
         drain,
         grace + Duration::from_secs(1),
         limits,
+        tls,
     )
     .await?;
     Ok(())

@@ -13,14 +13,42 @@ pub fn listen(listen: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// A peer's URL (setting `key`) must look like `http://HOST:PORT`.
+/// A peer's URL (setting `key`) must look like `http://HOST:PORT` or `https://HOST:PORT`.
 pub fn http_url(key: &str, url: &str) -> Result<(), ConfigError> {
-    if !url.starts_with("http://") || url.len() <= "http://".len() {
+    let host = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    if !host.is_some_and(|h| !h.is_empty()) {
         return Err(ConfigError::Invalid(format!(
-            "{key} must look like http://HOST:PORT, got {url:?}"
+            "{key} must look like http://HOST:PORT or https://HOST:PORT, got {url:?}"
         )));
     }
     Ok(())
+}
+
+/// `tls_cert` and `tls_key` come together: one without the other is a mistake, not plain HTTP.
+/// Their files are read at start ([`crate::serving::load_tls`]).
+pub fn tls_pair(
+    cert: Option<&std::path::Path>,
+    key: Option<&std::path::Path>,
+) -> Result<(), ConfigError> {
+    let empty = |p: Option<&std::path::Path>| p.is_some_and(|p| p.as_os_str().is_empty());
+    if empty(cert) || empty(key) {
+        return Err(ConfigError::Invalid(
+            "tls_cert and tls_key must be paths to PEM files, not empty".into(),
+        ));
+    }
+    match (cert, key) {
+        (Some(_), None) => Err(ConfigError::Invalid(
+            "tls_cert is set but tls_key is not: TLS needs both (or neither, for plain HTTP)"
+                .into(),
+        )),
+        (None, Some(_)) => Err(ConfigError::Invalid(
+            "tls_key is set but tls_cert is not: TLS needs both (or neither, for plain HTTP)"
+                .into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Status reports between workers and the controller are 10 ms to 1 min apart.
@@ -43,13 +71,27 @@ mod tests {
         let err = listen("nowhere").unwrap_err().to_string();
         assert_eq!(err, "listen must be IP:PORT, got \"nowhere\"");
         assert!(http_url("controller", "http://h:1").is_ok());
-        for bad in ["http://", "h:1", "https://h:1"] {
+        assert!(http_url("controller", "https://h:1").is_ok());
+        for bad in ["http://", "https://", "h:1", "ftp://h:1", "httpss://h:1"] {
             let err = http_url("controller", bad).unwrap_err().to_string();
             assert!(
-                err.starts_with("controller must look like http://HOST:PORT"),
+                err.starts_with("controller must look like http://HOST:PORT or https://"),
                 "{err}"
             );
         }
+        let p = |s: &'static str| Some(std::path::Path::new(s));
+        assert!(tls_pair(None, None).is_ok() && tls_pair(p("c"), p("k")).is_ok());
+        let err = tls_pair(p("c"), None).unwrap_err().to_string();
+        assert!(
+            err.starts_with("tls_cert is set but tls_key is not"),
+            "{err}"
+        );
+        let err = tls_pair(None, p("k")).unwrap_err().to_string();
+        assert!(
+            err.starts_with("tls_key is set but tls_cert is not"),
+            "{err}"
+        );
+        assert!(tls_pair(p(""), p("k")).is_err());
         assert!(status_interval_ms(10).is_ok() && status_interval_ms(60_000).is_ok());
         for bad in [9, 60_001] {
             let err = status_interval_ms(bad).unwrap_err().to_string();

@@ -18,5 +18,6 @@ pub mod metrics;
 pub mod quota;
 pub mod registry;
 pub mod serving;
+pub mod tls;
 
 pub use error::ApiError;

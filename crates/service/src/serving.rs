@@ -2,7 +2,8 @@
 //! serve an axum router until told to stop, then stop accepting, let open requests finish and
 //! cut off what is still open after the grace period. The accept loop is hyper's own, so that
 //! every connection is bounded: a header timeout, an idle timeout, and a cap on connections
-//! under the open-file limit.
+//! under the open-file limit. TLS is optional ([`load_tls`]); its handshake is bounded by the
+//! header timeout, and without it connections are plain TCP exactly as before.
 
 use axum::Router;
 use hyper::body::Incoming;
@@ -34,6 +35,41 @@ pub enum ServeError<S: std::error::Error + 'static> {
     Start(#[source] S),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
+}
+
+/// The listener's TLS from the `tls_cert` and `tls_key` settings (both or neither, which the
+/// configs check): `None` serves plain HTTP. The files are read off the async threads.
+pub async fn load_tls(
+    cert: Option<&Path>,
+    key: Option<&Path>,
+) -> Result<Option<Arc<rustls::ServerConfig>>, crate::tls::TlsError> {
+    let (Some(cert), Some(key)) = (cert, key) else {
+        return Ok(None);
+    };
+    let (cert, key) = (cert.to_path_buf(), key.to_path_buf());
+    tokio::task::spawn_blocking(move || crate::tls::server_config(&cert, &key))
+        .await
+        .map_err(|e| crate::tls::TlsError::Read {
+            setting: "tls_cert",
+            source: std::io::Error::other(e.to_string()),
+        })?
+        .map(Some)
+}
+
+/// Loads what a client trusts ([`crate::tls::client_config`]) off the async threads.
+pub async fn load_client_tls(
+    setting: &'static str,
+    ca: Option<&Path>,
+) -> Result<Arc<rustls::ClientConfig>, crate::tls::TlsError> {
+    let ca = ca.map(Path::to_path_buf);
+    tokio::task::spawn_blocking(move || crate::tls::client_config(setting, ca.as_deref()))
+        .await
+        .map_err(|e| crate::tls::TlsError::Read {
+            setting,
+            source: std::io::Error::other(e.to_string()),
+        })?
 }
 
 /// Creates the data directory if needed and returns its canonical path, so that what lives in
@@ -235,7 +271,8 @@ retry-after: 1\r\nconnection: close\r\ncontent-length: 92\r\n\r\n\
 /// Serves `app` on `listener` (TCP_NODELAY on every connection, HTTP/1.1) until `stopping`
 /// turns true; then awaits `drain`, accepts no more connections, and returns once every open
 /// connection is done. Whatever is still open `cutoff` after stopping is cut off. `limits`
-/// bound each connection's header time and idle time and the number of connections.
+/// bound each connection's header time and idle time and the number of connections. With `tls`
+/// every connection is TLS, its handshake bounded by the header read timeout.
 pub async fn serve_until_stopped(
     listener: TcpListener,
     app: Router,
@@ -243,6 +280,7 @@ pub async fn serve_until_stopped(
     drain: impl Future<Output = ()> + Send + 'static,
     cutoff: Duration,
     limits: ConnLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) -> std::io::Result<()> {
     let fd_budget = usize::try_from(raise_fd_limit()).unwrap_or(usize::MAX);
     let max_connections = limits.max_connections.min(fd_budget).max(1);
@@ -266,6 +304,7 @@ pub async fn serve_until_stopped(
             drain.await;
         },
         limits,
+        tls.map(tokio_rustls::TlsAcceptor::from),
     ));
     let mut grace_rx = stopping;
     tokio::select! {
@@ -289,6 +328,7 @@ async fn accept_loop(
     app: Router,
     stop: impl Future<Output = ()>,
     limits: ConnLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     let graceful = GracefulShutdown::new();
     let open = Arc::new(AtomicUsize::new(0));
@@ -310,8 +350,11 @@ async fn accept_loop(
             },
         };
         if open.load(Ordering::Relaxed) >= limits.max_connections {
-            // Answer without waiting on the peer and free the descriptor at once.
-            let _ = tcp.try_write(REFUSAL);
+            // Answer without waiting on the peer and free the descriptor at once (a TLS client
+            // could not read a plain answer: it only sees the close).
+            if tls.is_none() {
+                let _ = tcp.try_write(REFUSAL);
+            }
             drop(tcp);
             tracing::debug!(
                 limit = limits.max_connections,
@@ -333,8 +376,35 @@ async fn accept_loop(
                 resp
             }
         });
-        let conn = graceful.watch(builder.serve_connection(io, service));
+        let Some(acceptor) = &tls else {
+            let conn = graceful.watch(builder.serve_connection(io, service));
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                drop(counted);
+            });
+            continue;
+        };
+        // The handshake runs in the connection's task, so a slow one never holds up accepting.
+        let handshake = acceptor.accept(io.into_inner());
+        let watcher = graceful.watcher();
+        let builder = builder.clone();
         tokio::spawn(async move {
+            let mut tls = match tokio::time::timeout(limits.header_read_timeout, handshake).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!("TLS handshake not complete within the header read timeout");
+                    return;
+                }
+            };
+            // The handshake's bytes are not a request head: the head's clock starts afresh.
+            tls.get_mut().0.handshake_done();
+            let conn = watcher.watch(builder.serve_connection(TokioIo::new(tls), service));
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
@@ -426,6 +496,12 @@ impl WatchedIo {
             begun_seen: 0,
             timer: None,
         }
+    }
+
+    /// A TLS handshake is over: what it read does not count toward a request head.
+    fn handshake_done(&mut self) {
+        self.head_started = None;
+        self.last_io = Instant::now();
     }
 
     /// Bytes moved: the connection is not idle, and a fresh head may have started.
@@ -587,6 +663,13 @@ mod tests {
     }
 
     async fn serve(limits: ConnLimits) -> (SocketAddr, watch::Sender<bool>) {
+        serve_with(limits, None).await
+    }
+
+    async fn serve_with(
+        limits: ConnLimits,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> (SocketAddr, watch::Sender<bool>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = Router::new().route(
@@ -605,6 +688,7 @@ mod tests {
                 std::future::ready(()),
                 Duration::from_secs(5),
                 limits,
+                tls,
             )
             .await;
         });
@@ -644,6 +728,48 @@ mod tests {
             .unwrap();
         let body = read_to_close(&mut ok).await;
         assert!(String::from_utf8_lossy(&body).starts_with("HTTP/1.1 200"));
+    }
+
+    /// A TLS listener for `localhost` (a self-signed certificate loaded from PEM files), and a
+    /// client config trusting it.
+    fn tls_pair() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&cert, ck.cert.pem()).unwrap();
+        std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+        let server = crate::tls::server_config(&cert, &key).unwrap();
+        let client = crate::tls::client_config("tls_ca", Some(&cert)).unwrap();
+        (server, client)
+    }
+
+    #[tokio::test]
+    async fn over_tls_the_head_clock_starts_after_the_handshake() {
+        let (server, client) = tls_pair();
+        let (addr, _stop) = serve_with(
+            ConnLimits {
+                header_read_timeout: Duration::from_millis(100),
+                idle_timeout: Duration::from_secs(60),
+                max_connections: 100,
+            },
+            Some(server),
+        )
+        .await;
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(client)
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        // Quiet for longer than the header timeout but well under the idle timeout: a fresh
+        // connection waiting for its first request, not a slow head.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        tls.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(20), tls.read_to_end(&mut out)).await;
+        assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"));
     }
 
     #[tokio::test]

@@ -226,7 +226,8 @@ pub struct WorkerConfig {
     pub controller: Option<String>,
     /// How often the status is pushed to the controller.
     pub status_interval_ms: u64,
-    /// The URL the controller forwards invocations to; defaults to `http://` + the bound address.
+    /// The URL the controller forwards invocations to; defaults to `http://` + the bound address
+    /// (`https://` when `tls_cert` is set).
     pub advertise_url: Option<String>,
     /// Require an API key on every route but `/healthz` (docs/security.md). Off is allowed on
     /// loopback listeners only.
@@ -241,6 +242,14 @@ pub struct WorkerConfig {
     /// The share of the concurrency limit one namespace may hold while functions of other
     /// namespaces are registered here (0 < share <= 1).
     pub namespace_share: f64,
+    /// The listener's certificate chain (PEM, leaf first): with `tls_key`, the API is served
+    /// over TLS only (docs/security-tls.md). Unset: plain HTTP.
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub tls_key: Option<PathBuf>,
+    /// Certificates (PEM) trusted when connecting to the controller over `https://`; unset: the
+    /// system's roots.
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Default for WorkerConfig {
@@ -286,6 +295,9 @@ impl Default for WorkerConfig {
             quota: QuotaLimits::default(),
             quotas: BTreeMap::new(),
             namespace_share: 0.5,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
         }
     }
 }
@@ -332,6 +344,9 @@ const CONFIG_KEYS: &[&str] = &[
     "quota",
     "quotas",
     "namespace_share",
+    "tls_cert",
+    "tls_key",
+    "tls_ca",
 ];
 
 /// `HEARTH_*` variables with other uses (client URL, log filter, test switches).
@@ -417,6 +432,7 @@ impl WorkerConfig {
                 config_checks::http_url(key, u)?;
             }
         }
+        config_checks::tls_pair(self.tls_cert.as_deref(), self.tls_key.as_deref())?;
         hearth_service::auth::check_exposure(&self.listen, self.auth)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.auth && self.controller.is_some() && self.cluster_key_file.is_none() {

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use hearth_api::StatusReport;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use std::sync::Arc;
@@ -34,7 +35,20 @@ pub fn path_segment(s: &str) -> String {
     out
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// A client for `http://` and `https://` controllers; `https://` trusts `tls`.
+fn client(tls: Arc<rustls::ClientConfig>) -> HttpClient {
+    let mut http = HttpConnector::new();
+    // The TLS connector below takes `https://` URIs through this one.
+    http.enforce_http(false);
+    let connector = HttpsConnectorBuilder::new()
+        .with_tls_config(Arc::unwrap_or_clone(tls))
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new()).build(connector)
+}
 
 async fn send(
     client: &HttpClient,
@@ -53,7 +67,7 @@ async fn send(
     }
     let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
     let exchange = async {
-        let resp = client.request(req).await.map_err(|e| e.to_string())?;
+        let resp = client.request(req).await.map_err(|e| error_chain(&e))?;
         let status = resp.status();
         let _ = resp.into_body().collect().await;
         Ok(status)
@@ -63,15 +77,28 @@ async fn send(
         .map_err(|_| format!("no answer within {timeout:?}"))?
 }
 
+/// An error with its causes (a TLS handshake failure sits a few sources down).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 /// Pushes status to `controller` until `stopping` turns true, then leaves.
 pub async fn run(
     worker: Arc<Worker>,
     controller: String,
     url: String,
     interval: Duration,
+    tls: Arc<rustls::ClientConfig>,
     mut stopping: tokio::sync::watch::Receiver<bool>,
 ) {
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let client = client(tls);
     let incarnation = new_incarnation();
     let endpoint = format!(
         "{}/v1/cluster/workers/{}",

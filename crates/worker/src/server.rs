@@ -17,6 +17,12 @@ pub async fn serve(
     mut config: WorkerConfig,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let tls = serving::load_tls(config.tls_cert.as_deref(), config.tls_key.as_deref()).await?;
+    // Only a worker that joins a controller is a client; its trust is loaded (and checked) now.
+    let client_tls = match &config.controller {
+        Some(_) => Some(serving::load_client_tls("tls_ca", config.tls_ca.as_deref()).await?),
+        None => None,
+    };
     // Port 0 asks for any free port: the worker is named after the one it got.
     let (listener, addr) = serving::bind(&mut config.listen).await?;
     let grace = Duration::from_secs(config.shutdown_grace_s);
@@ -24,6 +30,7 @@ pub async fn serve(
     let worker = Worker::start(config).await.map_err(ServeError::Start)?;
     tracing::info!(
         %addr,
+        tls = tls.is_some(),
         worker = worker.id(),
         backend = worker.backend_name(),
         data_dir = %worker.config().data_dir.display(),
@@ -32,21 +39,29 @@ pub async fn serve(
     let app = crate::api::router(Arc::clone(&worker));
     let w2 = Arc::clone(&worker);
     let stopping = serving::on_stop(stop, move || w2.begin_shutdown());
-    let membership = worker.config().controller.clone().map(|controller| {
-        let url = worker
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let membership =
+        worker
             .config()
-            .advertise_url
+            .controller
             .clone()
-            .unwrap_or_else(|| format!("http://{addr}"));
-        let interval = Duration::from_millis(worker.config().status_interval_ms);
-        tokio::spawn(crate::membership::run(
-            Arc::clone(&worker),
-            controller,
-            url,
-            interval,
-            stopping.clone(),
-        ))
-    });
+            .zip(client_tls)
+            .map(|(controller, client_tls)| {
+                let url = worker
+                    .config()
+                    .advertise_url
+                    .clone()
+                    .unwrap_or_else(|| format!("{scheme}://{addr}"));
+                let interval = Duration::from_millis(worker.config().status_interval_ms);
+                tokio::spawn(crate::membership::run(
+                    Arc::clone(&worker),
+                    controller,
+                    url,
+                    interval,
+                    client_tls,
+                    stopping.clone(),
+                ))
+            });
     // A request still running after the grace period is cut off and its sandbox killed below.
     serving::serve_until_stopped(
         listener,
@@ -55,6 +70,7 @@ pub async fn serve(
         std::future::ready(()),
         grace,
         limits,
+        tls,
     )
     .await?;
     if let Some(m) = membership {

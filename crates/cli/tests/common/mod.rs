@@ -15,6 +15,9 @@ pub struct Server {
     /// The operator key the server wrote at its first start (None with auth off).
     pub key: Option<String>,
     pub data_dir: PathBuf,
+    /// For a TLS server (started with `HEARTH_TLS_CERT`): the CA its clients trust, the one in
+    /// its own `HEARTH_TLS_CA`.
+    pub ca_file: Option<PathBuf>,
     child: Option<Child>,
     _tmp: Option<tempfile::TempDir>,
     pub log: PathBuf,
@@ -101,10 +104,16 @@ impl Server {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("spawn hearth");
+        let setting = |name: &str| env.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+        let scheme = match setting("HEARTH_TLS_CERT") {
+            Some(_) => "https",
+            None => "http",
+        };
         let mut s = Server {
             key: None,
-            url: format!("http://{listen}"),
+            url: format!("{scheme}://{listen}"),
             data_dir: data_dir.to_path_buf(),
+            ca_file: setting("HEARTH_TLS_CA").map(PathBuf::from),
             child: Some(child),
             _tmp: None,
             log,
@@ -127,7 +136,7 @@ impl Server {
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(mut c) = Client::new(&self.url) {
+            if let Ok(mut c) = self.connect() {
                 if let Ok(r) = c.get("/healthz") {
                     if r.status == 200 {
                         return;
@@ -150,21 +159,28 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// A client of this server (trusting its CA if it serves TLS), with the default key.
+    fn connect(&self) -> Result<Client, hearth_cli::client::ClientError> {
+        let c = Client::new(&self.url)?;
+        match &self.ca_file {
+            Some(ca) => c.with_ca_file(ca),
+            None => Ok(c),
+        }
+    }
+
     /// A client with the server's operator key.
     pub fn client(&self) -> Client {
-        Client::new(&self.url).unwrap().with_token(self.key.clone())
+        self.connect().unwrap().with_token(self.key.clone())
     }
 
     /// A client without any key.
     pub fn anonymous(&self) -> Client {
-        Client::new(&self.url).unwrap().with_token(None)
+        self.connect().unwrap().with_token(None)
     }
 
     /// A client with `key`.
     pub fn client_with(&self, key: &str) -> Client {
-        Client::new(&self.url)
-            .unwrap()
-            .with_token(Some(key.to_string()))
+        self.connect().unwrap().with_token(Some(key.to_string()))
     }
 
     /// Creates an API key (`namespace`, `role`) with the operator key; returns its token.

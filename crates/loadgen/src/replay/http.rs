@@ -41,8 +41,15 @@ pub struct Pool {
     timeout: Duration,
 }
 
-/// `http://HOST:PORT` → the socket address and Host header.
+/// `http://HOST:PORT` → the socket address and Host header. The replay pool speaks plain HTTP
+/// only (it measures the server, and TLS would add the client's crypto to every sample).
 fn parse_url(url: &str) -> Result<(SocketAddr, String)> {
+    if url.starts_with("https://") {
+        return Err(LoadgenError::Config(format!(
+            "{url:?}: the load generator speaks plain http:// only; replay against a plain \
+             listener (docs/security-tls.md)"
+        )));
+    }
     let bad = || LoadgenError::Config(format!("bad URL {url:?}: expected http://HOST:PORT"));
     let host = url
         .strip_prefix("http://")
@@ -202,14 +209,11 @@ mod tests {
     #[test]
     fn urls_must_be_http_host_port() {
         assert!(super::parse_url("http://127.0.0.1:7878/").is_ok());
-        for bad in [
-            "127.0.0.1:7878",
-            "http://",
-            "http://127.0.0.1:7878/v1",
-            "https://x:1",
-        ] {
+        for bad in ["127.0.0.1:7878", "http://", "http://127.0.0.1:7878/v1"] {
             let err = super::parse_url(bad).unwrap_err().to_string();
             assert!(err.contains("expected http://HOST:PORT"), "{bad}: {err}");
         }
+        let err = super::parse_url("https://x:1").unwrap_err().to_string();
+        assert!(err.contains("plain http:// only"), "{err}");
     }
 }
