@@ -76,7 +76,7 @@ pub struct ControllerConfig {
     /// Quotas of particular namespaces, replacing `quota` for them.
     pub quotas: BTreeMap<String, QuotaLimits>,
     /// The listener's certificate chain (PEM, leaf first): with `tls_key`, the API is served
-    /// over TLS only (docs/security-tls.md). Unset: plain HTTP.
+    /// over TLS only (docs/security.md). Unset: plain HTTP.
     pub tls_cert: Option<PathBuf>,
     /// The private key of `tls_cert` (PEM: PKCS#8, PKCS#1 or SEC1).
     pub tls_key: Option<PathBuf>,

@@ -243,7 +243,7 @@ pub struct WorkerConfig {
     /// namespaces are registered here (0 < share <= 1).
     pub namespace_share: f64,
     /// The listener's certificate chain (PEM, leaf first): with `tls_key`, the API is served
-    /// over TLS only (docs/security-tls.md). Unset: plain HTTP.
+    /// over TLS only (docs/security.md). Unset: plain HTTP.
     pub tls_cert: Option<PathBuf>,
     /// The private key of `tls_cert` (PEM: PKCS#8, PKCS#1 or SEC1).
     pub tls_key: Option<PathBuf>,

@@ -47,7 +47,7 @@ fn parse_url(url: &str) -> Result<(SocketAddr, String)> {
     if url.starts_with("https://") {
         return Err(LoadgenError::Config(format!(
             "{url:?}: the load generator speaks plain http:// only; replay against a plain \
-             listener (docs/security-tls.md)"
+             listener (docs/security.md)"
         )));
     }
     let bad = || LoadgenError::Config(format!("bad URL {url:?}: expected http://HOST:PORT"));
