@@ -39,7 +39,7 @@ fn only_sandbox_cgroup(s: &Server, controller: &str) -> PathBuf {
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.is_dir())
+        .filter(|p| p.is_dir() && !p.ends_with("frozen-anchor"))
         .collect();
     assert_eq!(dirs.len(), 1, "one sandbox expected: {dirs:?}");
     dirs.into_iter().next().unwrap()
@@ -55,7 +55,18 @@ fn cpu_ns(cgroup: &Path) -> u64 {
 }
 
 /// CPU the sandbox burns over half a second while no invocation runs, in milliseconds.
+/// CPU the worker's only sandbox uses in 500 ms once it is idle: it must first be frozen (an
+/// idle sandbox is, after `runc.idle_freeze_ms`), and then use none.
 fn idle_cpu_ms(s: &Server) -> u64 {
+    let state = only_sandbox_cgroup(s, "freezer").join("freezer.state");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(&state).unwrap().trim() != "FROZEN" {
+        assert!(
+            Instant::now() < deadline,
+            "the idle sandbox was never frozen"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let cg = only_sandbox_cgroup(s, "cpuacct");
     let before = cpu_ns(&cg);
     std::thread::sleep(Duration::from_millis(500));

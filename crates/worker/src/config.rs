@@ -113,6 +113,10 @@ pub struct RuncConfig {
     /// A sandbox's stdout and stderr go to `stdio.log`, which is rotated to `stdio.log.1` when it
     /// reaches this size: at most twice this much is kept per sandbox.
     pub log_file_bytes: u64,
+    /// A sandbox idle this long is frozen, so nothing a handler left behind runs longer than
+    /// this between invocations (0: frozen right after every invocation, which costs every
+    /// warm invocation two wake-ups of the sandbox's tasks).
+    pub idle_freeze_ms: u64,
     /// How long a new sandbox may take to start and import its handler.
     pub start_timeout_ms: u64,
 }
@@ -121,7 +125,8 @@ impl RuncConfig {
     /// Refuses limits that cannot work: every one must be positive, and none so large that
     /// it means no limit.
     pub fn check(&self) -> Result<(), ConfigError> {
-        let ranges: [(&str, u64, u64, u64); 5] = [
+        let ranges: [(&str, u64, u64, u64); 6] = [
+            ("idle_freeze_ms", self.idle_freeze_ms, 0, 10_000),
             ("tmp_size_mb", self.tmp_size_mb, 1, 1 << 20),
             ("tmp_inodes", self.tmp_inodes, 16, 1 << 24),
             ("run_size_mb", self.run_size_mb, 1, 1 << 20),
@@ -150,6 +155,7 @@ impl Default for RuncConfig {
             run_size_mb: 4,
             run_inodes: 64,
             log_file_bytes: 1024 * 1024,
+            idle_freeze_ms: 20,
             start_timeout_ms: 10_000,
         }
     }

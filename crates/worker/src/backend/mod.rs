@@ -3,6 +3,7 @@
 //! An enum rather than a trait object: two backends, and the hot path stays free of dynamic
 //! dispatch and boxing.
 
+pub mod freezer;
 pub mod oci;
 pub mod runc;
 pub mod sim;

@@ -7,12 +7,13 @@
 //! Everything but the rootfs and the agent is root's alone (dirs 0700, files 0600).
 //!
 //! Hardening beyond the OCI spec (docs/sandboxes.md):
-//! * between invocations every task of a sandbox is frozen (cgroup v1 freezer), so nothing a
-//!   handler leaves behind (processes, threads, signal handlers) runs unseen;
+//! * a sandbox idle for `idle_freeze_ms` is frozen (cgroup v1 freezer), so nothing a handler
+//!   leaves behind (processes, threads, signal handlers) runs unseen between invocations;
 //! * the sandbox's stdout and stderr go through a pipe that the worker copies into a log of at
 //!   most two files of `log_file_bytes`;
 //! * `run/` is a tmpfs of `run_size_mb` and `run_inodes` mounted by the worker, not host disk.
 
+use super::freezer::{Freezer, IdleFreezer};
 use super::oci::{self, OciParams};
 use super::SandboxError;
 use crate::agent_client::{AgentConn, AgentError, AgentReply};
@@ -20,9 +21,10 @@ use crate::config::RuncConfig;
 use hearth_api::FunctionSpec;
 use hearth_core::SandboxId;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
@@ -63,6 +65,8 @@ pub struct RuncBackend {
     max_result_bytes: usize,
     /// Whether [`FREEZER_ANCHOR`] is in place.
     anchor_frozen: std::sync::atomic::AtomicBool,
+    /// Freezes idle sandboxes.
+    idle: Arc<IdleFreezer>,
 }
 
 pub struct RuncSandbox {
@@ -72,29 +76,9 @@ pub struct RuncSandbox {
     cgroups_path: String,
     memory_mb: u64,
     conn: AgentConn,
-    /// Frozen whenever no invocation runs.
-    freezer: Freezer,
+    /// Frozen once idle for `idle_freeze_ms` ([`super::freezer`]).
+    freezer: Arc<Freezer>,
     log: LogCopier,
-}
-
-/// A sandbox's cgroup v1 freezer, kept open so that freezing and thawing on the warm path are
-/// one `pwrite` each (an in-kernel operation of microseconds, no disk I/O).
-struct Freezer(std::fs::File);
-
-impl Freezer {
-    fn open(cgroups_path: &str) -> std::io::Result<Self> {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(oci::freezer_state_path(cgroups_path))
-            .map(Freezer)
-    }
-
-    /// Stops (`true`) or resumes every task of the sandbox. Freezing returns at once; each task
-    /// stops at its next kernel entry (at the latest the next timer tick for a busy loop).
-    fn set(&self, frozen: bool) -> std::io::Result<()> {
-        let state: &[u8] = if frozen { b"FROZEN" } else { b"THAWED" };
-        self.0.write_all_at(state, 0)
-    }
 }
 
 /// The task copying a sandbox's stdout and stderr from its pipe into the capped log. It ends
@@ -174,6 +158,7 @@ impl RuncBackend {
             cgroup_parent: format!("/hearth/{worker}"),
             prefix: format!("hearth-{worker}-"),
             anchor_frozen: std::sync::atomic::AtomicBool::new(false),
+            idle: IdleFreezer::start(Duration::from_millis(cfg.idle_freeze_ms)),
             cfg,
             max_result_bytes,
         };
@@ -246,11 +231,12 @@ impl RuncBackend {
             }
         };
         let failure = match conn.health().await {
-            Ok(r) if r.status == 200 => match Freezer::open(&cgroups_path) {
-                // Frozen until its first invocation: whatever the handler's import started
-                // does not run meanwhile.
-                Ok(freezer) => match freezer.set(true) {
-                    Ok(()) => {
+            // Frozen until its first invocation: whatever the handler's import started does
+            // not run meanwhile.
+            Ok(r) if r.status == 200 => {
+                match Freezer::open_frozen(&oci::freezer_state_path(&cgroups_path)) {
+                    Ok(freezer) => {
+                        self.idle.track(&freezer);
                         return Ok(RuncSandbox {
                             container,
                             dir,
@@ -260,12 +246,11 @@ impl RuncBackend {
                             conn,
                             freezer,
                             log,
-                        })
+                        });
                     }
                     Err(e) => SandboxError::StartFailed(format!("freezing the sandbox: {e}")),
-                },
-                Err(e) => SandboxError::StartFailed(format!("opening the sandbox's freezer: {e}")),
-            },
+                }
+            }
             Ok(r) => init_error(&r.body),
             Err(e) => {
                 self.diagnose(
@@ -413,20 +398,21 @@ impl RuncBackend {
         }
     }
 
-    /// Thaws the sandbox, runs one invocation, and freezes it again: nothing in a sandbox runs
-    /// between invocations. A sandbox that cannot be frozen is reported broken (and destroyed).
+    /// Thaws the sandbox if it was frozen and runs one invocation; it is frozen again once idle
+    /// for `idle_freeze_ms`, so nothing in a sandbox runs longer than that between invocations.
+    /// A sandbox that cannot be frozen is reported broken (and destroyed).
     pub async fn invoke(
         &self,
         sb: &mut RuncSandbox,
         args: &[u8],
     ) -> Result<AgentReply, SandboxError> {
         sb.freezer
-            .set(false)
+            .begin()
             .map_err(|e| SandboxError::Crashed(format!("thawing the sandbox: {e}")))?;
         match sb.conn.invoke(args).await {
             Ok(r) => {
-                sb.freezer
-                    .set(true)
+                self.idle
+                    .invocation_ended(&sb.freezer)
                     .map_err(|e| SandboxError::Crashed(format!("freezing the sandbox: {e}")))?;
                 Ok(r)
             }
