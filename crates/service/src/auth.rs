@@ -562,7 +562,7 @@ impl Auth {
             return Ok(Principal::Open);
         }
         let token = bearer(headers).ok_or_else(|| {
-            unauthorized("this endpoint needs an API key: send `Authorization: Bearer <key>`")
+            unauthorized("this endpoint needs an API key: send `Authorization: Bearer <key>` (the hearth CLI sends $HEARTH_API_KEY, else admin.key from the data directory)")
         })?;
         if let Some(c) = &self.cluster {
             if !token.starts_with(KEY_PREFIX) {
