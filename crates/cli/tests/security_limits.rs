@@ -8,7 +8,7 @@
 mod common;
 
 use common::cluster::{patient_client, wait_members, wait_until};
-use common::{runc_available, wait_invocation, Server};
+use common::{read_until_closed, runc_available, wait_invocation, Server};
 use hearth_cli::client::Client;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
@@ -32,29 +32,6 @@ fn head(text: &str) -> String {
 
 fn addr_of(s: &Server) -> String {
     s.url.trim_start_matches("http://").to_string()
-}
-
-/// Reads until the server closes the connection; `None` if it is still open after 20 s.
-fn read_until_closed(s: &mut TcpStream) -> Option<Vec<u8>> {
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => return Some(out),
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return None
-            }
-            // A reset is the server closing too.
-            Err(_) => return Some(out),
-        }
-    }
 }
 
 /// Raises this process's soft open-file limit to its hard one (the test opens > 1,024 sockets).

@@ -5,10 +5,10 @@
 mod common;
 
 use common::cluster::{join, patient_client, sim_fn, wait_members};
-use common::Server;
+use common::{read_until_closed, Server};
 use hearth_cli::client::{Client, ClientError};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -78,29 +78,6 @@ fn borrow<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)>
 
 fn addr_of(s: &Server) -> String {
     s.url.trim_start_matches("https://").to_string()
-}
-
-/// Reads until the server closes the connection; `None` if it is still open after 20 s.
-fn read_until_closed(s: &mut TcpStream) -> Option<Vec<u8>> {
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => return Some(out),
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return None
-            }
-            // A reset is the server closing too.
-            Err(_) => return Some(out),
-        }
-    }
 }
 
 #[test]

@@ -505,6 +505,25 @@ impl WatchedIo {
     }
 
     /// Bytes moved: the connection is not idle, and a fresh head may have started.
+    /// A write's outcome: progress resets the clocks; a write that cannot go on waits on the
+    /// connection's deadline.
+    fn after_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        res: Poll<std::io::Result<usize>>,
+    ) -> Poll<std::io::Result<usize>> {
+        match res {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.on_progress(false);
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => self.poll_deadline(cx).map(Err),
+        }
+    }
+
     fn on_progress(&mut self, read: bool) {
         let now = Instant::now();
         self.last_io = now;
@@ -596,16 +615,8 @@ impl AsyncWrite for WatchedIo {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_write(cx, buf) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    this.on_progress(false);
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => this.poll_deadline(cx).map(Err),
-        }
+        let res = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.after_write(cx, res)
     }
 
     fn poll_write_vectored(
@@ -614,16 +625,8 @@ impl AsyncWrite for WatchedIo {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    this.on_progress(false);
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => this.poll_deadline(cx).map(Err),
-        }
+        let res = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.after_write(cx, res)
     }
 
     fn is_write_vectored(&self) -> bool {

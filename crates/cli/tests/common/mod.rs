@@ -330,3 +330,27 @@ pub fn runc_available() -> bool {
     }
     ok
 }
+
+/// Reads until the server closes the connection; `None` if it is still open after 20 s.
+pub fn read_until_closed(s: &mut std::net::TcpStream) -> Option<Vec<u8>> {
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    use std::io::Read;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return Some(out),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return None
+            }
+            // A reset is the server closing too.
+            Err(_) => return Some(out),
+        }
+    }
+}
