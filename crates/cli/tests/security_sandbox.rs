@@ -406,3 +406,48 @@ fn a_killed_workers_frozen_sandboxes_and_mounts_are_removed_on_restart() {
     assert!(left.is_empty(), "left behind: {left:#?}");
     drop(s);
 }
+
+/// A worker killed with SIGKILL and restarted on the same data directory under another id
+/// removes the old id's sandboxes, mounts and cgroups (issue 12: they were orphaned forever).
+#[test]
+fn a_worker_restarted_under_a_new_id_removes_the_old_ids_sandboxes() {
+    if !runc_available() {
+        return;
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("hearth-test-")
+        .tempdir()
+        .unwrap();
+    let data = tmp.path().join("data");
+    let old_id = format!("test-old-{}", std::process::id());
+    let mut s = Server::start_in("runc", &data, &[("HEARTH_WORKER_ID", old_id.as_str())]);
+    let src = "def main(args):\n    return {'ok': True}\n";
+    assert_eq!(s.put_fn("f", inline(src, 64)).status, 201);
+    invoke_ok(&s, "f", "{}");
+    let old_cgroups = old_id.replace('-', "_");
+    assert!(
+        traces(&data, &old_cgroups)
+            .iter()
+            .any(|t| t.starts_with("container:")),
+        "the check sees the live sandbox"
+    );
+    unsafe {
+        libc::kill(s.pid() as i32, libc::SIGKILL);
+    }
+    assert!(!s.terminate().success());
+    let new_id = format!("test-new-{}", std::process::id());
+    let s = Server::start_in("runc", &data, &[("HEARTH_WORKER_ID", new_id.as_str())]);
+    let left = traces(&data, &old_cgroups);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+    for ctrl in ["freezer", "memory", "cpu", "pids"] {
+        let parent = Path::new("/sys/fs/cgroup")
+            .join(ctrl)
+            .join("hearth")
+            .join(&old_cgroups);
+        assert!(!parent.exists(), "{} is left", parent.display());
+    }
+    // The new worker serves the function it found in the registry.
+    let v = invoke_ok(&s, "f", "{}");
+    assert_eq!(v["result"]["ok"], true, "{v}");
+    drop(s);
+}

@@ -484,6 +484,13 @@ impl RuncBackend {
     /// cgroups), and removes its bundle directory with the run tmpfs. `kill` first: `delete
     /// --force` on a running container sleeps 100 ms after its SIGKILL.
     async fn remove(&self, container: &str, dir: &Path, log: &mut LogCopier) {
+        self.remove_in(&self.cgroup_parent, container, dir, log)
+            .await
+    }
+
+    /// [`Self::remove`] for a container under the cgroup parent `parent` (an earlier worker id's
+    /// after a restart under a new one).
+    async fn remove_in(&self, parent: &str, container: &str, dir: &Path, log: &mut LogCopier) {
         let _ = self
             .runc()
             .args(["kill", container, "KILL"])
@@ -494,7 +501,7 @@ impl RuncBackend {
         // In a frozen cgroup (v1) the SIGKILL takes effect only once the tasks are thawed; they
         // run no user code before dying. Fails harmlessly if the cgroup is gone.
         let _ = std::fs::write(
-            oci::freezer_state_path(&self.cgroups_path(container)),
+            oci::freezer_state_path(&format!("{parent}/{container}")),
             "THAWED",
         );
         // The copier reaches the end of the output once the last process of the sandbox has
@@ -522,17 +529,36 @@ impl RuncBackend {
         discard_bundle(dir);
     }
 
-    /// Removes every container, bundle and cgroup of this worker (the data directory and the
-    /// cgroup parent are the worker's own).
+    /// Removes every container, bundle and cgroup left in this data directory, whatever worker
+    /// id made them: a worker restarted under a new id must not orphan its old sandboxes. The
+    /// data directory is one worker's; its runc state root lists only its containers, and the
+    /// cgroup parents it used are recorded in [`CGROUP_PARENTS_FILE`].
     pub async fn cleanup_all(&self) {
+        let record = self.state_root.join(CGROUP_PARENTS_FILE);
+        let mut parents: Vec<String> = std::fs::read_to_string(&record)
+            .unwrap_or_default()
+            .lines()
+            .map(str::trim)
+            .filter(|p| is_worker_cgroup_parent(p))
+            .map(str::to_string)
+            .collect();
         let listed = self.runc().arg("list").arg("--quiet").output().await;
         if let Ok(out) = listed {
             for name in String::from_utf8_lossy(&out.stdout).lines() {
                 let name = name.trim();
-                if let Some(id) = name.strip_prefix(&self.prefix) {
-                    let mut no_log = LogCopier { task: None };
-                    self.remove(name, &self.sandboxes_dir.join(id), &mut no_log)
-                        .await;
+                // `hearth-<worker>-<sandbox id>`: the worker part names its cgroup parent.
+                let Some((worker, id)) = name
+                    .strip_prefix("hearth-")
+                    .and_then(|rest| rest.rsplit_once('-'))
+                else {
+                    continue;
+                };
+                let parent = format!("/hearth/{worker}");
+                let mut no_log = LogCopier { task: None };
+                self.remove_in(&parent, name, &self.sandboxes_dir.join(id), &mut no_log)
+                    .await;
+                if is_worker_cgroup_parent(&parent) && !parents.contains(&parent) {
+                    parents.push(parent);
                 }
             }
         }
@@ -541,27 +567,49 @@ impl RuncBackend {
                 discard_bundle(&e.path());
             }
         }
-        // The anchor (empty, so removable while frozen), sandbox cgroups runc could not delete
-        // (a crashed worker), then the worker's parent.
         self.anchor_frozen
             .store(false, std::sync::atomic::Ordering::Relaxed);
-        if let Err(e) = std::fs::remove_dir(self.anchor_dir()) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(error = %e, "removing the freezer anchor cgroup failed");
-            }
+        if !parents.contains(&self.cgroup_parent) {
+            parents.push(self.cgroup_parent.clone());
         }
-        let memory_parent = oci::cgroup_v1_dir("memory", &self.cgroup_parent);
-        if let Ok(children) = std::fs::read_dir(&memory_parent) {
-            for c in children.flatten().filter(|c| c.path().is_dir()) {
-                let child = format!("{}/{}", self.cgroup_parent, c.file_name().to_string_lossy());
-                let _ = oci::remove_cgroup_dirs(&child);
-            }
+        for parent in &parents {
+            remove_cgroup_parent(parent);
         }
-        if let Err(e) = oci::remove_cgroup_dirs(&self.cgroup_parent) {
-            tracing::warn!(cgroup = %self.cgroup_parent, error = %e, "removing cgroups failed");
+        // Recorded before any sandbox is made, so that a crash of this worker is cleaned up by
+        // the next one whatever its id.
+        if let Err(e) = std::fs::write(&record, format!("{}\n", self.cgroup_parent)) {
+            tracing::warn!(error = %e, "recording the worker's cgroup parent failed");
         }
         // The shared `/hearth` parent stays: removing it when empty raced with another worker
         // whose runc was creating `/hearth/<worker>` in it (runc failed with ENOENT).
+    }
+}
+
+/// In the runc state root: the cgroup parents (`/hearth/<worker>`) this data directory's
+/// workers used.
+const CGROUP_PARENTS_FILE: &str = "hearth-cgroup-parents";
+
+/// `/hearth/<worker>` with a sanitized worker id: never anything else is removed.
+fn is_worker_cgroup_parent(p: &str) -> bool {
+    p.strip_prefix("/hearth/")
+        .is_some_and(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+}
+
+/// Removes a worker's cgroups: its freezer anchor (empty, so removable while frozen), sandbox
+/// cgroups runc could not delete (a crashed worker), then the parent itself.
+fn remove_cgroup_parent(parent: &str) {
+    if let Err(e) = oci::remove_cgroup_dirs(&format!("{parent}/{FREEZER_ANCHOR}")) {
+        tracing::warn!(cgroup = %parent, error = %e, "removing the freezer anchor cgroup failed");
+    }
+    let memory_parent = oci::cgroup_v1_dir("memory", parent);
+    if let Ok(children) = std::fs::read_dir(&memory_parent) {
+        for c in children.flatten().filter(|c| c.path().is_dir()) {
+            let child = format!("{parent}/{}", c.file_name().to_string_lossy());
+            let _ = oci::remove_cgroup_dirs(&child);
+        }
+    }
+    if let Err(e) = oci::remove_cgroup_dirs(parent) {
+        tracing::warn!(cgroup = %parent, error = %e, "removing cgroups failed");
     }
 }
 
