@@ -406,6 +406,53 @@ fn sigterm_finishes_in_flight_invocations_then_exits() {
     assert!(s.log_text().contains("all sandboxes removed"));
 }
 
+/// A stopping worker keeps answering while its in-flight work finishes: new invocations get
+/// 503 `shutting_down` with `Retry-After` (the API's promise), not a refused connection.
+#[test]
+fn a_stopping_worker_answers_503_until_its_in_flight_work_is_done() {
+    let mut s = Server::start("sim", &[]);
+    s.put_fn("f", sim_fn(1500, 0));
+    let url = s.url.clone();
+    let running = std::thread::spawn(move || {
+        common::client_for(&url)
+            .unwrap()
+            .post("/v1/functions/f/invoke", b"{}")
+            .unwrap()
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.status()["queue"]["running"] != 1 {
+        assert!(Instant::now() < deadline, "the long call never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    unsafe {
+        libc::kill(s.pid() as i32, libc::SIGTERM);
+    }
+    // Every poll is a new connection; each must be answered.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = s
+            .client()
+            .get("/v1/status")
+            .expect("a stopping worker answers")
+            .json();
+        if st["shutting_down"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the worker never began stopping");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let r = s.invoke("f", "{}");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "shutting_down");
+    assert!(r.header("retry-after").is_some());
+    assert!(
+        !running.is_finished(),
+        "the 503 came while work was still in flight"
+    );
+    assert_eq!(running.join().unwrap().status, 200);
+    assert!(s.terminate().success(), "{}", s.log_text());
+}
+
 #[test]
 fn healthz_and_status_policies() {
     let s = Server::start("sim", &[("HEARTH_MEMORY_MB", "1000")]);

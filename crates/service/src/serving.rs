@@ -322,7 +322,11 @@ pub async fn serve_until_stopped(
     Ok(())
 }
 
-/// Accepts until `stop` resolves, then lets every connection finish its request and close.
+/// Accepts until `stop` resolves, then drains: connections open before the stop finish their
+/// requests and close, while new connections are still accepted and served one request each
+/// (keep-alive off), so a client gets the service's own answer (503 `shutting_down` for an
+/// invocation) instead of a refused connection. Once the old connections are done, the listener
+/// closes.
 async fn accept_loop(
     listener: TcpListener,
     app: Router,
@@ -336,23 +340,62 @@ async fn accept_loop(
     // The header and idle timeouts are the connection's own (hyper's header timer would also
     // cut idle keep-alive connections at the header timeout).
     builder.keep_alive(true).header_read_timeout(None);
+    let conns = Connections {
+        app,
+        limits,
+        tls,
+        open,
+    };
     tokio::pin!(stop);
     loop {
-        let (tcp, _peer) = tokio::select! {
+        tokio::select! {
             biased;
             _ = &mut stop => break,
             accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    accept_error(&e).await;
-                    continue;
-                }
+                Ok((tcp, _)) => conns.serve(tcp, &builder, Some(graceful.watcher())),
+                Err(e) => accept_error(&e).await,
             },
-        };
-        if open.load(Ordering::Relaxed) >= limits.max_connections {
+        }
+    }
+    builder.keep_alive(false);
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut drained => break,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => conns.serve(tcp, &builder, None),
+                Err(e) => accept_error(&e).await,
+            },
+        }
+    }
+    drop(listener);
+}
+
+/// What serving one connection needs.
+struct Connections {
+    app: Router,
+    limits: ConnLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Open connections, for the cap.
+    open: Arc<AtomicUsize>,
+}
+
+impl Connections {
+    /// Serves `tcp` in its own task (refused at once over the cap); `watcher` makes it part of a
+    /// graceful shutdown.
+    fn serve(
+        &self,
+        tcp: TcpStream,
+        builder: &http1::Builder,
+        watcher: Option<hyper_util::server::graceful::Watcher>,
+    ) {
+        let limits = self.limits;
+        if self.open.load(Ordering::Relaxed) >= limits.max_connections {
             // Answer without waiting on the peer and free the descriptor at once (a TLS client
             // could not read a plain answer: it only sees the close).
-            if tls.is_none() {
+            if self.tls.is_none() {
                 let _ = tcp.try_write(REFUSAL);
             }
             drop(tcp);
@@ -360,13 +403,13 @@ async fn accept_loop(
                 limit = limits.max_connections,
                 "connection refused: too many"
             );
-            continue;
+            return;
         }
         let _ = tcp.set_nodelay(true);
-        let counted = ConnCount::new(&open);
+        let counted = ConnCount::new(&self.open);
         let shared = Arc::new(ConnShared::default());
         let io = TokioIo::new(WatchedIo::new(tcp, Arc::clone(&shared), limits));
-        let router = app.clone();
+        let router = self.app.clone();
         let service = service_fn(move |req: Request<Incoming>| {
             let guard = RequestGuard::new(Arc::clone(&shared));
             let mut router = router.clone();
@@ -376,20 +419,23 @@ async fn accept_loop(
                 resp
             }
         });
-        let Some(acceptor) = &tls else {
-            let conn = graceful.watch(builder.serve_connection(io, service));
+        let builder = builder.clone();
+        let Some(acceptor) = &self.tls else {
             tokio::spawn(async move {
-                if let Err(e) = conn.await {
+                let conn = builder.serve_connection(io, service);
+                let res = match watcher {
+                    Some(w) => w.watch(conn).await,
+                    None => conn.await,
+                };
+                if let Err(e) = res {
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
                 drop(counted);
             });
-            continue;
+            return;
         };
         // The handshake runs in the connection's task, so a slow one never holds up accepting.
         let handshake = acceptor.accept(io.into_inner());
-        let watcher = graceful.watcher();
-        let builder = builder.clone();
         tokio::spawn(async move {
             let mut tls = match tokio::time::timeout(limits.header_read_timeout, handshake).await {
                 Ok(Ok(tls)) => tls,
@@ -404,15 +450,17 @@ async fn accept_loop(
             };
             // The handshake's bytes are not a request head: the head's clock starts afresh.
             tls.get_mut().0.handshake_done();
-            let conn = watcher.watch(builder.serve_connection(TokioIo::new(tls), service));
-            if let Err(e) = conn.await {
+            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            let res = match watcher {
+                Some(w) => w.watch(conn).await,
+                None => conn.await,
+            };
+            if let Err(e) = res {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
             drop(counted);
         });
     }
-    drop(listener);
-    graceful.shutdown().await;
 }
 
 /// Out of descriptors (EMFILE/ENFILE) or a connection reset before accept: wait a little
