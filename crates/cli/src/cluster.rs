@@ -130,11 +130,17 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
             }
         }
         tracing::info!(workers = n, url = %controller_url, "cluster up: controller and workers started");
+        let mut slots: Vec<Slot> = workers.into_iter().map(Slot::new).collect();
+        let respawn = |i: usize| {
+            let dir = data_dir.join("workers").join(format!("worker-{i}"));
+            spawn_worker(i, &dir, &controller_url, &membership, &opts)
+        };
         tokio::select! {
             _ = hearth_service::serving::shutdown_signal() => {}
-            _ = watch_workers(&mut workers) => {}
+            _ = supervise(&mut slots, respawn) => {}
         }
         // Workers first, so that they can say goodbye to the controller.
+        let mut workers: Vec<Child> = slots.into_iter().filter_map(|s| s.child).collect();
         stop_workers(&mut workers);
         let _ = stop_tx.send(());
         match server.await {
@@ -199,16 +205,70 @@ fn spawn_worker(
     cmd.spawn().with_context(|| format!("starting worker-{i}"))
 }
 
-/// Resolves when a worker exits on its own (the cluster is then incomplete: stop it all).
-async fn watch_workers(workers: &mut [Child]) {
+/// One supervised worker process.
+struct Slot {
+    /// None once it exited (reaped: its pid may belong to someone else now).
+    child: Option<Child>,
+    started: Instant,
+    /// The wait before the next restart; doubles while restarts keep failing.
+    backoff: Duration,
+    /// When to restart it.
+    due: Option<Instant>,
+}
+
+/// First wait before restarting a worker that exited, and the longest.
+const RESTART_BACKOFF: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(30));
+/// A worker that ran this long before exiting starts over at the first back-off.
+const STABLE_RUN: Duration = Duration::from_secs(60);
+
+impl Slot {
+    fn new(child: Child) -> Slot {
+        Slot {
+            child: Some(child),
+            started: Instant::now(),
+            backoff: RESTART_BACKOFF.0,
+            due: None,
+        }
+    }
+}
+
+/// Restarts workers that exit on their own, so one worker's crash never takes the cluster down
+/// (the controller routes around it meanwhile); a worker that keeps crashing is restarted ever
+/// more slowly (0.5 s doubling to 30 s). Runs until the cluster stops.
+async fn supervise(slots: &mut [Slot], respawn: impl Fn(usize) -> Result<Child>) {
     loop {
-        for (i, w) in workers.iter_mut().enumerate() {
-            if let Ok(Some(status)) = w.try_wait() {
-                tracing::error!(worker = i + 1, %status, "a worker exited; stopping the cluster");
-                return;
+        let now = Instant::now();
+        for (i, slot) in slots.iter_mut().enumerate() {
+            let n = i + 1;
+            if let Some(child) = slot.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    slot.child = None;
+                    if slot.started.elapsed() >= STABLE_RUN {
+                        slot.backoff = RESTART_BACKOFF.0;
+                    }
+                    tracing::error!(worker = n, %status, restart_in = ?slot.backoff, "a worker exited; restarting it");
+                    slot.due = Some(now + slot.backoff);
+                    slot.backoff = (slot.backoff * 2).min(RESTART_BACKOFF.1);
+                }
+                continue;
+            }
+            if slot.due.is_some_and(|due| due <= now) {
+                match respawn(n) {
+                    Ok(child) => {
+                        tracing::info!(worker = n, "worker restarted");
+                        slot.child = Some(child);
+                        slot.started = now;
+                        slot.due = None;
+                    }
+                    Err(e) => {
+                        tracing::error!(worker = n, error = %e, retry_in = ?slot.backoff, "restarting a worker failed");
+                        slot.due = Some(now + slot.backoff);
+                        slot.backoff = (slot.backoff * 2).min(RESTART_BACKOFF.1);
+                    }
+                }
             }
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

@@ -464,3 +464,60 @@ fn hearth_up_starts_a_controller_and_worker_processes_and_stops_them() {
         },
     );
 }
+
+/// The pid of the `hearth worker` that `hearth up` (pid `up`) runs in `dir`, if one is running.
+fn worker_pid(up: u32, dir: &std::path::Path) -> Option<u32> {
+    let dir = dir.to_string_lossy().to_string();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        // The parent pid is the 2nd field after the parenthesized command.
+        let ppid: u32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
+        let cmdline = std::fs::read_to_string(e.path().join("cmdline")).ok()?;
+        (ppid == up && cmdline.split('\0').any(|a| a == dir)).then_some(pid)
+    })
+}
+
+/// `hearth up --workers N` supervises its workers: one killed with SIGKILL is restarted and
+/// rejoins, and the cluster keeps serving meanwhile (issue 12: the whole cluster stopped).
+#[test]
+fn hearth_up_restarts_a_worker_that_crashed() {
+    let tmp = tempfile::Builder::new()
+        .prefix("hearth-test-")
+        .tempdir()
+        .unwrap();
+    let data = tmp.path().join("up");
+    let mut up = Server::run_hearth(
+        &["up", "--workers", "2", "--backend", "sim"],
+        &data,
+        &[("HEARTH_STATUS_INTERVAL_MS", "100")],
+    );
+    wait_until("both workers joined", Duration::from_secs(20), || {
+        workers_up(&up).len() == 2
+    });
+    assert_eq!(up.put_fn("f", sim_fn(1, 0)).status, 201);
+    let dir = data.join("workers/worker-1");
+    let first = worker_pid(up.pid(), &dir).expect("worker-1 runs");
+    unsafe {
+        libc::kill(first as i32, libc::SIGKILL);
+    }
+    // The cluster keeps serving with the other worker while worker-1 is away.
+    wait_until(
+        "the crashed worker is replaced",
+        Duration::from_secs(20),
+        || worker_pid(up.pid(), &dir).is_some_and(|p| p != first),
+    );
+    wait_until("both workers are up again", Duration::from_secs(20), || {
+        workers_up(&up).len() == 2
+    });
+    for _ in 0..10 {
+        let r = up.invoke("f", "{}");
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert!(
+        up.log_text().contains("worker restarted"),
+        "{}",
+        up.log_text()
+    );
+    assert!(up.terminate().success(), "{}", up.log_text());
+}
