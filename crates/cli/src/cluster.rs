@@ -43,11 +43,11 @@ pub fn controller(args: ControllerArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(hearth_controller::server::serve(
-        config,
-        hearth_service::serving::shutdown_signal(),
-        None,
-    ))?;
+    // The signal handlers go in before the server starts (inside the runtime).
+    rt.block_on(async {
+        hearth_controller::server::serve(config, hearth_service::serving::shutdown_signal(), None)
+            .await
+    })?;
     Ok(())
 }
 
@@ -95,6 +95,7 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
+        let signal = hearth_service::serving::shutdown_signal();
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(hearth_controller::server::serve(
@@ -136,7 +137,7 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
             spawn_worker(i, &dir, &controller_url, &membership, &opts)
         };
         tokio::select! {
-            _ = hearth_service::serving::shutdown_signal() => {}
+            _ = signal => {}
             _ = supervise(&mut slots, respawn) => {}
         }
         // Workers first, so that they can say goodbye to the controller.

@@ -496,10 +496,10 @@ fn serve(args: ServerArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(hearth_worker::server::serve(
-        config,
-        hearth_service::serving::shutdown_signal(),
-    ))?;
+    // The signal handlers go in before the server starts (inside the runtime).
+    rt.block_on(async {
+        hearth_worker::server::serve(config, hearth_service::serving::shutdown_signal()).await
+    })?;
     Ok(())
 }
 

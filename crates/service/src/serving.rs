@@ -104,22 +104,32 @@ pub fn host_cpus() -> f64 {
     std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
+/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called (within a
+/// tokio runtime), not when the future is first polled: a signal that arrives right after the
+/// server is up must stop it gracefully, not meet the default action and kill the process.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{signal, SignalKind};
+    let listen = |kind: SignalKind, name: &'static str| {
+        let s = signal(kind);
+        async move {
+            match s {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, signal = name, "cannot listen for a signal");
+                    std::future::pending::<()>().await;
+                }
             }
         }
     };
-    tokio::select! {
-        _ = term => {}
-        _ = tokio::signal::ctrl_c() => {}
+    let term = listen(SignalKind::terminate(), "SIGTERM");
+    let int = listen(SignalKind::interrupt(), "SIGINT");
+    async move {
+        tokio::select! {
+            _ = term => {}
+            _ = int => {}
+        }
     }
 }
 
