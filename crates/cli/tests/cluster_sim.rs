@@ -521,3 +521,41 @@ fn hearth_up_restarts_a_worker_that_crashed() {
     );
     assert!(up.terminate().success(), "{}", up.log_text());
 }
+
+/// A function deleted while its worker was away is removed from that worker when it rejoins: it
+/// neither keeps the code and secrets nor answers there (issue 12).
+#[test]
+fn a_rejoining_worker_drops_functions_deleted_while_it_was_away() {
+    let c = Server::start_controller("ch-bl", &[]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("worker");
+    let mut w = join(&c, Some(&dir), &[("HEARTH_WORKER_ID", "test-rejoin-stale")]);
+    wait_members(&c, &[w.worker_id()]);
+    let spec = json!({"sim_warm_ms": 1, "memory_mb": 64, "env": {"SECRET": "s3cret"}});
+    assert_eq!(c.put_fn("gone", spec).status, 201);
+    assert_eq!(c.put_fn("kept", sim_fn(1, 0)).status, 201);
+    for f in ["gone", "kept"] {
+        assert_eq!(c.invoke(f, "{}").status, 200);
+    }
+    assert!(w.terminate().success());
+    assert_eq!(c.client().delete("/v1/functions/gone").unwrap().status, 204);
+    let w = join(&c, Some(&dir), &[("HEARTH_WORKER_ID", "test-rejoin-stale")]);
+    wait_members(&c, &[w.worker_id()]);
+    wait_until(
+        "the stale function is gone from the worker",
+        Duration::from_secs(10),
+        || {
+            let list = w.client().get("/v1/functions").unwrap().text();
+            !list.contains("\"gone\"")
+        },
+    );
+    assert!(!w
+        .client()
+        .get("/v1/functions")
+        .unwrap()
+        .text()
+        .contains("s3cret"));
+    assert_eq!(w.invoke("gone", "{}").status, 404);
+    let r = c.invoke("kept", "{}");
+    assert_eq!(r.status, 200, "{}", r.text());
+}

@@ -136,18 +136,24 @@ impl Driver {
     /// A status report (a push, or a poll of a static worker): joins or refreshes the worker.
     /// A report from a new incarnation replaces the member (its functions must be registered
     /// again); the same incarnation coming back keeps what it has.
-    pub fn on_report(&self, report: StatusReport, is_static: bool) -> Result<(), ReportError> {
+    /// Returns the member when this report is a new incarnation of the worker (its first, or a
+    /// restart), which the caller reconciles with the registry.
+    pub fn on_report(
+        &self,
+        report: StatusReport,
+        is_static: bool,
+    ) -> Result<Option<Arc<Member>>, ReportError> {
         let scheme_ok = report.url.starts_with("http://") || report.url.starts_with("https://");
         if report.worker.is_empty() || !scheme_ok {
             return Err(ReportError::Unusable);
         }
         if report.shutting_down {
             self.leave_named(&report.worker, "it is shutting down", "leave");
-            return Ok(());
+            return Ok(None);
         }
         let now = self.now();
         // Under the policy's lock, so that no decision sees the worker without its address.
-        let (member, was_up) = {
+        let (member, was_up, new_incarnation) = {
             let mut b = self.policy.lock();
             let was_up = b
                 .workers()
@@ -157,12 +163,12 @@ impl Driver {
             let id = b.join(now, &report.worker);
             b.report(now, id, report.load);
             let existing = self.member(id);
-            let member = match existing {
-                Some(m) if m.same_process(&report) && !m.is_gone() => m,
+            let (member, new_incarnation) = match existing {
+                Some(m) if m.same_process(&report) && !m.is_gone() => (m, false),
                 Some(m) if m.same_process(&report) => {
                     let m = Arc::new(m.rejoined());
                     self.members.insert(id.0, Arc::clone(&m));
-                    m
+                    (m, false)
                 }
                 old => {
                     if let Some(old) = old {
@@ -170,17 +176,17 @@ impl Driver {
                     }
                     let m = Arc::new(Member::new(id, &report, is_static));
                     self.members.insert(id.0, Arc::clone(&m));
-                    m
+                    (m, true)
                 }
             };
-            (member, was_up)
+            (member, was_up, new_incarnation)
         };
         if !was_up {
             tracing::info!(worker = %report.worker, url = %report.url, "worker joined");
             self.metrics.event("join");
         }
         member.set_report(report);
-        Ok(())
+        Ok(new_incarnation.then_some(member))
     }
 
     /// A worker says goodbye; false when no live worker has that name.

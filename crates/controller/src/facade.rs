@@ -153,8 +153,78 @@ impl Controller {
     // ---- membership ----
 
     /// A worker's status push: joins or refreshes it.
-    pub fn on_report(&self, report: StatusReport) -> Result<(), ReportError> {
-        self.driver.on_report(report, false)
+    pub fn on_report(self: &Arc<Self>, report: StatusReport) -> Result<(), ReportError> {
+        self.on_report_from(report, false)
+    }
+
+    /// A status report, pushed or (`is_static`) polled; a new incarnation of a worker is
+    /// reconciled with the registry in the background.
+    pub(crate) fn on_report_from(
+        self: &Arc<Self>,
+        report: StatusReport,
+        is_static: bool,
+    ) -> Result<(), ReportError> {
+        if let Some(m) = self.driver.on_report(report, is_static)? {
+            let me = Arc::clone(self);
+            tokio::spawn(async move { me.reconcile(&m).await });
+        }
+        Ok(())
+    }
+
+    /// Deletes from a worker that (re)joined the functions the cluster no longer has: deleted
+    /// while it was away, they must not keep their code, secrets and endpoint there. A worker in
+    /// a cluster holds only the cluster's functions.
+    async fn reconcile(&self, m: &Member) {
+        let timeout = Duration::from_secs(10);
+        let listed = self
+            .forwarder
+            .send(Method::GET, &m.url, "/v1/functions", Bytes::new(), timeout)
+            .await;
+        let answer = match listed {
+            Ok(a) if a.is_success() => a,
+            Ok(a) => {
+                tracing::warn!(worker = %m.name, status = %a.status, "cannot list the functions of a worker that joined");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(worker = %m.name, error = %e, "cannot list the functions of a worker that joined");
+                return;
+            }
+        };
+        let Ok(listed) = serde_json::from_slice::<Value>(&answer.body) else {
+            tracing::warn!(worker = %m.name, "unreadable function list from a worker that joined");
+            return;
+        };
+        let keys = listed["functions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| {
+                let name = f["name"].as_str()?;
+                let ns = f["namespace"]
+                    .as_str()
+                    .unwrap_or(hearth_api::namespace::DEFAULT_NAMESPACE);
+                Some(hearth_api::namespace::function_key(ns, name))
+            });
+        for key in keys.filter(|k| self.registry.get(k).is_none()) {
+            let path = format!("/v1/functions/{key}");
+            match self
+                .forwarder
+                .send(Method::DELETE, &m.url, &path, Bytes::new(), timeout)
+                .await
+            {
+                Ok(a) if a.is_success() => {
+                    m.forget(&key);
+                    tracing::info!(worker = %m.name, function = %key, "deleted a function the cluster no longer has");
+                }
+                Ok(a) => {
+                    tracing::warn!(worker = %m.name, function = %key, status = %a.status, "could not delete a stale function")
+                }
+                Err(e) => {
+                    tracing::warn!(worker = %m.name, function = %key, error = %e, "could not delete a stale function")
+                }
+            }
+        }
     }
 
     /// A worker says goodbye; false when no live worker has that name.

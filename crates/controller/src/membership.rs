@@ -152,7 +152,7 @@ pub(crate) async fn poll_static(c: Weak<Controller>, url: String) {
                         &format!("static-{incarnation}"),
                         hearth_service::serving::host_cpus(),
                     );
-                    if let Err(e) = ctl.driver().on_report(report, true) {
+                    if let Err(e) = ctl.on_report_from(report, true) {
                         tracing::warn!(%url, error = %e, "unusable status from a static worker");
                     }
                 }
