@@ -193,6 +193,13 @@ fn keys_are_managed_within_a_namespace_and_revoked_keys_stop_working() {
         let r = s.client_with(&a_admin).post("/v1/keys", body).unwrap();
         assert_eq!(r.status, 403, "{}", r.text());
     }
+    // The body is bounded before it is parsed.
+    let huge = json!({"role": "invoke", "description": "x".repeat(100 * 1024)}).to_string();
+    let r = s
+        .client_with(&a_admin)
+        .post("/v1/keys", huge.as_bytes())
+        .unwrap();
+    assert_eq!(r.status, 413, "{}", r.text());
     // Listing shows no secrets, and only the namespace's keys to its admin.
     let listed = s.client_with(&a_admin).get("/v1/keys").unwrap().text();
     assert!(!listed.contains(&token[20..]), "{listed}");

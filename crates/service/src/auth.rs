@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
@@ -499,7 +499,6 @@ pub struct Auth {
     enabled: bool,
     keys: Option<KeyStore>,
     cluster: Option<ClusterKey>,
-    admin_key_file: Option<PathBuf>,
 }
 
 impl Auth {
@@ -511,7 +510,6 @@ impl Auth {
                 enabled: false,
                 keys: None,
                 cluster: s.cluster_key,
-                admin_key_file: None,
             }));
         }
         let keys = KeyStore::open(&s.data_dir.join(KEYS_DB))?;
@@ -525,7 +523,6 @@ impl Auth {
             enabled: true,
             keys: Some(keys),
             cluster: s.cluster_key,
-            admin_key_file: Some(admin_key_file),
         }))
     }
 
@@ -535,7 +532,6 @@ impl Auth {
             enabled: false,
             keys: None,
             cluster: None,
-            admin_key_file: None,
         })
     }
 
@@ -549,11 +545,6 @@ impl Auth {
 
     pub fn cluster_key(&self) -> Option<&ClusterKey> {
         self.cluster.as_ref()
-    }
-
-    /// Where the first start wrote the operator's key.
-    pub fn admin_key_file(&self) -> Option<&Path> {
-        self.admin_key_file.as_deref()
     }
 
     /// Who sent these headers: 401 without a valid key when authentication is on.

@@ -8,7 +8,8 @@ use crate::auth::{Action, Auth, AuthError, Principal, Role, Scope};
 use crate::error::ApiError;
 use crate::http::{json_error, with_common_endpoints};
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::handler::Handler;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
@@ -22,7 +23,10 @@ use std::sync::Arc;
 /// and the JSON 404/405 answers stay open.
 pub fn protect(routes: Router, auth: Arc<Auth>) -> Router {
     let keys = Router::new()
-        .route("/v1/keys", get(list).post(create))
+        .route(
+            "/v1/keys",
+            get(list).post(create.layer(DefaultBodyLimit::max(MAX_KEY_REQUEST_BYTES))),
+        )
         .route("/v1/keys/{id}", delete(revoke))
         .with_state(Arc::clone(&auth));
     let protected = routes
@@ -33,6 +37,9 @@ pub fn protect(routes: Router, auth: Arc<Auth>) -> Router {
         ));
     with_common_endpoints(protected)
 }
+
+/// Largest `POST /v1/keys` body (a namespace, a role and a description of at most 200 bytes).
+const MAX_KEY_REQUEST_BYTES: usize = 64 * 1024;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -74,7 +81,7 @@ async fn create(
     Extension(p): Extension<Principal>,
     body: Result<Json<NewKey>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Json(req) = body.map_err(|r| json_error(r, 64 * 1024))?;
+    let Json(req) = body.map_err(|r| json_error(r, MAX_KEY_REQUEST_BYTES))?;
     let scope = match req.namespace {
         Some(ns) => Scope::parse(&ns).map_err(auth_error)?,
         None => Scope::Namespace(p.namespace().to_string()),

@@ -432,14 +432,7 @@ impl Connections {
         let builder = builder.clone();
         let Some(acceptor) = &self.tls else {
             tokio::spawn(async move {
-                let conn = builder.serve_connection(io, service);
-                let res = match watcher {
-                    Some(w) => w.watch(conn).await,
-                    None => conn.await,
-                };
-                if let Err(e) = res {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
+                finish(builder.serve_connection(io, service), watcher).await;
                 drop(counted);
             });
             return;
@@ -460,16 +453,28 @@ impl Connections {
             };
             // The handshake's bytes are not a request head: the head's clock starts afresh.
             tls.get_mut().0.handshake_done();
-            let conn = builder.serve_connection(TokioIo::new(tls), service);
-            let res = match watcher {
-                Some(w) => w.watch(conn).await,
-                None => conn.await,
-            };
-            if let Err(e) = res {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
+            finish(
+                builder.serve_connection(TokioIo::new(tls), service),
+                watcher,
+            )
+            .await;
             drop(counted);
         });
+    }
+}
+
+/// Serves a connection to its end, as part of the graceful shutdown when `watcher` is given.
+async fn finish<C>(conn: C, watcher: Option<hyper_util::server::graceful::Watcher>)
+where
+    C: hyper_util::server::graceful::GracefulConnection,
+    C::Error: std::fmt::Display,
+{
+    let res = match watcher {
+        Some(w) => w.watch(conn).await,
+        None => conn.await,
+    };
+    if let Err(e) = res {
+        tracing::debug!(error = %e, "connection ended with an error");
     }
 }
 

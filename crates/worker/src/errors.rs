@@ -92,7 +92,10 @@ pub enum UnregisterError {
 pub enum PrewarmError {
     #[error("the worker is shutting down")]
     ShuttingDown,
-    #[error("count must be between 1 and 1000")]
+    #[error(
+        "count must be between 1 and {}",
+        hearth_service::http::MAX_PREWARM_COUNT
+    )]
     BadCount,
     #[error("function {0:?} is not registered")]
     UnknownFunction(String),

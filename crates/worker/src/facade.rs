@@ -413,7 +413,7 @@ impl Worker {
         if self.is_shutting_down() {
             return Err(PrewarmError::ShuttingDown);
         }
-        if count == 0 || count > 1000 {
+        if count == 0 || count > hearth_service::http::MAX_PREWARM_COUNT {
             return Err(PrewarmError::BadCount);
         }
         let reg = self
