@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod quota;
 pub mod registry;
 pub mod serving;
+pub mod store;
 pub mod tls;
 
 pub use error::ApiError;
