@@ -15,7 +15,7 @@
 
 // pub mod etcd; (helper branch)
 // pub mod local_etcd; (helper branch)
-// pub mod sqlite;
+pub mod sqlite;
 
 use async_trait::async_trait;
 use hearth_api::AsyncState;
@@ -39,6 +39,9 @@ pub enum StoreError {
         bytes: usize,
         max: usize,
     },
+    /// The store holds as many invocations as it may.
+    #[error("the async store is full ({0} records)")]
+    Full(usize),
     /// A bad `--store` URL or store setting.
     #[error("bad state store setting: {0}")]
     Config(String),
@@ -126,16 +129,34 @@ pub trait AsyncStore: Send + Sync + 'static {
     /// or controller), at most `limit`; each one returned is now claimed by the caller.
     async fn take_orphans(&self, limit: usize) -> Result<Vec<StoredInvocation>, StoreError>;
 
-    /// Failed invocations (the dead-letter list), newest first, at most `limit`; only those of
-    /// functions `include` accepts.
+    /// Failed invocations (the dead-letter list), newest first, at most `limit`; only those
+    /// `filter` selects.
     async fn dead_letters(
         &self,
-        include: &(dyn Fn(&str) -> bool + Send + Sync),
+        filter: &DeadLetterFilter,
         limit: usize,
     ) -> Result<Vec<StoredInvocation>, StoreError>;
 
     /// Forgets finished records that finished before `before_unix_ms`; how many went.
     async fn expire(&self, before_unix_ms: u64) -> Result<usize, StoreError>;
+}
+
+/// Which dead letters to list.
+#[derive(Debug, Clone, Default)]
+pub struct DeadLetterFilter {
+    /// Only functions of this namespace (None: all, for the operator).
+    pub namespace: Option<String>,
+    /// Only this function key.
+    pub function: Option<String>,
+}
+
+impl DeadLetterFilter {
+    pub fn accepts(&self, function_key: &str) -> bool {
+        self.namespace
+            .as_deref()
+            .map_or(true, |ns| hearth_api::namespace::namespace_of(function_key) == ns)
+            && self.function.as_deref().map_or(true, |f| f == function_key)
+    }
 }
 
 /// A function as the cluster stores it: the spec (JSON, its `version` is the store's) and a
