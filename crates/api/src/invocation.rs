@@ -175,6 +175,12 @@ pub struct AsyncRecord {
     pub timing: Option<Timing>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorObject>,
+    /// Attempts started (retries and re-dispatches after a crash included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    /// Why each failed attempt failed, oldest first: a `failed` record's dead-letter reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<String>,
 }
 
 /// How an async invocation ended: the answer a synchronous call would have got.
@@ -201,6 +207,8 @@ impl AsyncRecord {
             worker: None,
             timing: None,
             error: None,
+            attempts: None,
+            failures: Vec::new(),
         }
     }
 

@@ -199,7 +199,7 @@ impl AsyncInvocations {
 }
 
 /// 128 bits from the thread's CSPRNG (ChaCha, seeded from the OS), as 32 hex digits.
-fn new_id() -> String {
+pub fn new_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 

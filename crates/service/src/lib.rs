@@ -8,6 +8,8 @@ pub mod archive;
 pub mod auth;
 pub mod config_checks;
 pub mod config_loader;
+pub mod dedup;
+pub mod delivery;
 pub mod error;
 pub mod http;
 pub mod in_flight;

@@ -152,10 +152,9 @@ pub struct DeadLetterFilter {
 
 impl DeadLetterFilter {
     pub fn accepts(&self, function_key: &str) -> bool {
-        self.namespace
-            .as_deref()
-            .map_or(true, |ns| hearth_api::namespace::namespace_of(function_key) == ns)
-            && self.function.as_deref().map_or(true, |f| f == function_key)
+        self.namespace.as_deref().map_or(true, |ns| {
+            hearth_api::namespace::namespace_of(function_key) == ns
+        }) && self.function.as_deref().map_or(true, |f| f == function_key)
     }
 }
 
