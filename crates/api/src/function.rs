@@ -49,9 +49,21 @@ pub struct FunctionSpec {
     /// Cold-start cost (sandbox + init) for the `sim` backend.
     #[serde(default)]
     pub sim_cold_ms: f64,
+    /// Attempts after a failed async invocation before it is dead-lettered (Lambda-like).
+    #[serde(default = "default_retries")]
+    pub retries: u32,
     /// Bumped on every update; sandboxes of an older version are never reused.
     #[serde(default)]
     pub version: u64,
+}
+
+/// Retries of a failed async invocation, unless the function says otherwise.
+pub const DEFAULT_RETRIES: u32 = 2;
+/// The most retries a function may ask for.
+pub const MAX_RETRIES: u32 = 10;
+
+fn default_retries() -> u32 {
+    DEFAULT_RETRIES
 }
 
 fn default_runtime() -> String {
@@ -108,6 +120,7 @@ impl FunctionSpec {
             env: BTreeMap::new(),
             sim_warm_ms: 0.0,
             sim_cold_ms: 0.0,
+            retries: DEFAULT_RETRIES,
             version: 0,
         }
     }
@@ -146,6 +159,7 @@ impl FunctionSpec {
         if let Some(d) = self.deadline_ms {
             int("deadline_ms", 1, MAX_TIMEOUT_MS, d)?;
         }
+        int("retries", 0, u64::from(MAX_RETRIES), u64::from(self.retries))?;
         check_range("sim_warm_ms", 0.0, MAX_SIM_MS, "", self.sim_warm_ms)?;
         check_range("sim_cold_ms", 0.0, MAX_SIM_MS, "", self.sim_cold_ms)?;
         check_range(

@@ -10,7 +10,7 @@ use crate::status::ControllerStatus;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
@@ -19,9 +19,10 @@ use hearth_api::ErrorCode;
 use hearth_api::{PrewarmAnswer, StatusReport};
 use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
+use hearth_service::async_api::{self, ListQuery};
 use hearth_service::http::{
-    accepted, invocation_record, invoke_request, json_bytes, json_error, metrics_for, present,
-    prewarm_count, registered, registration_request, InvokeQuery,
+    invoke_request, json_bytes, json_error, metrics_for, present, prewarm_count, registered,
+    registration_request, InvokeQuery,
 };
 use hearth_service::registry::RegistryError;
 use serde_json::{json, Value};
@@ -46,6 +47,7 @@ pub fn router(c: Arc<Controller>) -> Router {
             post(invoke).layer(DefaultBodyLimit::max(max_body)),
         )
         .route("/v1/functions/{name}/prewarm", post(prewarm))
+        .route("/v1/invocations", get(dead_letters))
         .route("/v1/invocations/{id}", get(invocation))
         .route("/v1/status", get(status))
         .route("/v1/cluster/workers", get(workers))
@@ -124,6 +126,7 @@ async fn invoke(
     State(c): State<Arc<Controller>>,
     Extension(p): Extension<Principal>,
     Path(name): Path<String>,
+    headers: HeaderMap,
     query: Result<Query<InvokeQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -131,14 +134,28 @@ async fn invoke(
     let result = async {
         let name = p.authorized_key(&name, Access::Invoke)?;
         let (q, args) = invoke_request(query, body, c.config().max_body_bytes)?;
+        let idempotency_key = async_api::idempotency_key(&headers)?;
         let slot = c
             .admit_namespace(namespace_of(&name))
             .map_err(|e| e.api_error())?;
-        if q.is_async {
-            let id = c
-                .invoke_async(&name, args, p.owner(), slot)
+        if q.is_async || idempotency_key.is_some() {
+            // A synchronous call with a key runs as a durable invocation without retries and
+            // answers with its result, so that a repeat gets the same one.
+            let retries = (!q.is_async).then_some(0);
+            let timeout = c.registry().get(&name).map(|r| {
+                std::time::Duration::from_millis(
+                    r.spec.timeout_ms + c.config().forward_grace_ms + 1_000,
+                )
+            });
+            let a = c
+                .invoke_async(&name, args, p.owner(), idempotency_key, retries, slot)
+                .await
                 .map_err(invoke_error)?;
-            return Ok(accepted(&id));
+            if q.is_async {
+                return Ok(async_api::accepted(&a));
+            }
+            let timeout = timeout.unwrap_or(std::time::Duration::from_secs(60));
+            return Ok(async_api::answer_when_done(c.delivery(), &a, timeout).await);
         }
         let _slot = slot;
         match c.invoke(&name, args, t0).await {
@@ -167,6 +184,7 @@ pub fn invoke_error(e: InvokeError) -> ApiError {
         InvokeError::Overloaded { .. } | InvokeError::AsyncStoreFull => {
             ApiError::overloaded(message)
         }
+        InvokeError::AsyncStore(_) => unavailable(ErrorCode::Internal),
         InvokeError::WorkerUnavailable { .. } => unavailable(ErrorCode::WorkerUnavailable),
         InvokeError::WorkerFailed { worker, .. } => {
             let mut e = ApiError::new(StatusCode::BAD_GATEWAY, ErrorCode::WorkerFailed, message)
@@ -267,7 +285,15 @@ async fn invocation(
     Extension(p): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<hearth_api::AsyncRecord>, ApiError> {
-    invocation_record(&c.invocations, &id, &p)
+    async_api::invocation_record(c.delivery(), &id, &p).await
+}
+
+async fn dead_letters(
+    State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    async_api::dead_letters(c.delivery(), &p, query).await
 }
 
 async fn status(

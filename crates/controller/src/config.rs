@@ -50,6 +50,9 @@ pub struct ControllerConfig {
     pub max_code_files: u64,
     /// How long results of async invocations are kept after they finish.
     pub async_retention_s: u64,
+    /// Back-off before the first retry of a failed async invocation; doubles per retry, up to
+    /// 30 s.
+    pub async_retry_backoff_ms: u64,
     /// Most async invocations kept before new ones are refused with 429.
     pub async_max_records: usize,
     /// Bytes of finished async results kept in memory; the oldest results are dropped first to
@@ -103,6 +106,7 @@ impl Default for ControllerConfig {
             max_code_unpacked_bytes: hearth_service::registry::DEFAULT_MAX_CODE_UNPACKED_BYTES,
             max_code_files: hearth_service::registry::DEFAULT_MAX_CODE_FILES,
             async_retention_s: 600,
+            async_retry_backoff_ms: 1000,
             async_max_records: 100_000,
             async_max_bytes: 256 * 1024 * 1024,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
@@ -138,6 +142,7 @@ const CONFIG_KEYS: &[&str] = &[
     "max_code_unpacked_bytes",
     "max_code_files",
     "async_retention_s",
+    "async_retry_backoff_ms",
     "async_max_records",
     "async_max_bytes",
     "max_result_bytes",
@@ -188,6 +193,7 @@ impl ControllerConfig {
             self.idle_timeout_ms,
             self.max_connections,
         )?;
+        config_checks::async_retry_backoff_ms(self.async_retry_backoff_ms)?;
         for w in &self.workers {
             config_checks::http_url("workers", w)?;
         }

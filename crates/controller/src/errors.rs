@@ -19,6 +19,8 @@ pub enum StartError {
     Auth(#[from] hearth_service::auth::AuthError),
     #[error("{0}")]
     Tls(#[from] hearth_service::tls::TlsError),
+    #[error("state store: {0}")]
+    Store(#[from] hearth_service::store::StoreError),
 }
 
 /// Why an invocation (or an async one's acceptance) did not produce a result here.
@@ -37,6 +39,9 @@ pub enum InvokeError {
     Overloaded { load: f64, b_max: f64 },
     #[error("too many async invocations are pending or kept; retry later")]
     AsyncStoreFull,
+    /// The async store could not record the invocation: nothing was accepted.
+    #[error("{0}")]
+    AsyncStore(String),
     /// It provably never started on any worker tried (each reason in order), so it is safe to
     /// retry.
     #[error("the invocation could not be delivered (it never started): {}", .why.join("; then "))]

@@ -26,11 +26,13 @@ use crate::status::{
 };
 use bytes::Bytes;
 use dashmap::DashMap;
-use hearth_api::{AsyncOutcome, FunctionSpec, InvokeAnswer, PrewarmAnswer, StatusReport};
+use hearth_api::{FunctionSpec, InvokeAnswer, PrewarmAnswer, StatusReport};
 use hearth_core::balance::{Finished, FunctionInfo, FunctionKey, Rejection, WorkerId};
 use hearth_service::auth::{Auth, AuthSettings, ClusterKey};
 use hearth_service::in_flight::InFlightTracker;
-use hearth_service::invocations::AsyncInvocations;
+use hearth_service::delivery::{Accepted, Attempted, Delivery, DeliverySettings, Runner};
+use hearth_service::store::sqlite::SqliteAsyncStore;
+use hearth_service::store::{StoreError, StoredInvocation};
 use hearth_service::quota::{QuotaError, QuotaGuard, Quotas};
 use hearth_service::registry::{CodeSource, Registered, Registry};
 use hearth_service::serving::open_data_dir;
@@ -58,7 +60,8 @@ pub struct Controller {
     code: DashMap<String, (u64, Arc<Value>)>,
     driver: Driver,
     forwarder: Forwarder,
-    pub invocations: AsyncInvocations,
+    /// Async invocations, durable before their 202.
+    delivery: Arc<Delivery>,
     pub metrics: Arc<Metrics>,
     shutting_down: AtomicBool,
     in_flight: InFlightTracker,
@@ -94,6 +97,22 @@ impl Controller {
         let metrics = Arc::new(Metrics::default());
         let tls =
             hearth_service::serving::load_client_tls("tls_ca", config.tls_ca.as_deref()).await?;
+        let store = Arc::new(SqliteAsyncStore::open(
+            &data_dir,
+            config.async_max_records,
+            config.async_max_bytes,
+        )?);
+        let runner = Arc::new(ControllerRunner(std::sync::OnceLock::new()));
+        let delivery = Delivery::new(
+            store,
+            Arc::clone(&runner) as Arc<dyn Runner>,
+            DeliverySettings {
+                retry_backoff: Duration::from_millis(config.async_retry_backoff_ms),
+                orphan_scan: None,
+                retention: Duration::from_secs(config.async_retention_s),
+                max_answer_bytes: config.async_max_bytes,
+            },
+        );
         let c = Arc::new(Controller {
             forwarder: Forwarder::new(
                 Duration::from_millis(config.connect_timeout_ms),
@@ -101,11 +120,7 @@ impl Controller {
                 tls,
             )
             .with_max_answer_bytes(config.max_result_bytes),
-            invocations: AsyncInvocations::new(
-                Duration::from_secs(config.async_retention_s),
-                config.async_max_records,
-            )
-            .with_max_bytes(config.async_max_bytes),
+            delivery,
             config,
             registry,
             code: DashMap::new(),
@@ -116,6 +131,8 @@ impl Controller {
             auth,
             quotas,
         });
+        let _ = runner.0.set(Arc::downgrade(&c));
+        c.delivery.start_background();
         tokio::spawn(membership::sweep(Arc::downgrade(&c)));
         for url in c.config.workers.clone() {
             tokio::spawn(membership::poll_static(Arc::downgrade(&c), url));
@@ -389,6 +406,18 @@ impl Controller {
         args: Bytes,
         t0: Instant,
     ) -> Result<InvokeAnswer, InvokeError> {
+        self.invoke_as(name, args, t0, None).await
+    }
+
+    /// [`Self::invoke`] of an async invocation: its `id` goes to the worker, which runs a
+    /// repeated id once.
+    pub async fn invoke_as(
+        &self,
+        name: &str,
+        args: Bytes,
+        t0: Instant,
+        id: Option<&str>,
+    ) -> Result<InvokeAnswer, InvokeError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(InvokeError::ShuttingDown);
         }
@@ -408,7 +437,7 @@ impl Controller {
                     .leave(worker, "its address is unknown", "failed");
                 continue;
             };
-            match self.attempt(&m, &reg, args.clone(), timeout).await {
+            match self.attempt(&m, &reg, args.clone(), timeout, id).await {
                 Ok(answer) => return self.answered(worker, key, answer, t0),
                 Err(Attempt::NotStarted(why)) => {
                     self.driver.finished(worker, key, Finished::Failed);
@@ -444,8 +473,12 @@ impl Controller {
         reg: &Registered,
         args: Bytes,
         timeout: Duration,
+        id: Option<&str>,
     ) -> Result<Answer, Attempt> {
         let name = &reg.spec.name;
+        let id_header = id
+            .and_then(|id| hyper::header::HeaderValue::from_str(id).ok())
+            .map(|v| (hearth_service::async_api::INVOCATION_ID, v));
         let path = format!("/v1/functions/{name}/invoke");
         let failed = |why: &str| {
             Attempt::Failed(InvokeError::WorkerFailed {
@@ -463,7 +496,7 @@ impl Controller {
             }
             let sent = tokio::select! {
                 biased;
-                r = self.forwarder.send(Method::POST, &m.url, &path, args.clone(), timeout) => r,
+                r = self.forwarder.send_with(Method::POST, &m.url, &path, args.clone(), timeout, id_header.clone()) => r,
                 _ = m.gone() => {
                     return Err(failed("it left the cluster (missed status deadlines or failed) while running the invocation"));
                 }
@@ -546,39 +579,39 @@ impl Controller {
         }
     }
 
-    /// Accepts an async invocation: its id, with the outcome kept in [`Self::invocations`].
-    /// `owner` (a key id) may read the result; `slot` is the namespace's quota slot, held until
-    /// the invocation ends.
-    pub fn invoke_async(
+    /// Accepts an async invocation: stored durably, then run (with the function's retries, or
+    /// `retries`). `owner` (a key id) may read the result; `slot` is the namespace's quota
+    /// slot, held until the invocation ends. A repeated `idempotency_key` returns the first
+    /// call's id.
+    pub async fn invoke_async(
         self: &Arc<Self>,
         name: &str,
         args: Bytes,
         owner: &str,
+        idempotency_key: Option<String>,
+        retries: Option<u32>,
         slot: QuotaGuard,
-    ) -> Result<String, InvokeError> {
+    ) -> Result<Accepted, InvokeError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(InvokeError::ShuttingDown);
         }
-        if self.registry.get(name).is_none() {
-            return Err(InvokeError::UnknownFunction(name.to_string()));
-        }
-        let id = self
-            .invocations
-            .start(name, owner)
-            .ok_or(InvokeError::AsyncStoreFull)?;
-        let me = Arc::clone(self);
-        let (name, task_id) = (name.to_string(), id.clone());
-        tokio::spawn(async move {
-            let _slot = slot;
-            let record = Record {
-                c: &me,
-                id: &task_id,
-                done: false,
-            };
-            let result = me.invoke(&name, args, Instant::now()).await;
-            record.finish(result);
-        });
-        Ok(id)
+        let reg = self
+            .registry
+            .get(name)
+            .ok_or_else(|| InvokeError::UnknownFunction(name.to_string()))?;
+        let retries = retries.unwrap_or(reg.spec.retries);
+        self.delivery
+            .accept(name, owner, args, retries, idempotency_key, slot)
+            .await
+            .map_err(|e| match e {
+                StoreError::Full(_) => InvokeError::AsyncStoreFull,
+                e => InvokeError::AsyncStore(e.to_string()),
+            })
+    }
+
+    /// Async delivery (records, waiting for one, dead letters).
+    pub fn delivery(&self) -> &Arc<Delivery> {
+        &self.delivery
     }
 
     /// Starts `count` sandboxes of `name` on the worker its invocations would go to.
@@ -746,7 +779,7 @@ impl Controller {
                 uptime_s: self.driver.uptime_s(),
                 shutting_down: self.shutting_down.load(Ordering::Acquire),
                 in_flight: self.in_flight.count(),
-                async_running: self.invocations.running(),
+                async_running: self.delivery.running(),
                 balance: b.kind().as_str(),
                 balance_params: b.params().clone(),
                 popularity_threshold: threshold.is_finite().then_some(threshold),
@@ -839,46 +872,26 @@ fn with_controller_time(body: &[u8], total_us: u64) -> Option<(InvokeAnswer, Ran
     Some((answer, ran))
 }
 
-/// An accepted async invocation's record: always finished, with an error if its task ends
-/// without an answer (so no accepted invocation is ever lost without a record).
-struct Record<'a> {
-    c: &'a Controller,
-    id: &'a str,
-    done: bool,
-}
+/// The controller runs async invocations by forwarding them with their id.
+struct ControllerRunner(std::sync::OnceLock<std::sync::Weak<Controller>>);
 
-impl Record<'_> {
-    fn finish(mut self, result: Result<InvokeAnswer, InvokeError>) {
-        match result {
-            Ok(answer) => self
-                .c
-                .invocations
-                .finish(self.id, AsyncOutcome::Succeeded(answer)),
-            // The worker's own answer is kept as it came.
-            Err(InvokeError::WorkerAnswer(a)) => {
-                self.c
-                    .invocations
-                    .finish_answer(self.id, a.status.as_u16(), &a.body)
-            }
-            Err(e) => self.c.invocations.finish(self.id, failed(e)),
-        }
-        self.done = true;
-    }
-}
-
-impl Drop for Record<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            let e = InvokeError::Internal("the invocation ended without an answer".to_string());
-            self.c.invocations.finish(self.id, failed(e));
+#[hearth_service::async_trait]
+impl Runner for ControllerRunner {
+    async fn run(&self, inv: &StoredInvocation) -> Attempted {
+        let Some(c) = self.0.get().and_then(|c| c.upgrade()) else {
+            return Attempted::abandoned();
+        };
+        let args = Bytes::from(inv.args.clone());
+        match c
+            .invoke_as(&inv.function, args, Instant::now(), Some(&inv.id))
+            .await
+        {
+            Ok(answer) => Attempted::answer(200, Bytes::from(answer.to_vec())),
+            Err(InvokeError::WorkerAnswer(a)) => Attempted::answer(a.status.as_u16(), a.body),
+            Err(InvokeError::ShuttingDown) => Attempted::abandoned(),
+            Err(e) => Attempted::error(&crate::api::invoke_error(e)),
         }
     }
-}
-
-/// The outcome an error of the controller's own leaves in an async record: what a synchronous
-/// call would have been answered (the HTTP edge decides that).
-fn failed(e: InvokeError) -> AsyncOutcome {
-    crate::api::invoke_error(e).async_outcome()
 }
 
 #[cfg(test)]

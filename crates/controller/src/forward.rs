@@ -166,12 +166,28 @@ impl Forwarder {
         body: Bytes,
         timeout: Duration,
     ) -> Result<Answer, ForwardError> {
+        self.send_with(method, base, path, body, timeout, None).await
+    }
+
+    /// [`Self::send`] with one more header (an invocation's id).
+    pub async fn send_with(
+        &self,
+        method: Method,
+        base: &str,
+        path: &str,
+        body: Bytes,
+        timeout: Duration,
+        extra: Option<(&'static str, HeaderValue)>,
+    ) -> Result<Answer, ForwardError> {
         let mut req = Request::builder()
             .method(method)
             .uri(format!("{base}{path}"))
             .header(CONTENT_TYPE, "application/json");
         if let Some(c) = &self.credential {
             req = req.header(AUTHORIZATION, c.clone());
+        }
+        if let Some((name, value)) = extra {
+            req = req.header(name, value);
         }
         let req = req
             .body(Full::new(body))

@@ -105,14 +105,13 @@ impl Member {
     }
 }
 
-/// Workers that miss their status deadline leave the ring; expired async records go too.
+/// Workers that miss their status deadline leave the ring.
 pub(crate) async fn sweep(c: Weak<Controller>) {
     loop {
         let period = {
             let Some(c) = c.upgrade() else { return };
             let timeout_ms = c.config().status_timeout_ms;
             c.driver().expire(timeout_ms);
-            c.invocations.expire(Instant::now());
             Duration::from_millis((timeout_ms / 4).clamp(10, 1000))
         };
         tokio::time::sleep(period).await;

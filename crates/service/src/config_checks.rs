@@ -61,6 +61,16 @@ pub fn status_interval_ms(ms: u64) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The first back-off of async retries: 1 ms to 10 minutes.
+pub fn async_retry_backoff_ms(ms: u64) -> Result<(), ConfigError> {
+    if !(1..=600_000).contains(&ms) {
+        return Err(ConfigError::Invalid(format!(
+            "async_retry_backoff_ms must be between 1 and 600000, got {ms}"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,6 +26,9 @@ pub struct Attempted {
     pub body: Bytes,
     /// A failure that another attempt may not repeat (5xx, 429, a lost worker).
     pub retry: bool,
+    /// This process is stopping: the invocation is left unfinished for whoever takes it over
+    /// (the next life, another controller), rather than failed or retried here.
+    pub abandon: bool,
 }
 
 impl Attempted {
@@ -41,6 +44,32 @@ impl Attempted {
                 e.error.code, self.http_status, e.error.message
             ),
             None => format!("HTTP {}", self.http_status),
+        }
+    }
+
+    /// An answer as a worker (or the controller) gave it.
+    pub fn answer(http_status: u16, body: Bytes) -> Self {
+        Attempted {
+            http_status,
+            body,
+            retry: Self::retry_for(http_status),
+            abandon: false,
+        }
+    }
+
+    /// An error of the platform's own, as its HTTP edge would answer it.
+    pub fn error(e: &crate::ApiError) -> Self {
+        let body = serde_json::to_vec(&e.error_body()).unwrap_or_default();
+        Self::answer(e.status.as_u16(), Bytes::from(body))
+    }
+
+    /// This process is stopping: leave the invocation to whoever takes it over.
+    pub fn abandoned() -> Self {
+        Attempted {
+            http_status: 503,
+            body: Bytes::new(),
+            retry: false,
+            abandon: true,
         }
     }
 
@@ -95,23 +124,37 @@ pub struct Delivery {
 }
 
 impl Delivery {
-    /// Starts delivery: orphans are taken over now (and then every `orphan_scan`), and finished
-    /// records expire after `retention`.
-    pub fn start(
+    /// Delivery over `store`; nothing runs in the background until [`Self::start_background`].
+    pub fn new(
         store: Arc<dyn AsyncStore>,
         runner: Arc<dyn Runner>,
         settings: DeliverySettings,
     ) -> Arc<Self> {
-        let d = Arc::new(Delivery {
+        Arc::new(Delivery {
             store,
             runner,
             settings,
             waiters: DashMap::new(),
             running: AtomicUsize::new(0),
-        });
-        tokio::spawn(scan_orphans(Arc::downgrade(&d)));
-        tokio::spawn(expire(Arc::downgrade(&d)));
+        })
+    }
+
+    /// [`Self::new`] and [`Self::start_background`].
+    pub fn start(
+        store: Arc<dyn AsyncStore>,
+        runner: Arc<dyn Runner>,
+        settings: DeliverySettings,
+    ) -> Arc<Self> {
+        let d = Self::new(store, runner, settings);
+        d.start_background();
         d
+    }
+
+    /// Takes over orphans now (and then every `orphan_scan`), and expires finished records
+    /// after `retention`. Called once the runner can run.
+    pub fn start_background(self: &Arc<Self>) {
+        tokio::spawn(scan_orphans(Arc::downgrade(self)));
+        tokio::spawn(expire(Arc::downgrade(self)));
     }
 
     pub fn store(&self) -> &Arc<dyn AsyncStore> {
@@ -203,6 +246,10 @@ impl Delivery {
         }
         loop {
             let attempted = self.runner.run(&inv).await;
+            if attempted.abandon {
+                tracing::info!(id = %inv.id, "stopping: the async invocation is left to whoever takes it over");
+                return;
+            }
             let spent = inv.attempts >= inv.max_attempts;
             if attempted.ok() || !attempted.retry || spent {
                 if !attempted.ok() {
@@ -353,6 +400,7 @@ fn attempted_of((http_status, body): (u16, String)) -> Attempted {
         http_status,
         body: Bytes::from(body),
         retry: false,
+        abandon: false,
     }
 }
 
@@ -439,6 +487,7 @@ mod tests {
                 http_status: status,
                 body: Bytes::from_static(body.as_bytes()),
                 retry: Attempted::retry_for(status),
+                abandon: false,
             }
         }
     }

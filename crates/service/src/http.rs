@@ -3,7 +3,6 @@
 
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::invocations::AsyncInvocations;
 use crate::registry::CodeSource;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
@@ -13,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use hearth_api::ErrorCode;
-use hearth_api::{AsyncAccepted, AsyncRecord, FunctionSpec};
+use hearth_api::FunctionSpec;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -212,10 +211,6 @@ fn arguments(body: &Bytes) -> Result<Bytes, ApiError> {
     Ok(body.clone())
 }
 
-/// 202 for an accepted async invocation, with where its result will be.
-pub fn accepted(id: &str) -> Response {
-    (StatusCode::ACCEPTED, Json(AsyncAccepted::new(id))).into_response()
-}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -249,20 +244,6 @@ pub fn prewarm_count(body: &Bytes) -> Result<u32, ApiError> {
             f64::from(MAX_PREWARM_COUNT),
         )),
     }
-}
-
-/// `GET /v1/invocations/{id}`: an async invocation's record, 404 if unknown or expired.
-pub fn invocation_record(
-    invocations: &AsyncInvocations,
-    id: &str,
-    reader: &Principal,
-) -> Result<Json<AsyncRecord>, ApiError> {
-    invocations
-        .get_if(id, |owner, function| {
-            reader.may_read(owner, hearth_api::namespace::namespace_of(function))
-        })
-        .map(Json)
-        .ok_or_else(|| ApiError::not_found("invocation", id))
 }
 
 /// A JSON answer already serialized (e.g. an [`hearth_api::InvokeAnswer`]).

@@ -5,6 +5,7 @@
 //! `hearth-api`, never on the worker.
 
 pub mod archive;
+pub mod async_api;
 pub mod auth;
 pub mod config_checks;
 pub mod config_loader;
@@ -23,4 +24,5 @@ pub mod serving;
 pub mod store;
 pub mod tls;
 
+pub use async_trait::async_trait;
 pub use error::ApiError;

@@ -7,7 +7,7 @@ use crate::facade::Worker;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
@@ -16,9 +16,10 @@ use hearth_api::ErrorCode;
 use hearth_api::{AsyncRecord, PrewarmAnswer, WorkerStatus};
 use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
+use hearth_service::async_api::{self, ListQuery};
 use hearth_service::http::{
-    accepted, invocation_record, invoke_request, json_bytes, metrics_for, present, prewarm_count,
-    registered, registration_request, InvokeQuery,
+    invoke_request, json_bytes, metrics_for, present, prewarm_count, registered,
+    registration_request, InvokeQuery,
 };
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -42,6 +43,7 @@ pub fn router(worker: Arc<Worker>) -> Router {
             post(invoke).layer(DefaultBodyLimit::max(max_body)),
         )
         .route("/v1/functions/{name}/prewarm", post(prewarm))
+        .route("/v1/invocations", get(dead_letters))
         .route("/v1/invocations/{id}", get(invocation))
         .route("/v1/status", get(status))
         .route("/metrics", get(metrics));
@@ -134,6 +136,7 @@ async fn invoke(
     State(w): State<Arc<Worker>>,
     Extension(p): Extension<Principal>,
     Path(name): Path<String>,
+    headers: HeaderMap,
     query: Result<Query<InvokeQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -141,14 +144,34 @@ async fn invoke(
     let result = async {
         let name = p.authorized_key(&name, Access::Invoke)?;
         let (q, args) = invoke_request(query, body, w.config().max_body_bytes)?;
+        let idempotency_key = async_api::idempotency_key(&headers)?;
+        let id = async_api::invocation_id(&headers, &p)?;
         let slot = w
             .admit_namespace(namespace_of(&name))
             .map_err(|e| e.api_error())?;
-        if q.is_async {
-            let id = w
-                .invoke_async(name, args, p.owner(), slot)
+        if let Some(id) = id {
+            // A controller's invocation: a repeat of the id runs once.
+            let kept = w.invoke_once(name, &id, args).await;
+            drop(slot);
+            return Ok(async_api::kept_response(kept.0, kept.1.clone()));
+        }
+        if q.is_async || idempotency_key.is_some() {
+            // A synchronous call with a key runs as a durable invocation without retries and
+            // answers with its result, so that a repeat gets the same one.
+            let retries = (!q.is_async).then_some(0);
+            let timeout = w
+                .registry()
+                .get(&name)
+                .map(|r| std::time::Duration::from_millis(r.spec.timeout_ms + 5_000));
+            let a = w
+                .invoke_async(name, args, p.owner(), idempotency_key, retries, slot)
+                .await
                 .map_err(api_error)?;
-            return Ok(accepted(&id));
+            if q.is_async {
+                return Ok(async_api::accepted(&a));
+            }
+            let timeout = timeout.unwrap_or(std::time::Duration::from_secs(60));
+            return Ok(async_api::answer_when_done(w.delivery(), &a, timeout).await);
         }
         let answer = w.invoke(&name, &args, t0).await.map_err(api_error)?;
         drop(slot);
@@ -170,6 +193,11 @@ pub fn api_error(e: InvokeError) -> ApiError {
             e
         }
         InvokeError::NoMemory { .. } | InvokeError::AsyncStoreFull => ApiError::overloaded(message),
+        InvokeError::AsyncStore(_) => {
+            let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Internal, message);
+            e.retry_after_s = Some(1);
+            e
+        }
         InvokeError::TooLarge { .. } => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::InsufficientMemory,
@@ -268,7 +296,15 @@ async fn invocation(
     Extension(p): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<AsyncRecord>, ApiError> {
-    invocation_record(&w.invocations, &id, &p)
+    async_api::invocation_record(w.delivery(), &id, &p).await
+}
+
+async fn dead_letters(
+    State(w): State<Arc<Worker>>,
+    Extension(p): Extension<Principal>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    async_api::dead_letters(w.delivery(), &p, query).await
 }
 
 async fn status(

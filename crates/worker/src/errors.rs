@@ -50,6 +50,9 @@ pub enum InvokeError {
     Handler(Box<HandlerFailure>),
     #[error("too many async invocations are pending or kept; retry later")]
     AsyncStoreFull,
+    /// The async store could not record the invocation: nothing was accepted.
+    #[error("{0}")]
+    AsyncStore(String),
     #[error("{0}")]
     Internal(&'static str),
 }

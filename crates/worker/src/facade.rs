@@ -9,14 +9,17 @@ use crate::errors::{HandlerFailure, InvokeError, PrewarmError, RegisterError, Un
 use crate::metrics::{ColdLabel, FnLabel, Metrics, Outcome, QueueLabel};
 use bytes::Bytes;
 use hearth_api::{
-    raw_json, AsyncOutcome, FunctionSpec, InvokeAnswer, LoadStatus, LowLatencyStatus, MemoryStatus,
+    raw_json, FunctionSpec, InvokeAnswer, LoadStatus, LowLatencyStatus, MemoryStatus,
     PolicyStatus, PrewarmAnswer, QueueStatus, Timing, WorkerStatus,
 };
 use hearth_core::characteristics::CharacteristicsReport;
 use hearth_core::{EngineConfig, EngineStats, LoadSource, Micros, PoolConfig, Reject};
 use hearth_service::auth::{Auth, AuthError, AuthSettings, ClusterKey};
 use hearth_service::in_flight::InFlightTracker;
-use hearth_service::invocations::AsyncInvocations;
+use hearth_service::dedup::Dedup;
+use hearth_service::delivery::{Accepted, Attempted, Delivery, DeliverySettings, Runner};
+use hearth_service::store::sqlite::SqliteAsyncStore;
+use hearth_service::store::{StoreError, StoredInvocation};
 use hearth_service::quota::{QuotaError, QuotaGuard, Quotas};
 use hearth_service::registry::{CodeSource, Registered, Registry, RegistryError};
 use hearth_service::serving::open_data_dir;
@@ -33,7 +36,10 @@ pub struct Worker {
     registry: Arc<Registry>,
     driver: Arc<Driver>,
     pub metrics: Arc<Metrics>,
-    pub invocations: AsyncInvocations,
+    /// Async invocations, durable in `async.db`.
+    delivery: Arc<Delivery>,
+    /// Invocation ids a controller sent: each runs once here.
+    dedup: Dedup,
     shutting_down: AtomicBool,
     in_flight: InFlightTracker,
     latency: crate::latency::LowLatency,
@@ -56,6 +62,8 @@ pub enum StartError {
     Config(#[from] crate::config::ConfigError),
     #[error("authentication: {0}")]
     Auth(#[from] AuthError),
+    #[error("async store: {0}")]
+    Store(#[from] StoreError),
 }
 
 impl Worker {
@@ -126,13 +134,26 @@ impl Worker {
             Duration::from_millis(config.low_latency_quiet_ms),
         );
         let config_quota = (config.quota, config.quotas.clone());
+        let store = Arc::new(SqliteAsyncStore::open(
+            &data_dir,
+            config.async_max_records,
+            config.async_max_bytes,
+        )?);
+        let runner = Arc::new(WorkerRunner(std::sync::OnceLock::new()));
+        let delivery = Delivery::new(
+            store,
+            Arc::clone(&runner) as Arc<dyn Runner>,
+            DeliverySettings {
+                retry_backoff: Duration::from_millis(config.async_retry_backoff_ms),
+                orphan_scan: None,
+                retention: Duration::from_secs(config.async_retention_s),
+                max_answer_bytes: config.async_max_bytes,
+            },
+        );
         let worker = Arc::new(Worker {
             id,
-            invocations: AsyncInvocations::new(
-                Duration::from_secs(config.async_retention_s),
-                config.async_max_records,
-            )
-            .with_max_bytes(config.async_max_bytes),
+            delivery,
+            dedup: Dedup::new(DEDUP_TTL, DEDUP_MAX_BYTES),
             config,
             epoch: Instant::now(),
             registry,
@@ -146,6 +167,9 @@ impl Worker {
             namespaces: AtomicUsize::new(0),
         });
         worker.recount_namespaces();
+        let _ = runner.0.set(Arc::downgrade(&worker));
+        // Async invocations a crash left unfinished run again now.
+        worker.delivery.start_background();
         tokio::spawn(housekeeping(Arc::downgrade(&worker)));
         Ok(worker)
     }
@@ -378,34 +402,61 @@ impl Worker {
         Ok(answer)
     }
 
-    /// Accepts an async invocation: its id, with the outcome kept in [`Self::invocations`].
+    /// Accepts an async invocation: stored durably, then run (with the function's retries).
     /// `owner` (a key id) may read the result; `slot` is the namespace's quota slot, held until
-    /// the invocation ends.
-    pub fn invoke_async(
+    /// the invocation ends. A repeated `idempotency_key` returns the first call's id.
+    pub async fn invoke_async(
         self: &Arc<Self>,
         name: String,
         args: Bytes,
         owner: &str,
+        idempotency_key: Option<String>,
+        retries: Option<u32>,
         slot: QuotaGuard,
-    ) -> Result<String, InvokeError> {
-        if self.registry.get(&name).is_none() {
-            return Err(InvokeError::UnknownFunction(name));
+    ) -> Result<Accepted, InvokeError> {
+        if self.is_shutting_down() {
+            return Err(InvokeError::ShuttingDown);
         }
-        let id = self
-            .invocations
-            .start(&name, owner)
-            .ok_or(InvokeError::AsyncStoreFull)?;
-        let worker = Arc::clone(self);
-        let task_id = id.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let outcome = match worker.invoke(&name, &args, Instant::now()).await {
-                Ok(answer) => AsyncOutcome::Succeeded(answer),
-                Err(e) => crate::api::api_error(e).async_outcome(),
-            };
-            worker.invocations.finish(&task_id, outcome);
-        });
-        Ok(id)
+        let reg = self
+            .registry
+            .get(&name)
+            .ok_or_else(|| InvokeError::UnknownFunction(name.clone()))?;
+        let retries = retries.unwrap_or(reg.spec.retries);
+        self.delivery
+            .accept(&name, owner, args, retries, idempotency_key, slot)
+            .await
+            .map_err(|e| match e {
+                StoreError::Full(_) => InvokeError::AsyncStoreFull,
+                e => InvokeError::AsyncStore(e.to_string()),
+            })
+    }
+
+    /// Async delivery (records, waiting for one, dead letters).
+    pub fn delivery(&self) -> &Arc<Delivery> {
+        &self.delivery
+    }
+
+    /// Runs an invocation a controller sent with id `id` once, however often it is sent.
+    pub async fn invoke_once(
+        self: &Arc<Self>,
+        name: String,
+        id: &str,
+        args: Bytes,
+    ) -> hearth_service::dedup::Kept {
+        let me = Arc::clone(self);
+        let key = format!("{name}/{id}");
+        self.dedup
+            .run_once(key, async move {
+                match me.invoke(&name, &args, Instant::now()).await {
+                    Ok(answer) => (200, Bytes::from(answer.to_vec())),
+                    Err(e) => {
+                        let e = crate::api::api_error(e);
+                        let body = serde_json::to_vec(&e.error_body()).unwrap_or_default();
+                        (e.status.as_u16(), Bytes::from(body))
+                    }
+                }
+            })
+            .await
     }
 
     /// Starts up to `count` sandboxes for `name` and waits until they are warm.
@@ -500,7 +551,7 @@ impl Worker {
             uptime_s: self.epoch.elapsed().as_secs(),
             shutting_down: self.is_shutting_down(),
             in_flight: self.in_flight.count() as u64,
-            async_running: self.invocations.running() as u64,
+            async_running: self.delivery.running() as u64,
             memory: MemoryStatus {
                 budget_mb: pool.memory_budget_mb,
                 running_mb: pool.memory_running_mb,
@@ -565,6 +616,13 @@ impl Worker {
                 "grace period over; killing the remaining sandboxes"
             );
         }
+        // Let answered async invocations store their results (an unstored one runs again in
+        // the next life); those waiting to retry are left to it.
+        let now = tokio::time::Instant::now();
+        let stored = deadline.min(now + Duration::from_secs(2)).max(now + Duration::from_millis(200));
+        while self.delivery.running() > 0 && tokio::time::Instant::now() < stored {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         self.driver.shutdown().await;
         tracing::info!("all sandboxes removed");
     }
@@ -593,8 +651,33 @@ async fn housekeeping(worker: std::sync::Weak<Worker>) {
         {
             let Some(w) = worker.upgrade() else { return };
             w.latency.tick();
-            w.invocations.expire(Instant::now());
         }
         tokio::time::sleep(HOUSEKEEPING_EVERY).await;
+    }
+}
+
+/// How long a controller's repeated invocation id gets the first run's answer, and the bytes
+/// of answers kept for it.
+const DEDUP_TTL: Duration = Duration::from_secs(600);
+const DEDUP_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// The worker runs its own async invocations.
+struct WorkerRunner(std::sync::OnceLock<std::sync::Weak<Worker>>);
+
+#[hearth_service::async_trait]
+impl Runner for WorkerRunner {
+    async fn run(&self, inv: &StoredInvocation) -> Attempted {
+        let Some(w) = self.0.get().and_then(|w| w.upgrade()) else {
+            return Attempted::abandoned();
+        };
+        if w.is_shutting_down() {
+            return Attempted::abandoned();
+        }
+        let args = Bytes::from(inv.args.clone());
+        match w.invoke(&inv.function, &args, Instant::now()).await {
+            Ok(answer) => Attempted::answer(200, Bytes::from(answer.to_vec())),
+            Err(InvokeError::ShuttingDown) => Attempted::abandoned(),
+            Err(e) => Attempted::error(&crate::api::api_error(e)),
+        }
     }
 }

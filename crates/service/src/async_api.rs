@@ -1,0 +1,202 @@
+//! The HTTP edge of async delivery, shared by the worker and the controller: the
+//! `Idempotency-Key` and `Hearth-Invocation-Id` headers, `202` answers, records by id, the
+//! dead-letter list, and a synchronous call with an idempotency key (answered with the first
+//! call's result).
+
+use crate::auth::{Action, Principal};
+use crate::delivery::{record_of, Accepted, Delivery};
+use crate::error::ApiError;
+use crate::store::{DeadLetterFilter, StoreError};
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::Query;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hearth_api::{AsyncAccepted, AsyncRecord, AsyncState, ErrorCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// A client's key that makes a repeated call return the first call's invocation.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// The invocation id a controller sends a worker, so that a repeat runs once.
+pub const INVOCATION_ID: &str = "hearth-invocation-id";
+/// Set on an answer that is the first call's, for a repeated idempotency key.
+pub const REPLAYED: &str = "hearth-idempotent-replay";
+/// The longest idempotency key.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 256;
+/// The most records one dead-letter listing returns.
+pub const MAX_LISTED: usize = 1000;
+
+/// The request's `Idempotency-Key`: 1 to 256 visible ASCII characters.
+pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get(IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    let ok = |s: &str| {
+        (1..=MAX_IDEMPOTENCY_KEY_LEN).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_graphic())
+    };
+    match v.to_str() {
+        Ok(s) if ok(s) => Ok(Some(s.to_string())),
+        _ => Err(ApiError::bad_request(format!(
+            "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
+        ))),
+    }
+}
+
+/// The `Hearth-Invocation-Id` of a request from the cluster itself (a controller, or anyone
+/// when authentication is off); a client's is ignored.
+pub fn invocation_id(headers: &HeaderMap, p: &Principal) -> Result<Option<String>, ApiError> {
+    if !matches!(p, Principal::Peer | Principal::Open) {
+        return Ok(None);
+    }
+    let Some(v) = headers.get(INVOCATION_ID) else {
+        return Ok(None);
+    };
+    match v.to_str() {
+        Ok(s) if (1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Ok(Some(s.to_ascii_lowercase()))
+        }
+        _ => Err(ApiError::bad_request(
+            "Hearth-Invocation-Id must be 1 to 64 hex digits",
+        )),
+    }
+}
+
+/// `202 Accepted` with the invocation's id; marked when it is a repeated key's first call.
+pub fn accepted(a: &Accepted) -> Response {
+    let mut resp = (StatusCode::ACCEPTED, Json(AsyncAccepted::new(&a.id))).into_response();
+    if a.replay {
+        resp.headers_mut()
+            .insert(REPLAYED, HeaderValue::from_static("true"));
+    }
+    resp
+}
+
+/// An answer kept as status and JSON body.
+pub fn kept_response(status: u16, body: Bytes) -> Response {
+    crate::http::json_bytes(
+        StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+        body,
+    )
+}
+
+/// A store error as the edge answers it.
+pub fn store_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::Full(_) => ApiError::overloaded(e.to_string()),
+        StoreError::Unavailable(_) => {
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Internal,
+                e.to_string(),
+            );
+            e.retry_after_s = Some(1);
+            e
+        }
+        e => ApiError::internal(e.to_string()),
+    }
+}
+
+/// `GET /v1/invocations/{id}`: the record, 404 if unknown, expired, or not the reader's.
+pub async fn invocation_record(
+    delivery: &Delivery,
+    id: &str,
+    reader: &Principal,
+) -> Result<Json<AsyncRecord>, ApiError> {
+    let bad = || ApiError::not_found("invocation", id);
+    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    let rec = delivery.store().get(id).await.map_err(store_error)?;
+    match rec {
+        Some(r) if reader.may_read(&r.owner, hearth_api::namespace::namespace_of(&r.function)) => {
+            Ok(Json(record_of(&r)))
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// `GET /v1/invocations?status=failed[&function=…][&limit=…]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    pub status: String,
+    #[serde(default)]
+    pub function: Option<String>,
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// The dead-letter list: failed invocations, newest first, of the namespace the key manages
+/// (all for the operator).
+pub async fn dead_letters(
+    delivery: &Delivery,
+    p: &Principal,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
+    if q.status != "failed" {
+        return Err(ApiError::bad_request(
+            "only status=failed (the dead-letter list) can be listed",
+        ));
+    }
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=MAX_LISTED).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit must be between 1 and {MAX_LISTED}"
+        )));
+    }
+    let namespace = if p.require(Action::Operate).is_ok() {
+        None
+    } else {
+        p.require(Action::Manage(p.namespace()))?;
+        Some(p.namespace().to_string())
+    };
+    let function = match q.function {
+        Some(f) => Some(p.authorized_key(&f, crate::auth::Access::Manage)?),
+        None => None,
+    };
+    let filter = DeadLetterFilter {
+        namespace,
+        function,
+    };
+    let list = delivery
+        .dead_letters(&filter, limit)
+        .await
+        .map_err(store_error)?;
+    let records: Vec<AsyncRecord> = list.iter().map(record_of).collect();
+    Ok(Json(json!({ "invocations": records })))
+}
+
+/// A synchronous call with an idempotency key: the answer of the key's one invocation, waited
+/// for up to `timeout`; 504 with the id when it is still running then.
+pub async fn answer_when_done(delivery: &Delivery, a: &Accepted, timeout: Duration) -> Response {
+    let rec = match delivery.wait(&a.id, timeout).await {
+        Ok(r) => r,
+        Err(e) => return store_error(e).into_response(),
+    };
+    let mut resp = match rec {
+        Some(r) if r.state != AsyncState::Running => match (r.http_status, r.answer) {
+            (Some(status), Some(answer)) => kept_response(status, Bytes::from(answer)),
+            _ => ApiError::internal("the invocation's record has no answer").into_response(),
+        },
+        Some(_) => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            ErrorCode::Timeout,
+            "the invocation is still running; read its result by id",
+        )
+        .with("id", json!(a.id))
+        .into_response(),
+        None => ApiError::not_found("invocation", &a.id).into_response(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&a.id) {
+        resp.headers_mut().insert(INVOCATION_ID, v);
+    }
+    if a.replay {
+        resp.headers_mut()
+            .insert(REPLAYED, HeaderValue::from_static("true"));
+    }
+    resp
+}
