@@ -159,7 +159,12 @@ impl FunctionSpec {
         if let Some(d) = self.deadline_ms {
             int("deadline_ms", 1, MAX_TIMEOUT_MS, d)?;
         }
-        int("retries", 0, u64::from(MAX_RETRIES), u64::from(self.retries))?;
+        int(
+            "retries",
+            0,
+            u64::from(MAX_RETRIES),
+            u64::from(self.retries),
+        )?;
         check_range("sim_warm_ms", 0.0, MAX_SIM_MS, "", self.sim_warm_ms)?;
         check_range("sim_cold_ms", 0.0, MAX_SIM_MS, "", self.sim_cold_ms)?;
         check_range(

@@ -35,6 +35,8 @@ pub enum ClientError {
     Io(#[from] std::io::Error),
     #[error("malformed response: {0}")]
     Malformed(String),
+    #[error("header {0} must not contain a line break")]
+    Header(String),
 }
 
 /// A response.
@@ -144,6 +146,8 @@ pub struct Client {
     timeout: Option<Duration>,
     /// Sent as `Authorization: Bearer …`.
     token: Option<String>,
+    /// Sent with every request (e.g. `Idempotency-Key`).
+    headers: Vec<(String, String)>,
 }
 
 impl Client {
@@ -183,6 +187,7 @@ impl Client {
             req: Vec::with_capacity(1024),
             timeout: None,
             token: default_api_key(),
+            headers: Vec::new(),
         })
     }
 
@@ -190,6 +195,19 @@ impl Client {
     pub fn with_token(mut self, token: Option<String>) -> Self {
         self.token = token;
         self
+    }
+
+    /// Sends `name: value` with every request from now on (None: stops sending `name`). A
+    /// value with a line break is refused.
+    pub fn set_header(&mut self, name: &str, value: Option<&str>) -> Result<(), ClientError> {
+        self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        if let Some(v) = value {
+            if [name, v].iter().any(|s| s.contains(['\r', '\n'])) {
+                return Err(ClientError::Header(name.to_string()));
+            }
+            self.headers.push((name.to_string(), v.to_string()));
+        }
+        Ok(())
     }
 
     /// Trusts only the certificates in the PEM file `ca` for an `https://` URL (instead of
@@ -296,6 +314,9 @@ impl Client {
         );
         if let Some(t) = &self.token {
             let _ = write!(self.req, "Authorization: Bearer {t}\r\n");
+        }
+        for (n, v) in &self.headers {
+            let _ = write!(self.req, "{n}: {v}\r\n");
         }
         if let Some(b) = body {
             let _ = write!(

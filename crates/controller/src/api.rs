@@ -17,9 +17,9 @@ use axum::{Extension, Json, Router};
 use hearth_api::namespace::namespace_of;
 use hearth_api::ErrorCode;
 use hearth_api::{PrewarmAnswer, StatusReport};
+use hearth_service::async_api::{self, ListQuery};
 use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
-use hearth_service::async_api::{self, ListQuery};
 use hearth_service::http::{
     invoke_request, json_bytes, json_error, metrics_for, present, prewarm_count, registered,
     registration_request, InvokeQuery,

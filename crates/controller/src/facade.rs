@@ -29,13 +29,13 @@ use dashmap::DashMap;
 use hearth_api::{FunctionSpec, InvokeAnswer, PrewarmAnswer, StatusReport};
 use hearth_core::balance::{Finished, FunctionInfo, FunctionKey, Rejection, WorkerId};
 use hearth_service::auth::{Auth, AuthSettings, ClusterKey};
-use hearth_service::in_flight::InFlightTracker;
 use hearth_service::delivery::{Accepted, Attempted, Delivery, DeliverySettings, Runner};
-use hearth_service::store::sqlite::SqliteAsyncStore;
-use hearth_service::store::{StoreError, StoredInvocation};
+use hearth_service::in_flight::InFlightTracker;
 use hearth_service::quota::{QuotaError, QuotaGuard, Quotas};
 use hearth_service::registry::{CodeSource, Registered, Registry};
 use hearth_service::serving::open_data_dir;
+use hearth_service::store::sqlite::SqliteAsyncStore;
+use hearth_service::store::{StoreError, StoredInvocation};
 use hyper::Method;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -109,6 +109,8 @@ impl Controller {
             DeliverySettings {
                 retry_backoff: Duration::from_millis(config.async_retry_backoff_ms),
                 orphan_scan: None,
+                // Workers that push status have all reported by then.
+                first_scan_after: Duration::from_millis(2 * config.status_interval_ms),
                 retention: Duration::from_secs(config.async_retention_s),
                 max_answer_bytes: config.async_max_bytes,
             },

@@ -166,7 +166,8 @@ impl Forwarder {
         body: Bytes,
         timeout: Duration,
     ) -> Result<Answer, ForwardError> {
-        self.send_with(method, base, path, body, timeout, None).await
+        self.send_with(method, base, path, body, timeout, None)
+            .await
     }
 
     /// [`Self::send`] with one more header (an invocation's id).

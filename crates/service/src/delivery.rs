@@ -94,6 +94,8 @@ pub struct DeliverySettings {
     pub retry_backoff: Duration,
     /// How often orphans are looked for; None: once, at start (a single node's own store).
     pub orphan_scan: Option<Duration>,
+    /// The first look waits this long (a restarted controller first lets its workers report).
+    pub first_scan_after: Duration,
     /// How long finished records are kept.
     pub retention: Duration,
     /// The largest answer kept; a larger one becomes a `result_too_large` failure.
@@ -418,6 +420,11 @@ fn body_len(inv: &StoredInvocation) -> usize {
 
 /// Takes over orphans now and then every `orphan_scan`.
 async fn scan_orphans(d: Weak<Delivery>) {
+    let first = match d.upgrade() {
+        Some(me) => me.settings.first_scan_after,
+        None => return,
+    };
+    tokio::time::sleep(first).await;
     loop {
         let Some(me) = d.upgrade() else { return };
         match me.store.take_orphans(ORPHANS_PER_SCAN).await {
@@ -506,6 +513,7 @@ mod tests {
         DeliverySettings {
             retry_backoff: Duration::from_millis(5),
             orphan_scan: None,
+            first_scan_after: Duration::ZERO,
             retention: Duration::from_secs(600),
             max_answer_bytes: 1 << 20,
         }

@@ -211,7 +211,6 @@ fn arguments(body: &Bytes) -> Result<Bytes, ApiError> {
     Ok(body.clone())
 }
 
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PrewarmBody {

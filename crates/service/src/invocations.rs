@@ -9,7 +9,6 @@ pub fn new_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
-
 /// The typed outcome of an answer read off the wire; a body that is neither a success nor an
 /// error answer is kept as an internal error that says so.
 pub fn outcome_of(http_status: u16, body: &[u8]) -> AsyncOutcome {
@@ -58,7 +57,13 @@ mod tests {
         );
         assert!(matches!(ok, AsyncOutcome::Succeeded(_)));
         let err = outcome_of(502, br#"{"error":{"code":"handler_error","message":"m"}}"#);
-        assert!(matches!(err, AsyncOutcome::Failed { http_status: 502, .. }));
+        assert!(matches!(
+            err,
+            AsyncOutcome::Failed {
+                http_status: 502,
+                ..
+            }
+        ));
         match outcome_of(200, b"garbage") {
             AsyncOutcome::Failed { error, .. } => assert_eq!(error.error.code, ErrorCode::Internal),
             other => panic!("{other:?}"),

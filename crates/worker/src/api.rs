@@ -14,9 +14,9 @@ use axum::{Extension, Json, Router};
 use hearth_api::namespace::namespace_of;
 use hearth_api::ErrorCode;
 use hearth_api::{AsyncRecord, PrewarmAnswer, WorkerStatus};
+use hearth_service::async_api::{self, ListQuery};
 use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
-use hearth_service::async_api::{self, ListQuery};
 use hearth_service::http::{
     invoke_request, json_bytes, metrics_for, present, prewarm_count, registered,
     registration_request, InvokeQuery,
@@ -194,7 +194,11 @@ pub fn api_error(e: InvokeError) -> ApiError {
         }
         InvokeError::NoMemory { .. } | InvokeError::AsyncStoreFull => ApiError::overloaded(message),
         InvokeError::AsyncStore(_) => {
-            let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Internal, message);
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Internal,
+                message,
+            );
             e.retry_after_s = Some(1);
             e
         }

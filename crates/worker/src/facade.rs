@@ -9,20 +9,20 @@ use crate::errors::{HandlerFailure, InvokeError, PrewarmError, RegisterError, Un
 use crate::metrics::{ColdLabel, FnLabel, Metrics, Outcome, QueueLabel};
 use bytes::Bytes;
 use hearth_api::{
-    raw_json, FunctionSpec, InvokeAnswer, LoadStatus, LowLatencyStatus, MemoryStatus,
-    PolicyStatus, PrewarmAnswer, QueueStatus, Timing, WorkerStatus,
+    raw_json, FunctionSpec, InvokeAnswer, LoadStatus, LowLatencyStatus, MemoryStatus, PolicyStatus,
+    PrewarmAnswer, QueueStatus, Timing, WorkerStatus,
 };
 use hearth_core::characteristics::CharacteristicsReport;
 use hearth_core::{EngineConfig, EngineStats, LoadSource, Micros, PoolConfig, Reject};
 use hearth_service::auth::{Auth, AuthError, AuthSettings, ClusterKey};
-use hearth_service::in_flight::InFlightTracker;
 use hearth_service::dedup::Dedup;
 use hearth_service::delivery::{Accepted, Attempted, Delivery, DeliverySettings, Runner};
-use hearth_service::store::sqlite::SqliteAsyncStore;
-use hearth_service::store::{StoreError, StoredInvocation};
+use hearth_service::in_flight::InFlightTracker;
 use hearth_service::quota::{QuotaError, QuotaGuard, Quotas};
 use hearth_service::registry::{CodeSource, Registered, Registry, RegistryError};
 use hearth_service::serving::open_data_dir;
+use hearth_service::store::sqlite::SqliteAsyncStore;
+use hearth_service::store::{StoreError, StoredInvocation};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -146,6 +146,7 @@ impl Worker {
             DeliverySettings {
                 retry_backoff: Duration::from_millis(config.async_retry_backoff_ms),
                 orphan_scan: None,
+                first_scan_after: Duration::ZERO,
                 retention: Duration::from_secs(config.async_retention_s),
                 max_answer_bytes: config.async_max_bytes,
             },
@@ -619,7 +620,9 @@ impl Worker {
         // Let answered async invocations store their results (an unstored one runs again in
         // the next life); those waiting to retry are left to it.
         let now = tokio::time::Instant::now();
-        let stored = deadline.min(now + Duration::from_secs(2)).max(now + Duration::from_millis(200));
+        let stored = deadline
+            .min(now + Duration::from_secs(2))
+            .max(now + Duration::from_millis(200));
         while self.delivery.running() > 0 && tokio::time::Instant::now() < stored {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

@@ -21,6 +21,11 @@ pub struct Server {
     child: Option<Child>,
     _tmp: Option<tempfile::TempDir>,
     pub log: PathBuf,
+    /// How it was started (program arguments, environment), for [`Server::restart`].
+    launched: (
+        Vec<std::ffi::OsString>,
+        Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    ),
 }
 
 /// Operator keys of the servers this test process started, by URL.
@@ -103,6 +108,12 @@ impl Server {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        let launched = (
+            cmd.get_args().map(|a| a.to_os_string()).collect(),
+            cmd.get_envs()
+                .filter_map(|(k, v)| Some((k.to_os_string(), v?.to_os_string())))
+                .collect(),
+        );
         let child = cmd.spawn().expect("spawn hearth");
         let setting = |name: &str| env.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
         let scheme = match setting("HEARTH_TLS_CERT") {
@@ -117,6 +128,7 @@ impl Server {
             child: Some(child),
             _tmp: None,
             log,
+            launched,
         };
         s.wait_ready();
         // `hearth up --workers N` keeps the controller's data (and key) in `controller/`.
@@ -131,6 +143,25 @@ impl Server {
             keys().lock().unwrap().insert(s.url.clone(), k.clone());
         }
         s
+    }
+
+    /// Starts the same command again, on the same port and data directory, after it was
+    /// killed (crash-restart tests); waits for /healthz.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "kill it first");
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hearth"));
+        cmd.args(&self.launched.0)
+            .envs(self.launched.1.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        self.child = Some(cmd.spawn().expect("spawn hearth"));
+        // The port may linger briefly after the kill.
+        self.wait_ready();
     }
 
     fn wait_ready(&mut self) {
