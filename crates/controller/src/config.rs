@@ -31,6 +31,11 @@ pub struct ControllerConfig {
     pub status_interval_ms: u64,
     /// A worker not heard from for this long leaves the ring.
     pub status_timeout_ms: u64,
+    /// How often each live worker's `/healthz` is probed (0: never). A probe unanswered within
+    /// `probe_timeout_ms` takes the worker out of the ring until it reports again, so that a
+    /// frozen worker stops getting work within `probe_interval_ms + probe_timeout_ms`.
+    pub probe_interval_ms: u64,
+    pub probe_timeout_ms: u64,
     /// Connecting to a worker may take this long before it counts as down.
     pub connect_timeout_ms: u64,
     /// A forwarded invocation may take its function's timeout plus this before the controller
@@ -98,6 +103,8 @@ impl Default for ControllerConfig {
             workers: Vec::new(),
             status_interval_ms: 1000,
             status_timeout_ms: 3000,
+            probe_interval_ms: 250,
+            probe_timeout_ms: 1000,
             connect_timeout_ms: 1000,
             forward_grace_ms: 30_000,
             max_body_bytes: 6 * 1024 * 1024,
@@ -134,6 +141,8 @@ const CONFIG_KEYS: &[&str] = &[
     "workers",
     "status_interval_ms",
     "status_timeout_ms",
+    "probe_interval_ms",
+    "probe_timeout_ms",
     "connect_timeout_ms",
     "forward_grace_ms",
     "max_body_bytes",
@@ -198,6 +207,18 @@ impl ControllerConfig {
             config_checks::http_url("workers", w)?;
         }
         config_checks::status_interval_ms(self.status_interval_ms)?;
+        if self.probe_interval_ms != 0 && !(10..=60_000).contains(&self.probe_interval_ms) {
+            return bad(format!(
+                "probe_interval_ms must be 0 (off) or between 10 and 60000, got {}",
+                self.probe_interval_ms
+            ));
+        }
+        if !(10..=60_000).contains(&self.probe_timeout_ms) {
+            return bad(format!(
+                "probe_timeout_ms must be between 10 and 60000, got {}",
+                self.probe_timeout_ms
+            ));
+        }
         if self.status_timeout_ms < self.status_interval_ms {
             return bad(format!(
                 "status_timeout_ms ({}) must be at least status_interval_ms ({})",

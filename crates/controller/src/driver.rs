@@ -59,6 +59,11 @@ impl Driver {
         self.members.get(&id.0).map(|m| Arc::clone(&m))
     }
 
+    /// Whether the worker is in the ring now.
+    pub fn is_up(&self, id: WorkerId) -> bool {
+        self.policy.lock().workers().get(id).is_some_and(|w| w.up)
+    }
+
     /// Every member known, up or not.
     pub fn members(&self) -> Vec<Arc<Member>> {
         self.members.iter().map(|m| Arc::clone(&m)).collect()
@@ -199,11 +204,15 @@ impl Driver {
         id.is_some_and(|id| self.leave(id, why, event))
     }
 
-    /// Takes a worker out of the ring and ends the invocations waiting on it.
+    /// Takes a worker out of the ring. A failed worker's waiting invocations end at once; a
+    /// worker that leaves gracefully (`leave`) or is only suspected of being stuck
+    /// (`suspected`) keeps them: it finishes them, or their own timeouts end them.
     pub fn leave(&self, id: WorkerId, why: &str, event: &'static str) -> bool {
         let left = self.policy.lock().leave(self.now(), id);
         if let Some(m) = self.members.get(&id.0) {
-            m.mark_gone();
+            if !matches!(event, "leave" | "suspected") {
+                m.mark_gone();
+            }
             if left && event == "leave" {
                 tracing::info!(worker = %m.name, url = %m.url, "worker left the ring: {why}");
             } else if left {

@@ -136,6 +136,7 @@ impl Controller {
         let _ = runner.0.set(Arc::downgrade(&c));
         c.delivery.start_background();
         tokio::spawn(membership::sweep(Arc::downgrade(&c)));
+        tokio::spawn(membership::probe(Arc::downgrade(&c)));
         for url in c.config.workers.clone() {
             tokio::spawn(membership::poll_static(Arc::downgrade(&c), url));
         }

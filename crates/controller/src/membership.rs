@@ -118,6 +118,45 @@ pub(crate) async fn sweep(c: Weak<Controller>) {
     }
 }
 
+/// Probes every live worker's `/healthz` each `probe_interval_ms`: one that does not answer
+/// within `probe_timeout_ms` (frozen, stuck, or gone) leaves the ring until it reports again.
+/// Its running invocations are not ended: it may thaw and finish them.
+pub(crate) async fn probe(c: Weak<Controller>) {
+    loop {
+        let Some(ctl) = c.upgrade() else { return };
+        let every = ctl.config().probe_interval_ms;
+        if every == 0 {
+            return;
+        }
+        let timeout = Duration::from_millis(ctl.config().probe_timeout_ms);
+        let live: Vec<Arc<Member>> = ctl
+            .driver()
+            .members()
+            .into_iter()
+            .filter(|m| ctl.driver().is_up(m.id))
+            .collect();
+        let mut probes = tokio::task::JoinSet::new();
+        for m in live {
+            let ctl = Arc::clone(&ctl);
+            probes.spawn(async move {
+                let sent = ctl
+                    .forwarder()
+                    .send(Method::GET, &m.url, "/healthz", Bytes::new(), timeout)
+                    .await;
+                let why = match sent {
+                    Ok(a) if a.is_success() => return,
+                    Ok(a) => format!("its health probe answered {}", a.status),
+                    Err(e) => format!("its health probe failed: {e}"),
+                };
+                ctl.driver().leave(m.id, &why, "suspected");
+            });
+        }
+        drop(ctl);
+        while probes.join_next().await.is_some() {}
+        tokio::time::sleep(Duration::from_millis(every)).await;
+    }
+}
+
 /// Polls a worker from the config's static list; its status stands in for the report it does
 /// not push, and a lower uptime than last time means it restarted (a new incarnation).
 pub(crate) async fn poll_static(c: Weak<Controller>, url: String) {
