@@ -25,6 +25,10 @@ pub struct ControllerArgs {
     /// Balancing policy: round-robin, random, least-loaded, ch, ch-bl, ch-rlu, k-ch-rlu.
     #[arg(long)]
     pub balance: Option<BalanceKind>,
+    /// The cluster's state store: sqlite (this controller alone) or etcd://HOST:PORT[,…]
+    /// (several controllers serve one cluster).
+    #[arg(long)]
+    pub store: Option<String>,
 }
 
 /// Runs a controller until SIGTERM or Ctrl-C.
@@ -38,6 +42,9 @@ pub fn controller(args: ControllerArgs) -> Result<()> {
     }
     if let Some(b) = args.balance {
         config.balance = b;
+    }
+    if let Some(s) = args.store {
+        config.store = s;
     }
     config.check()?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -131,6 +131,10 @@ struct ServerArgs {
     /// Join this controller (http://HOST:PORT) and push status to it.
     #[arg(long)]
     controller: Option<String>,
+    /// Join a cluster through its state store (etcd://HOST:PORT[,…]): every controller of the
+    /// cluster finds this worker there.
+    #[arg(long)]
+    store: Option<String>,
 }
 
 #[derive(Args)]
@@ -488,6 +492,9 @@ fn serve(args: ServerArgs) -> Result<()> {
     }
     if let Some(c) = args.cpus {
         config.cpus = c;
+    }
+    if let Some(s) = args.store {
+        config.store = Some(s);
     }
     if let Some(c) = args.controller {
         config.controller = Some(c);

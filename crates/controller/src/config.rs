@@ -27,6 +27,15 @@ pub struct ControllerConfig {
     /// Workers polled by the controller (`http://HOST:PORT` or `https://HOST:PORT`), besides
     /// those that join by pushing.
     pub workers: Vec<String>,
+    /// Where the cluster's state lives: `sqlite` (this controller's data directory; one
+    /// controller) or `etcd://HOST:PORT[,…]` (several controllers serve one cluster).
+    pub store: String,
+    /// Time to live of this controller's etcd session (its claims on async invocations): when
+    /// it dies, another controller takes them over within this (whole seconds, at least 1 s).
+    pub lease_ttl_ms: u64,
+    /// The URL other members reach this controller at (default: `http://` + the listen
+    /// address); published in etcd.
+    pub advertise_url: Option<String>,
     /// How often static workers are polled; pushing workers choose their own interval.
     pub status_interval_ms: u64,
     /// A worker not heard from for this long leaves the ring.
@@ -103,6 +112,9 @@ impl Default for ControllerConfig {
             workers: Vec::new(),
             status_interval_ms: 1000,
             status_timeout_ms: 3000,
+            store: "sqlite".into(),
+            lease_ttl_ms: 2000,
+            advertise_url: None,
             probe_interval_ms: 250,
             probe_timeout_ms: 1000,
             connect_timeout_ms: 1000,
@@ -141,6 +153,9 @@ const CONFIG_KEYS: &[&str] = &[
     "workers",
     "status_interval_ms",
     "status_timeout_ms",
+    "store",
+    "lease_ttl_ms",
+    "advertise_url",
     "probe_interval_ms",
     "probe_timeout_ms",
     "connect_timeout_ms",
@@ -207,6 +222,7 @@ impl ControllerConfig {
             config_checks::http_url("workers", w)?;
         }
         config_checks::status_interval_ms(self.status_interval_ms)?;
+        config_checks::store(&self.store, self.lease_ttl_ms)?;
         if self.probe_interval_ms != 0 && !(10..=60_000).contains(&self.probe_interval_ms) {
             return bad(format!(
                 "probe_interval_ms must be 0 (off) or between 10 and 60000, got {}",

@@ -270,7 +270,10 @@ impl Controller {
                 });
             }
         }
-        let (reg, previous) = self.registry.put_blocking(spec, code, false).await?;
+        // Code is needed unless some live worker runs functions without it (the sim backend).
+        let backends = self.live_backends();
+        let require_code = !backends.is_empty() && backends.iter().all(|b| b != "sim");
+        let (reg, previous) = self.registry.put_blocking(spec, code, require_code).await?;
         if let Some(dir) = reg.code_dir.clone() {
             let code = pack_code(dir).await?;
             self.code
@@ -284,6 +287,16 @@ impl Controller {
         self.driver
             .register(FunctionKey::of(&reg.spec.name), function_info(&reg.spec));
         Ok((reg, previous.is_none()))
+    }
+
+    /// The backends of live workers.
+    fn live_backends(&self) -> Vec<String> {
+        let members = self.driver.members();
+        members
+            .iter()
+            .filter(|m| self.driver.is_up(m.id))
+            .filter_map(|m| m.report().map(|(r, _)| r.backend))
+            .collect()
     }
 
     /// The largest memory budget among live workers that report theirs; None when none does.

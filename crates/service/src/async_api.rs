@@ -22,6 +22,9 @@ use std::time::Duration;
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// The invocation id a controller sends a worker, so that a repeat runs once.
 pub const INVOCATION_ID: &str = "hearth-invocation-id";
+/// The cluster-wide version of a function a controller registers on a worker: several
+/// controllers registering the same version register it once.
+pub const FUNCTION_VERSION: &str = "hearth-function-version";
 /// Set on an answer that is the first call's, for a repeated idempotency key.
 pub const REPLAYED: &str = "hearth-idempotent-replay";
 /// The longest idempotency key.
@@ -61,6 +64,23 @@ pub fn invocation_id(headers: &HeaderMap, p: &Principal) -> Result<Option<String
         _ => Err(ApiError::bad_request(
             "Hearth-Invocation-Id must be 1 to 64 hex digits",
         )),
+    }
+}
+
+/// The `Hearth-Function-Version` of a registration from the cluster itself; a client's is
+/// ignored.
+pub fn function_version(headers: &HeaderMap, p: &Principal) -> Result<Option<u64>, ApiError> {
+    if !matches!(p, Principal::Peer | Principal::Open) {
+        return Ok(None);
+    }
+    match headers.get(FUNCTION_VERSION) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(Some)
+            .ok_or_else(|| ApiError::bad_request("Hearth-Function-Version must be a number")),
     }
 }
 

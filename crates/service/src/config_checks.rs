@@ -61,6 +61,17 @@ pub fn status_interval_ms(ms: u64) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// A `store` setting and its lease: a known store URL, a TTL of 1 s to 10 minutes.
+pub fn store(url: &str, lease_ttl_ms: u64) -> Result<(), ConfigError> {
+    crate::store::StoreUrl::parse(url).map_err(|e| ConfigError::Invalid(format!("store: {e}")))?;
+    if !(1_000..=600_000).contains(&lease_ttl_ms) {
+        return Err(ConfigError::Invalid(format!(
+            "lease_ttl_ms must be between 1000 and 600000, got {lease_ttl_ms}"
+        )));
+    }
+    Ok(())
+}
+
 /// The first back-off of async retries: 1 ms to 10 minutes.
 pub fn async_retry_backoff_ms(ms: u64) -> Result<(), ConfigError> {
     if !(1..=600_000).contains(&ms) {

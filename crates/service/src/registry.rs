@@ -292,6 +292,31 @@ impl Registry {
         code: Option<CodeSource>,
         require_code: bool,
     ) -> Result<(Registered, Option<Registered>), RegistryError> {
+        self.put_as(spec, code, require_code, None)
+    }
+
+    /// [`Self::put_blocking`] with the version decided elsewhere (the cluster's store).
+    pub async fn put_blocking_as(
+        self: &Arc<Self>,
+        spec: FunctionSpec,
+        code: Option<CodeSource>,
+        require_code: bool,
+        version: u64,
+    ) -> Result<(Registered, Option<Registered>), RegistryError> {
+        let me = Arc::clone(self);
+        tokio::task::spawn_blocking(move || me.put_as(spec, code, require_code, Some(version)))
+            .await
+            .map_err(|e| RegistryError::Storage(format!("the registration task failed: {e}")))?
+    }
+
+    /// [`Self::put`] with the version given (None: the previous one + 1).
+    pub fn put_as(
+        &self,
+        spec: FunctionSpec,
+        code: Option<CodeSource>,
+        require_code: bool,
+        version: Option<u64>,
+    ) -> Result<(Registered, Option<Registered>), RegistryError> {
         // Unpacked and checked in a directory of its own, concurrently with other uploads.
         let staged = match code {
             Some(src) => Some(self.stage(&spec, &src)?),
@@ -300,7 +325,8 @@ impl Registry {
         let _one_at_a_time = self.commit.lock();
         let mut spec = spec;
         let previous = self.get(&spec.name);
-        spec.version = previous.as_ref().map_or(1, |p| p.spec.version + 1);
+        spec.version =
+            version.unwrap_or_else(|| previous.as_ref().map_or(1, |p| p.spec.version + 1));
         let code_dir = match staged {
             Some(staged) => Some(staged.commit(&self.code_root, &spec)?),
             None => previous.as_ref().and_then(|p| p.code_dir.clone()),

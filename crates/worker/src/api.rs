@@ -56,11 +56,16 @@ async fn register(
     State(w): State<Arc<Worker>>,
     Extension(p): Extension<Principal>,
     Path(name): Path<String>,
+    headers: HeaderMap,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let key = p.authorized_key(&name, Access::Manage)?;
+    let cluster_version = async_api::function_version(&headers, &p)?;
     let (spec, code) = registration_request(&name, &key, body, w.config().max_code_bytes)?;
-    let (reg, created) = w.register(spec, code).await.map_err(register_error)?;
+    let (reg, created) = w
+        .register_versioned(spec, code, cluster_version)
+        .await
+        .map_err(register_error)?;
     Ok(registered(&reg.spec, created))
 }
 

@@ -233,6 +233,12 @@ pub struct WorkerConfig {
     pub runc: RuncConfig,
     /// A controller to join (`http://HOST:PORT`); the worker pushes its status there.
     pub controller: Option<String>,
+    /// The cluster's state store to join (`etcd://HOST:PORT[,…]`): the worker publishes itself
+    /// there under a lease, and every controller of the cluster finds it and polls it.
+    pub store: Option<String>,
+    /// The membership lease's time to live (whole seconds in etcd, at least 1 s): a worker that
+    /// stops renewing it (killed, frozen) leaves the cluster within this.
+    pub lease_ttl_ms: u64,
     /// How often the status is pushed to the controller.
     pub status_interval_ms: u64,
     /// The URL the controller forwards invocations to; defaults to `http://` + the bound address
@@ -298,6 +304,8 @@ impl Default for WorkerConfig {
             low_latency_quiet_ms: 1000,
             runc: RuncConfig::default(),
             controller: None,
+            store: None,
+            lease_ttl_ms: 2000,
             status_interval_ms: 1000,
             advertise_url: None,
             auth: true,
@@ -348,6 +356,8 @@ const CONFIG_KEYS: &[&str] = &[
     "low_latency_quiet_ms",
     "runc",
     "controller",
+    "store",
+    "lease_ttl_ms",
     "status_interval_ms",
     "advertise_url",
     "auth",
@@ -447,7 +457,15 @@ impl WorkerConfig {
         config_checks::tls_pair(self.tls_cert.as_deref(), self.tls_key.as_deref())?;
         hearth_service::auth::check_exposure(&self.listen, self.auth)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        if self.auth && self.controller.is_some() && self.cluster_key_file.is_none() {
+        if self
+            .store
+            .as_deref()
+            .is_some_and(|s| s.starts_with("sqlite"))
+        {
+            return bad("a worker's store is an etcd:// URL to join a cluster by (its own async records are always in its data directory)".into());
+        }
+        let joins = self.controller.is_some() || self.store.is_some();
+        if self.auth && joins && self.cluster_key_file.is_none() {
             return bad(
                 "joining a controller needs the cluster key: set cluster_key_file (the controller \
                  writes it to <its data dir>/cluster.key)"
@@ -465,6 +483,9 @@ impl WorkerConfig {
         }
         hearth_service::quota::check_quotas(&self.quota, &self.quotas)
             .map_err(ConfigError::Invalid)?;
+        if let Some(store) = &self.store {
+            config_checks::store(store, self.lease_ttl_ms)?;
+        }
         config_checks::status_interval_ms(self.status_interval_ms)
     }
 

@@ -40,6 +40,8 @@ pub struct Worker {
     delivery: Arc<Delivery>,
     /// Invocation ids a controller sent: each runs once here.
     dedup: Dedup,
+    /// The cluster-wide version each function was registered with by a controller.
+    cluster_versions: dashmap::DashMap<String, u64>,
     shutting_down: AtomicBool,
     in_flight: InFlightTracker,
     latency: crate::latency::LowLatency,
@@ -155,6 +157,7 @@ impl Worker {
             id,
             delivery,
             dedup: Dedup::new(DEDUP_TTL, DEDUP_MAX_BYTES),
+            cluster_versions: dashmap::DashMap::new(),
             config,
             epoch: Instant::now(),
             registry,
@@ -518,8 +521,33 @@ impl Worker {
         Ok((reg, created))
     }
 
+    /// [`Self::register`] from a controller that names the function's cluster-wide
+    /// `version`: a version already registered here (by this or another controller), or an
+    /// older one, changes nothing, so its warm sandboxes stay.
+    pub async fn register_versioned(
+        &self,
+        spec: FunctionSpec,
+        code: Option<CodeSource>,
+        version: Option<u64>,
+    ) -> Result<(Registered, bool), RegisterError> {
+        let Some(version) = version else {
+            return self.register(spec, code).await;
+        };
+        let have = self.cluster_versions.get(&spec.name).map(|v| *v);
+        if let (Some(have), Some(reg)) = (have, self.registry.get(&spec.name)) {
+            if have >= version {
+                return Ok((reg, false));
+            }
+        }
+        let name = spec.name.clone();
+        let done = self.register(spec, code).await?;
+        self.cluster_versions.insert(name, version);
+        Ok(done)
+    }
+
     /// Deletes a function: running invocations finish, then its sandboxes go.
     pub fn unregister(&self, name: &str) -> Result<(), UnregisterError> {
+        self.cluster_versions.remove(name);
         let removed = self
             .registry
             .remove(name)
