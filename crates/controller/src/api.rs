@@ -115,9 +115,10 @@ async fn remove(
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let name = p.authorized_key(&name, Access::Manage)?;
-    c.unregister(&name).map_err(|e| match e {
+    c.unregister(&name).await.map_err(|e| match e {
         UnregisterError::UnknownFunction(name) => ApiError::unknown_function(&name),
         UnregisterError::Registry(e) => registry_error(e),
+        UnregisterError::Store(e) => async_api::store_error(e),
     })?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -228,6 +229,7 @@ fn register_error(e: RegisterError) -> ApiError {
             .with("field", json!("memory_mb"))
             .with("min", json!(hearth_api::function::MIN_MEMORY_MB))
             .with("max", json!(largest_mb)),
+        RegisterError::Store(e) => async_api::store_error(e),
     }
 }
 

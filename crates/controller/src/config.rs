@@ -206,6 +206,23 @@ impl ControllerConfig {
         }
     }
 
+    /// This controller's name in the cluster's membership: the advertised address.
+    pub fn controller_name(&self) -> String {
+        let url = self.public_url();
+        url.split("://").nth(1).unwrap_or(&url).to_string()
+    }
+
+    /// The URL others reach this controller at.
+    pub fn public_url(&self) -> String {
+        match &self.advertise_url {
+            Some(u) => u.trim_end_matches('/').to_string(),
+            None => {
+                let scheme = if self.tls_cert.is_some() { "https" } else { "http" };
+                format!("{scheme}://{}", self.listen)
+            }
+        }
+    }
+
     /// Refuses settings that cannot work.
     pub fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -223,6 +240,9 @@ impl ControllerConfig {
         }
         config_checks::status_interval_ms(self.status_interval_ms)?;
         config_checks::store(&self.store, self.lease_ttl_ms)?;
+        if let Some(u) = &self.advertise_url {
+            config_checks::http_url("advertise_url", u)?;
+        }
         if self.probe_interval_ms != 0 && !(10..=60_000).contains(&self.probe_interval_ms) {
             return bad(format!(
                 "probe_interval_ms must be 0 (off) or between 10 and 60000, got {}",

@@ -199,6 +199,11 @@ impl Driver {
         self.leave_named(name, "it left", "leave")
     }
 
+    /// A worker's membership lease in the cluster's store ended.
+    pub fn lease_ended(&self, name: &str) -> bool {
+        self.leave_named(name, "its membership lease ended", "expired")
+    }
+
     fn leave_named(&self, name: &str, why: &str, event: &'static str) -> bool {
         let id = self.policy.lock().workers().id(name);
         id.is_some_and(|id| self.leave(id, why, event))

@@ -88,6 +88,9 @@ pub enum RegisterError {
          {largest_mb} MiB"
     )]
     TooMuchMemory { memory_mb: u64, largest_mb: u64 },
+    /// The cluster's store could not record it: nothing changed.
+    #[error("{0}")]
+    Store(#[from] hearth_service::store::StoreError),
 }
 
 /// Why a function could not be deleted.
@@ -97,6 +100,9 @@ pub enum UnregisterError {
     UnknownFunction(String),
     #[error("{0}")]
     Registry(#[from] RegistryError),
+    /// The cluster's store could not record it: nothing changed.
+    #[error("{0}")]
+    Store(#[from] hearth_service::store::StoreError),
 }
 
 /// Why a prewarm started nothing.

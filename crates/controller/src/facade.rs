@@ -35,7 +35,10 @@ use hearth_service::quota::{QuotaError, QuotaGuard, Quotas};
 use hearth_service::registry::{CodeSource, Registered, Registry};
 use hearth_service::serving::open_data_dir;
 use hearth_service::store::sqlite::SqliteAsyncStore;
-use hearth_service::store::{StoreError, StoredInvocation};
+use hearth_service::store::{
+    AsyncStore, ClusterState, CodeRef, MemberKind, MemberRecord, Membership, StoreError,
+    StoreUrl, StoredInvocation,
+};
 use hyper::Method;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -62,6 +65,12 @@ pub struct Controller {
     forwarder: Forwarder,
     /// Async invocations, durable before their 202.
     delivery: Arc<Delivery>,
+    /// The cluster shared with other controllers (etcd); None: this controller alone.
+    cluster: Option<Arc<dyn ClusterState>>,
+    /// The code each function's local copy was unpacked from (cluster mode).
+    code_refs: DashMap<String, CodeRef>,
+    /// This controller's membership in the cluster, given up when it stops.
+    membership: parking_lot::Mutex<Option<Box<dyn Membership>>>,
     pub metrics: Arc<Metrics>,
     shutting_down: AtomicBool,
     in_flight: InFlightTracker,
@@ -97,18 +106,34 @@ impl Controller {
         let metrics = Arc::new(Metrics::default());
         let tls =
             hearth_service::serving::load_client_tls("tls_ca", config.tls_ca.as_deref()).await?;
-        let store = Arc::new(SqliteAsyncStore::open(
-            &data_dir,
-            config.async_max_records,
-            config.async_max_bytes,
-        )?);
+        let (store, cluster): (Arc<dyn AsyncStore>, Option<Arc<dyn ClusterState>>) =
+            match StoreUrl::parse(&config.store)? {
+                StoreUrl::Sqlite => (
+                    Arc::new(SqliteAsyncStore::open(
+                        &data_dir,
+                        config.async_max_records,
+                        config.async_max_bytes,
+                    )?),
+                    None,
+                ),
+                StoreUrl::Etcd(endpoints) => {
+                    let etcd = hearth_service::store::etcd::EtcdStore::connect(
+                        &endpoints,
+                        STORE_PREFIX,
+                        config.lease_ttl_ms,
+                    )
+                    .await?;
+                    (etcd.clone(), Some(etcd))
+                }
+            };
+        let orphan_scan = cluster.as_ref().map(|_| ORPHAN_SCAN);
         let runner = Arc::new(ControllerRunner(std::sync::OnceLock::new()));
         let delivery = Delivery::new(
             store,
             Arc::clone(&runner) as Arc<dyn Runner>,
             DeliverySettings {
                 retry_backoff: Duration::from_millis(config.async_retry_backoff_ms),
-                orphan_scan: None,
+                orphan_scan,
                 // Workers that push status have all reported by then.
                 first_scan_after: Duration::from_millis(2 * config.status_interval_ms),
                 retention: Duration::from_secs(config.async_retention_s),
@@ -123,6 +148,9 @@ impl Controller {
             )
             .with_max_answer_bytes(config.max_result_bytes),
             delivery,
+            cluster,
+            code_refs: DashMap::new(),
+            membership: parking_lot::Mutex::new(None),
             config,
             registry,
             code: DashMap::new(),
@@ -134,6 +162,9 @@ impl Controller {
             quotas,
         });
         let _ = runner.0.set(Arc::downgrade(&c));
+        if let Some(cluster) = c.cluster.clone() {
+            c.join_cluster(cluster).await?;
+        }
         c.delivery.start_background();
         tokio::spawn(membership::sweep(Arc::downgrade(&c)));
         tokio::spawn(membership::probe(Arc::downgrade(&c)));
@@ -273,12 +304,84 @@ impl Controller {
         // Code is needed unless some live worker runs functions without it (the sim backend).
         let backends = self.live_backends();
         let require_code = !backends.is_empty() && backends.iter().all(|b| b != "sim");
-        let (reg, previous) = self.registry.put_blocking(spec, code, require_code).await?;
-        if let Some(dir) = reg.code_dir.clone() {
-            let code = pack_code(dir).await?;
-            self.code
-                .insert(reg.spec.name.clone(), (reg.spec.version, code));
+        let Some(cluster) = self.cluster.clone() else {
+            let (reg, previous) = self
+                .registry
+                .put_blocking(spec, code, require_code)
+                .await?;
+            if let Some(dir) = reg.code_dir.clone() {
+                let code = pack_code(dir).await?;
+                self.code
+                    .insert(reg.spec.name.clone(), (reg.spec.version, code));
+            }
+            let created = previous.is_none();
+            self.registered_here(&reg, previous);
+            return Ok((reg, created));
+        };
+        // In a cluster: the code is checked here, stored in the cluster (which decides the
+        // version), then registered here under that version.
+        let name = spec.name.clone();
+        let staged = match code {
+            Some(src) => {
+                let (registry, spec) = (Arc::clone(&self.registry), spec.clone());
+                let staged = blocking(move || registry.stage_code(&spec, &src)).await??;
+                let archive = {
+                    let dir = staged.path().to_path_buf();
+                    blocking(move || hearth_service::archive::pack_dir(&dir))
+                        .await?
+                        .map_err(|e| RegisterError::Packing(format!("packing the code: {e}")))?
+                };
+                Some((staged, archive))
+            }
+            None => None,
+        };
+        let had_code = self
+            .registry
+            .get(&name)
+            .is_some_and(|r| r.code_dir.is_some());
+        if require_code && staged.is_none() && !had_code {
+            return Err(RegisterError::Registry(
+                hearth_service::registry::RegistryError::BadCode(
+                    "`code` is required (an archive or files): every worker of this cluster runs real sandboxes"
+                        .into(),
+                ),
+            ));
         }
+        let mut stored_spec = serde_json::to_value(&spec)
+            .map_err(|e| RegisterError::Packing(e.to_string()))?;
+        if let Some(obj) = stored_spec.as_object_mut() {
+            obj.remove("version");
+        }
+        let record = cluster
+            .put_function(&name, &stored_spec, staged.as_ref().map(|(_, a)| a.as_slice()))
+            .await?;
+        let (staged, archive) = match staged {
+            Some((s, a)) => (Some(s), Some(a)),
+            None => (None, None),
+        };
+        let registry = Arc::clone(&self.registry);
+        let version = record.version;
+        let (reg, previous) =
+            blocking(move || registry.put_staged(spec, staged, false, Some(version))).await??;
+        if let Some(code_ref) = record.code {
+            self.code_refs.insert(name.clone(), code_ref);
+        }
+        if let Some(archive) = archive {
+            use base64::Engine;
+            let b64 = base64::engine::general_purpose::STANDARD.encode(archive);
+            self.code.insert(
+                name.clone(),
+                (reg.spec.version, Arc::new(json!({ "archive": b64 }))),
+            );
+        }
+        let created = previous.is_none();
+        self.registered_here(&reg, previous);
+        Ok((reg, created))
+    }
+
+    /// After a function was registered in the local registry: the old version's code goes
+    /// (unless kept), and the policy learns the function.
+    fn registered_here(&self, reg: &Registered, previous: Option<Registered>) {
         if let Some(old) = previous.as_ref().and_then(|p| p.code_dir.as_deref()) {
             if reg.code_dir.as_deref() != Some(old) {
                 self.registry.remove_code_dir(old);
@@ -286,7 +389,6 @@ impl Controller {
         }
         self.driver
             .register(FunctionKey::of(&reg.spec.name), function_info(&reg.spec));
-        Ok((reg, previous.is_none()))
     }
 
     /// The backends of live workers.
@@ -311,13 +413,37 @@ impl Controller {
         })
     }
 
-    /// Deletes a function here and, in the background, on every worker that has it.
-    pub fn unregister(self: &Arc<Self>, name: &str) -> Result<(), UnregisterError> {
-        let removed = self
-            .registry
-            .remove(name)?
-            .ok_or_else(|| UnregisterError::UnknownFunction(name.to_string()))?;
+    /// Deletes a function (in the cluster first, when there is one), here and, in the
+    /// background, on every worker that has it.
+    pub async fn unregister(self: &Arc<Self>, name: &str) -> Result<(), UnregisterError> {
+        if let Some(cluster) = &self.cluster {
+            let existed = cluster.delete_function(name).await?;
+            if !existed && self.registry.get(name).is_none() {
+                return Err(UnregisterError::UnknownFunction(name.to_string()));
+            }
+            self.forget_function(name);
+            return Ok(());
+        }
+        if self.registry.get(name).is_none() {
+            return Err(UnregisterError::UnknownFunction(name.to_string()));
+        }
+        self.forget_function(name);
+        Ok(())
+    }
+
+    /// Removes a function here and, in the background, from every worker this controller
+    /// registered it on.
+    pub(crate) fn forget_function(self: &Arc<Self>, name: &str) {
+        let removed = match self.registry.remove(name) {
+            Ok(Some(r)) => r,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(function = %name, error = %e, "cannot remove a function from the local registry");
+                return;
+            }
+        };
         self.code.remove(name);
+        self.code_refs.remove(name);
         if let Some(dir) = &removed.code_dir {
             self.registry.remove_code_dir(dir);
         }
@@ -341,6 +467,101 @@ impl Controller {
                 }
             }
         });
+    }
+
+    /// A function from the cluster's store, registered here at its cluster version; `code` is
+    /// its archive when the local copy's code differs.
+    pub(crate) async fn apply_function(
+        &self,
+        spec: FunctionSpec,
+        code: Option<(CodeRef, CodeSource)>,
+        version: u64,
+    ) -> Result<(), RegisterError> {
+        let registry = Arc::clone(&self.registry);
+        let name = spec.name.clone();
+        let (code_ref, src) = match code {
+            Some((r, src)) => (Some(r), Some(src)),
+            None => (None, None),
+        };
+        let (reg, previous) = blocking(move || {
+            let staged = match &src {
+                Some(src) => Some(registry.stage_code(&spec, src)?),
+                None => None,
+            };
+            registry.put_staged(spec, staged, false, Some(version))
+        })
+        .await??;
+        if let Some(r) = code_ref {
+            self.code_refs.insert(name.clone(), r);
+        }
+        self.code.remove(&name);
+        tracing::info!(function = %name, version, "function updated from the cluster");
+        self.registered_here(&reg, previous);
+        Ok(())
+    }
+
+    /// The code reference the local copy of `name` was unpacked from.
+    pub(crate) fn local_code_ref(&self, name: &str) -> Option<CodeRef> {
+        self.code_refs.get(name).map(|r| r.clone())
+    }
+
+    /// A code archive from the cluster's store, as base64 (what a registration carries).
+    pub(crate) async fn cluster_code(&self, code: &CodeRef) -> Result<String, StoreError> {
+        use base64::Engine;
+        let cluster = self
+            .cluster
+            .as_ref()
+            .ok_or_else(|| StoreError::Config("no cluster store".into()))?;
+        let bytes = cluster.code(code).await?;
+        Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    /// A worker's membership lease ended (it died, froze past its lease, or left): it leaves
+    /// the ring, and its waiting invocations end.
+    pub(crate) fn worker_lease_ended(&self, name: &str) {
+        self.driver.lease_ended(name);
+    }
+
+    /// Joins the cluster: the functions as the store has them now (before serving), then
+    /// their changes, the workers of its membership, and this controller's own membership.
+    async fn join_cluster(self: &Arc<Self>, cluster: Arc<dyn ClusterState>) -> Result<(), StartError> {
+        let mut functions = cluster.watch_functions();
+        match tokio::time::timeout(Duration::from_secs(15), functions.recv()).await {
+            Ok(Some(hearth_service::store::Change::Snapshot(all))) => {
+                let keys: std::collections::HashSet<String> =
+                    all.iter().map(|r| r.key.clone()).collect();
+                for r in all {
+                    crate::cluster_sync::apply(self, r).await;
+                }
+                for reg in self.registry.list() {
+                    if !keys.contains(&reg.spec.name) {
+                        self.forget_function(&reg.spec.name);
+                    }
+                }
+            }
+            _ => {
+                return Err(StartError::Store(StoreError::Unavailable(
+                    "the cluster's functions could not be read within 15 s".into(),
+                )))
+            }
+        }
+        tokio::spawn(crate::cluster_sync::follow_functions(
+            Arc::downgrade(self),
+            functions,
+        ));
+        tokio::spawn(crate::cluster_sync::follow_workers(
+            Arc::downgrade(self),
+            cluster.watch_members(MemberKind::Worker),
+        ));
+        let me = MemberRecord {
+            name: self.config.controller_name(),
+            url: self.config.public_url(),
+            incarnation: crate::membership::new_incarnation(),
+        };
+        let m = cluster
+            .join(MemberKind::Controller, &me, self.config.lease_ttl_ms)
+            .await?;
+        *self.membership.lock() = Some(m);
         Ok(())
     }
 
@@ -384,9 +605,23 @@ impl Controller {
         }
         let body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
         let path = format!("/v1/functions/{name}");
+        // In a cluster, the version is the cluster's: other controllers registering the same
+        // one on this worker change nothing there.
+        let version_header = self
+            .cluster
+            .as_ref()
+            .and_then(|_| hyper::header::HeaderValue::from_str(&version.to_string()).ok())
+            .map(|v| (hearth_service::async_api::FUNCTION_VERSION, v));
         let sent = self
             .forwarder
-            .send(Method::PUT, &m.url, &path, body, Duration::from_secs(60))
+            .send_with(
+                Method::PUT,
+                &m.url,
+                &path,
+                body,
+                Duration::from_secs(60),
+                version_header,
+            )
             .await;
         match sent {
             Ok(a) if a.is_success() => {
@@ -820,7 +1055,9 @@ impl Controller {
         self.shutting_down.store(true, Ordering::Release);
     }
 
-    /// Waits up to `grace` for in-flight invocations (sync and async) to finish.
+    /// Waits up to `grace` for in-flight invocations (sync and async) to finish, then leaves
+    /// the cluster's membership (its unfinished async invocations are taken over by another
+    /// controller once its session ends).
     pub async fn drain(&self, grace: Duration) {
         self.begin_shutdown();
         let deadline = tokio::time::Instant::now() + grace;
@@ -830,7 +1067,25 @@ impl Controller {
                 "grace period over with invocations still running"
             );
         }
+        let m = self.membership.lock().take();
+        if let Some(m) = m {
+            m.leave().await;
+        }
     }
+}
+
+/// Where Hearth's keys live in etcd.
+const STORE_PREFIX: &str = "/hearth";
+/// How often a controller in a cluster looks for async invocations another one left.
+const ORPHAN_SCAN: Duration = Duration::from_secs(1);
+
+/// Runs blocking work (files, SQLite) off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, RegisterError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| RegisterError::Packing(format!("the registration task failed: {e}")))
 }
 
 /// What the policy is told about a function at registration: its priority and, for `sim`

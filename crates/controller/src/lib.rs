@@ -11,9 +11,11 @@
 //!   status, …) and returns typed answers and domain errors ([`errors`]), never HTTP;
 //! - [`api`] is the HTTP edge, the only place that knows status codes and error bodies.
 //!
-//! [`forward`] is the HTTP client to the workers; [`status`] the typed status pages.
+//! [`forward`] is the HTTP client to the workers; [`status`] the typed status pages;
+//! [`cluster_sync`] keeps a controller among several in step with the cluster's store (etcd).
 
 pub mod api;
+pub mod cluster_sync;
 pub mod config;
 pub mod driver;
 pub mod errors;

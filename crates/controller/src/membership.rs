@@ -15,6 +15,11 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
+/// A new random incarnation id (of this controller's membership).
+pub fn new_incarnation() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
 /// One incarnation of a worker, as the controller knows it.
 pub struct Member {
     pub id: WorkerId,
@@ -160,6 +165,13 @@ pub(crate) async fn probe(c: Weak<Controller>) {
 /// Polls a worker from the config's static list; its status stands in for the report it does
 /// not push, and a lower uptime than last time means it restarted (a new incarnation).
 pub(crate) async fn poll_static(c: Weak<Controller>, url: String) {
+    poll_worker(c, url, None).await
+}
+
+/// Polls a worker's status every `status_interval_ms` as its report. `incarnation` is the one
+/// it published in the cluster's membership; without one (a static worker), a lower uptime
+/// than last time means it restarted.
+pub(crate) async fn poll_worker(c: Weak<Controller>, url: String, published: Option<String>) {
     let url = url.trim_end_matches('/').to_string();
     let mut incarnation = 0u64;
     let mut last_uptime = 0u64;
@@ -184,10 +196,13 @@ pub(crate) async fn poll_static(c: Weak<Controller>, url: String) {
                         incarnation += 1; // it restarted
                     }
                     last_uptime = uptime;
+                    let inc = published
+                        .clone()
+                        .unwrap_or_else(|| format!("static-{incarnation}"));
                     let report = StatusReport::from_status(
                         &status,
                         &url,
-                        &format!("static-{incarnation}"),
+                        &inc,
                         hearth_service::serving::host_cpus(),
                     );
                     if let Err(e) = ctl.on_report_from(report, true) {

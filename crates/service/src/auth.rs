@@ -297,6 +297,18 @@ fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
+/// A key as it is replicated between the controllers of a cluster: its hash, never its token.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct KeyRecord {
+    pub id: String,
+    /// Hex SHA-256 of the token.
+    pub hash: String,
+    pub namespace: String,
+    pub role: String,
+    pub description: String,
+    pub created_unix_s: i64,
+}
+
 /// The API keys of one service, hashed in SQLite and held in memory for the request path.
 pub struct KeyStore {
     db: Mutex<Connection>,
@@ -426,6 +438,63 @@ impl KeyStore {
         self.keys.is_empty()
     }
 
+    /// A key's replicated form.
+    pub fn record(&self, id: &str) -> Option<KeyRecord> {
+        let e = self.keys.get(id)?;
+        let (info, hash) = e.value();
+        Some(KeyRecord {
+            id: info.id.clone(),
+            hash: hash.iter().map(|b| format!("{b:02x}")).collect(),
+            namespace: info.scope.as_str().to_string(),
+            role: info.role.as_str().to_string(),
+            description: info.description.clone(),
+            created_unix_s: info.created_unix_s,
+        })
+    }
+
+    /// Every key's id.
+    pub fn ids(&self) -> Vec<String> {
+        self.keys.iter().map(|e| e.key().clone()).collect()
+    }
+
+    /// Stores a key made elsewhere in the cluster (or replaces it).
+    pub fn apply(&self, r: &KeyRecord) -> Result<(), AuthError> {
+        let bad = || AuthError::BadRequest(format!("unreadable replicated key {}", r.id));
+        let bytes: Vec<u8> = (0..r.hash.len())
+            .step_by(2)
+            .filter_map(|i| u8::from_str_radix(r.hash.get(i..i + 2)?, 16).ok())
+            .collect();
+        let hash = Digest32::try_from(bytes.as_slice()).map_err(|_| bad())?;
+        let scope = Scope::parse(&r.namespace)?;
+        let role = Role::parse(&r.role).ok_or_else(bad)?;
+        if r.id.len() != ID_LEN || !r.id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad());
+        }
+        self.db.lock().execute(
+            "INSERT INTO api_keys (id, hash, namespace, role, description, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT(id) DO UPDATE SET hash = ?2, namespace = ?3, role = ?4,
+                 description = ?5, created_at = ?6",
+            params![
+                r.id,
+                hash.to_vec(),
+                scope.as_str(),
+                role.as_str(),
+                r.description,
+                r.created_unix_s
+            ],
+        )?;
+        let info = KeyInfo {
+            id: r.id.clone(),
+            scope,
+            role,
+            description: r.description.clone(),
+            created_unix_s: r.created_unix_s,
+        };
+        self.keys.insert(r.id.clone(), (Arc::new(info), hash));
+        Ok(())
+    }
+
     /// The key a token is, if it is one of ours.
     pub fn verify(&self, token: &str) -> Option<Arc<KeyInfo>> {
         let id = token.strip_prefix(KEY_PREFIX)?.get(..ID_LEN)?;
@@ -499,6 +568,10 @@ pub struct Auth {
     enabled: bool,
     keys: Option<KeyStore>,
     cluster: Option<ClusterKey>,
+    /// The key made at this start (the first), published to the cluster when it joins one.
+    made_at_start: Option<String>,
+    /// The cluster's store, when keys are shared by several controllers.
+    replica: std::sync::OnceLock<Arc<dyn crate::store::ClusterState>>,
 }
 
 impl Auth {
@@ -510,20 +583,41 @@ impl Auth {
                 enabled: false,
                 keys: None,
                 cluster: s.cluster_key,
+                made_at_start: None,
+                replica: std::sync::OnceLock::new(),
             }));
         }
         let keys = KeyStore::open(&s.data_dir.join(KEYS_DB))?;
         let admin_key_file = s.data_dir.join(ADMIN_KEY_FILE);
+        let mut made_at_start = None;
         if keys.is_empty() {
-            let (_, token) = keys.create(Scope::All, Role::Admin, "made at first start")?;
+            let (info, token) = keys.create(Scope::All, Role::Admin, "made at first start")?;
             write_private(&admin_key_file, &format!("{token}\n"))?;
             tracing::info!(path = %admin_key_file.display(), "created the operator's API key");
+            made_at_start = Some(info.id.clone());
         }
         Ok(Arc::new(Auth {
             enabled: true,
             keys: Some(keys),
             cluster: s.cluster_key,
+            made_at_start,
+            replica: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Shares keys through the cluster's store from now on (a controller among several).
+    pub fn replicate_to(&self, cluster: Arc<dyn crate::store::ClusterState>) {
+        let _ = self.replica.set(cluster);
+    }
+
+    /// The cluster's store keys are shared through, if any.
+    pub fn replica(&self) -> Option<&Arc<dyn crate::store::ClusterState>> {
+        self.replica.get()
+    }
+
+    /// The id of the key made at this start, if one was.
+    pub fn made_at_start(&self) -> Option<&str> {
+        self.made_at_start.as_deref()
     }
 
     /// No authentication (tests of other parts, loopback-only setups).
@@ -532,6 +626,8 @@ impl Auth {
             enabled: false,
             keys: None,
             cluster: None,
+            made_at_start: None,
+            replica: std::sync::OnceLock::new(),
         })
     }
 

@@ -21,6 +21,9 @@ use std::sync::Arc;
 
 /// `routes` (a service's own, with their state) plus `/v1/keys`, all behind `auth`; `/healthz`
 /// and the JSON 404/405 answers stay open.
+/// The kind of document keys are replicated as in the cluster's store.
+pub const KEYS_KIND: &str = "keys";
+
 pub fn protect(routes: Router, auth: Arc<Auth>) -> Router {
     let keys = Router::new()
         .route(
@@ -92,9 +95,18 @@ async fn create(
             "a key of every namespace (\"*\") must be an admin key",
         ));
     }
-    let (info, token) = store(&auth)?
+    let keys = store(&auth)?;
+    let (info, token) = keys
         .create(scope, req.role, &req.description)
         .map_err(auth_error)?;
+    // In a cluster the key is valid once every controller can learn it.
+    if let (Some(cluster), Some(record)) = (auth.replica(), keys.record(&info.id)) {
+        let doc = serde_json::to_value(&record).unwrap_or_default();
+        if let Err(e) = cluster.put_doc(KEYS_KIND, &info.id, &doc).await {
+            let _ = keys.revoke(&info.id);
+            return Err(crate::async_api::store_error(e));
+        }
+    }
     let mut v = info.to_json();
     v["key"] = json!(token);
     Ok((StatusCode::CREATED, Json(v)).into_response())
@@ -135,6 +147,12 @@ async fn revoke(
             ErrorCode::LastOperatorKey,
             "this is the last operator key; create another one before deleting it",
         ));
+    }
+    if let Some(cluster) = auth.replica() {
+        cluster
+            .delete_doc(KEYS_KIND, &id)
+            .await
+            .map_err(crate::async_api::store_error)?;
     }
     keys.revoke(&id).map_err(auth_error)?;
     Ok(StatusCode::NO_CONTENT)

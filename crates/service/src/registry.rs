@@ -322,6 +322,24 @@ impl Registry {
             Some(src) => Some(self.stage(&spec, &src)?),
             None => None,
         };
+        self.put_staged(spec, staged, require_code, version)
+    }
+
+    /// Unpacks and checks code without registering it yet (a controller stores it in the
+    /// cluster first); blocking.
+    pub fn stage_code(&self, spec: &FunctionSpec, src: &CodeSource) -> Result<Staged, RegistryError> {
+        self.stage(spec, src)
+    }
+
+    /// Registers `spec` with code already staged (or the previous code), at `version` (None:
+    /// the previous one + 1); blocking.
+    pub fn put_staged(
+        &self,
+        spec: FunctionSpec,
+        staged: Option<Staged>,
+        require_code: bool,
+        version: Option<u64>,
+    ) -> Result<(Registered, Option<Registered>), RegistryError> {
         let _one_at_a_time = self.commit.lock();
         let mut spec = spec;
         let previous = self.get(&spec.name);
@@ -444,12 +462,13 @@ impl Registry {
 }
 
 /// Code unpacked in the staging area; removed unless committed.
-struct Staged {
+pub struct Staged {
     dir: Option<PathBuf>,
 }
 
 impl Staged {
-    fn path(&self) -> &Path {
+    /// Where the staged code is (to pack it, for example).
+    pub fn path(&self) -> &Path {
         self.dir.as_deref().unwrap_or(Path::new(""))
     }
 

@@ -181,3 +181,51 @@ mod tests {
         assert_eq!(path_segment("a/b c"), "a%2Fb%20c");
     }
 }
+
+/// Joins the cluster through its state store: connects (retrying with back-off until it
+/// works or the worker stops) and publishes this worker under a lease kept alive in the
+/// background. Returns the membership to leave at the end (None when stopped first).
+pub async fn join_store(
+    worker: Arc<Worker>,
+    store: String,
+    url: String,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) -> Option<Box<dyn hearth_service::store::Membership>> {
+    use hearth_service::store::{etcd::EtcdStore, ClusterState, MemberKind, MemberRecord, StoreUrl};
+    let endpoints = match StoreUrl::parse(&store) {
+        Ok(StoreUrl::Etcd(e)) => e,
+        _ => {
+            tracing::error!("store must be an etcd:// URL to join a cluster by");
+            return None;
+        }
+    };
+    let ttl = worker.config().lease_ttl_ms;
+    let me = MemberRecord {
+        name: worker.id().to_string(),
+        url,
+        incarnation: new_incarnation(),
+    };
+    let mut wait = Duration::from_millis(200);
+    loop {
+        if *stopping.borrow() {
+            return None;
+        }
+        let joined = async {
+            let s = EtcdStore::connect(&endpoints, "/hearth", ttl).await?;
+            s.join(MemberKind::Worker, &me, ttl).await
+        }
+        .await;
+        match joined {
+            Ok(m) => {
+                tracing::info!(worker = %me.name, "joined the cluster's membership");
+                return Some(m);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot join the cluster's store; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stopping.changed() => {}
+        }
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}

@@ -62,6 +62,23 @@ pub async fn serve(
                     stopping.clone(),
                 ))
             });
+    // Published in the cluster's store, every controller finds this worker and polls it.
+    let store_membership = match worker.config().store.clone() {
+        Some(store) => {
+            let url = worker
+                .config()
+                .advertise_url
+                .clone()
+                .unwrap_or_else(|| format!("{scheme}://{addr}"));
+            Some(tokio::spawn(crate::membership::join_store(
+                Arc::clone(&worker),
+                store,
+                url,
+                stopping.clone(),
+            )))
+        }
+        None => None,
+    };
     // A request still running after the grace period is cut off and its sandbox killed below.
     serving::serve_until_stopped(
         listener,
@@ -75,6 +92,14 @@ pub async fn serve(
     .await?;
     if let Some(m) = membership {
         let _ = tokio::time::timeout(Duration::from_secs(2), m).await;
+    }
+    // Drained: the membership goes now (controllers already stopped sending work when its
+    // status said it was shutting down).
+    if let Some(task) = store_membership {
+        task.abort();
+        if let Ok(Some(m)) = task.await {
+            let _ = tokio::time::timeout(Duration::from_secs(2), m.leave()).await;
+        }
     }
     worker.shutdown(grace).await;
     Ok(())

@@ -251,6 +251,32 @@ pub trait ClusterState: Send + Sync + 'static {
 
     /// Every member of `kind` now, then every change.
     fn watch_members(&self, kind: MemberKind) -> mpsc::Receiver<Change<MemberRecord>>;
+
+    /// Stores a small shared document (an API key's record, a setting) of `kind` under `id`.
+    async fn put_doc(&self, kind: &str, id: &str, doc: &serde_json::Value)
+        -> Result<(), StoreError>;
+
+    /// Stores `doc` unless a document of `kind` and `id` exists; returns the one stored (the
+    /// first writer's, when several controllers start at once).
+    async fn put_doc_if_absent(
+        &self,
+        kind: &str,
+        id: &str,
+        doc: &serde_json::Value,
+    ) -> Result<serde_json::Value, StoreError>;
+
+    /// Deletes a document; false when there was none.
+    async fn delete_doc(&self, kind: &str, id: &str) -> Result<bool, StoreError>;
+
+    /// Every document of `kind` now, then every change (a Delete carries the id).
+    fn watch_docs(&self, kind: &str) -> mpsc::Receiver<Change<Doc>>;
+}
+
+/// A shared document and its id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Doc {
+    pub id: String,
+    pub value: serde_json::Value,
 }
 
 /// Which store a `--store` URL names.
