@@ -13,8 +13,8 @@
 //! The synchronous invoke path never calls either: routing reads local copies that
 //! [`ClusterState::watch_functions`] and [`ClusterState::watch_members`] keep current.
 
-// pub mod etcd; (helper branch)
-// pub mod local_etcd; (helper branch)
+pub mod etcd;
+pub mod local_etcd;
 // pub mod sqlite;
 
 use async_trait::async_trait;
@@ -127,10 +127,11 @@ pub trait AsyncStore: Send + Sync + 'static {
     async fn take_orphans(&self, limit: usize) -> Result<Vec<StoredInvocation>, StoreError>;
 
     /// Failed invocations (the dead-letter list), newest first, at most `limit`; only those of
-    /// functions `include` accepts.
+    /// functions `include` accepts. (`for<'a>` is spelled out: `async_trait` would otherwise
+    /// give the `&str` a lifetime of the call, and no implementation could call `include`.)
     async fn dead_letters(
         &self,
-        include: &(dyn Fn(&str) -> bool + Send + Sync),
+        include: &(dyn for<'a> Fn(&'a str) -> bool + Send + Sync),
         limit: usize,
     ) -> Result<Vec<StoredInvocation>, StoreError>;
 
