@@ -5,7 +5,7 @@ use hearth_service::store::etcd::{EtcdStore, CODE_CHUNK_BYTES, MAX_CODE_BYTES, M
 use hearth_service::store::local_etcd::{etcd_available, LocalEtcd};
 use hearth_service::store::{
     unix_ms, AsyncStore, Change, ClusterState, Created, MemberKind, MemberRecord, StoreError,
-    StoredInvocation,
+    StoreUrl, StoredInvocation,
 };
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -102,6 +102,10 @@ where
 async fn records_are_created_updated_and_finished_exactly_once() {
     need_etcd!();
     let etcd = cluster(1).await;
+    assert_eq!(
+        StoreUrl::parse(&etcd.store_url()).unwrap(),
+        StoreUrl::Etcd(etcd.http_endpoints())
+    );
     let a = store(&etcd).await;
     let b = store(&etcd).await;
 
@@ -663,4 +667,76 @@ async fn a_three_member_cluster_survives_losing_any_one() {
         etcd.wait_ready().await.unwrap();
     }
     assert!(a.session_alive() && b.session_alive());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_member_reappears_on_its_own() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let s = store(&etcd).await;
+    let mut workers = s.watch_members(MemberKind::Worker);
+    assert_eq!(next(&mut workers).await, Change::Snapshot(vec![]));
+
+    // The member lives on a runtime of its own whose thread is blocked for 3 s: every task on
+    // it, the keep-alive included, stops as under SIGSTOP.
+    let endpoints = etcd.http_endpoints();
+    let w = member("frozen");
+    let wc = w.clone();
+    let (report, seen) = std::sync::mpsc::channel();
+    let frozen = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let s = EtcdStore::connect(&endpoints, PREFIX, 1000).await.unwrap();
+            let m = s.join(MemberKind::Worker, &wc, 1000).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            std::thread::sleep(Duration::from_secs(3)); // frozen
+            report
+                .send(("alive right after the thaw", m.is_alive()))
+                .unwrap();
+            let t = Instant::now();
+            while !m.is_alive() && t.elapsed() < Duration::from_secs(5) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            report.send(("alive again", m.is_alive())).unwrap();
+            m.leave().await;
+            s.close().await;
+        });
+    });
+    assert_eq!(next(&mut workers).await, Change::Put(w.clone()));
+    let t = Instant::now();
+    assert_eq!(next(&mut workers).await, Change::Delete("frozen".into()));
+    eprintln!("the frozen member went after {:?}", t.elapsed());
+    let t = Instant::now();
+    assert_eq!(next(&mut workers).await, Change::Put(w.clone()));
+    eprintln!("and came back {:?} later", t.elapsed());
+    frozen.join().unwrap();
+    assert_eq!(seen.recv().unwrap(), ("alive right after the thaw", false));
+    assert_eq!(seen.recv().unwrap(), ("alive again", true));
+    assert_eq!(next(&mut workers).await, Change::Delete("frozen".into()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_to_nothing_fails_in_bounded_time() {
+    need_etcd!();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let t = Instant::now();
+    let got = EtcdStore::connect(&[format!("http://127.0.0.1:{port}")], PREFIX, 1000).await;
+    assert!(
+        matches!(got, Err(StoreError::Unavailable(_))),
+        "{:?}",
+        got.err()
+    );
+    eprintln!("connecting to nothing failed after {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(matches!(
+        EtcdStore::connect(&[], PREFIX, 1000).await,
+        Err(StoreError::Config(_))
+    ));
 }

@@ -35,9 +35,21 @@
 //!   with `--experimental-enable-lease-checkpoint`, so [`AsyncStore::expire`] also deletes, in
 //!   a bounded scan ([`MAX_SCAN`] records), finished records older than its cutoff.
 //! * The session lease (TTL = `session_ttl_ms` rounded up to whole seconds; etcd may raise it
-//!   to its minimum TTL, 1.5 × election timeout) is kept alive at TTL/3. If it cannot be kept
-//!   alive past its TTL a new one is granted: the claims under the old one are lost on
-//!   purpose, and other controllers may take those invocations over as orphans.
+//!   to its minimum TTL, 1.5 × election timeout rounded up) is kept alive at TTL/3. Once etcd
+//!   answers that it is gone (it was not kept alive past its TTL: etcd unreachable, the
+//!   process frozen) a new one is granted: the claims under the old one are lost on purpose,
+//!   and other controllers may take those invocations over as orphans. While etcd does not
+//!   answer at all the old lease is kept trying (a new leader extends every lease).
+//!   Membership leases work the same way, and re-publish the member under the new lease.
+//!
+//! # Failures
+//!
+//! Every unary request is tried for at most 2 s per attempt and retried (backoff 50 ms
+//! doubling to 1 s) within 8 s on transport errors, timeouts and `Unavailable`: a write sent
+//! to a follower whose leader just died is dropped by etcd and only ends at a timeout, so a
+//! lost member costs about one attempt. Every operation is safe to repeat: `create` and
+//! `take_orphans` recognise their own earlier attempt, `finish` after a retried attempt
+//! reports success when the stored record is exactly the one it wrote.
 //!
 //! # Code and the races of content addressing
 //!
@@ -160,7 +172,21 @@ struct Called<T> {
 }
 
 /// Runs `op` with a timeout, retrying retryable errors with backoff within [`RETRY_BUDGET`].
-async fn call<C, T, F, Fut>(client: &C, mut op: F) -> Result<Called<T>, CallError>
+async fn call<C, T, F, Fut>(client: &C, op: F) -> Result<Called<T>, CallError>
+where
+    C: Clone,
+    F: FnMut(C) -> Fut,
+    Fut: Future<Output = Result<T, EtcdError>>,
+{
+    call_within(RETRY_BUDGET, client, op).await
+}
+
+/// [`call`] with its own retry budget.
+async fn call_within<C, T, F, Fut>(
+    budget: Duration,
+    client: &C,
+    mut op: F,
+) -> Result<Called<T>, CallError>
 where
     C: Clone,
     F: FnMut(C) -> Fut,
@@ -175,7 +201,7 @@ where
             Ok(Err(e)) => CallError::Etcd(e),
             Err(_) => CallError::TimedOut,
         };
-        if !err.retryable() || started.elapsed() + delay > RETRY_BUDGET {
+        if !err.retryable() || started.elapsed() + delay > budget {
             return Err(err);
         }
         tracing::debug!(error = ?err, "etcd call failed; retrying");
@@ -562,10 +588,10 @@ impl EtcdStore {
             .map_err(|e| e.store("connecting to etcd"))?;
         let conn = Conn::new(&client);
         let ttl_s = whole_secs(Duration::from_millis(session_ttl_ms));
-        let granted = call(
-            &conn.lease,
-            |mut l| async move { l.grant(ttl_s, None).await },
-        )
+        // The first request: it fails after about CONNECT_TIMEOUT when no endpoint answers.
+        let granted = call_within(CONNECT_TIMEOUT, &conn.lease, |mut l| async move {
+            l.grant(ttl_s, None).await
+        })
         .await
         .map_err(|e| e.store("granting the etcd session lease"))?
         .value;
