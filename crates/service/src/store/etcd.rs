@@ -95,7 +95,8 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(3600);
 pub const MAX_SCAN: usize = 10_000;
 /// How long connecting to an endpoint may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// How long one request may take.
+/// The client's timeout on every request (streams: until their first answer). Unary requests
+/// are also cut at 2 s per attempt and retried within 8 s (see the module doc).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Capacity of the channels [`ClusterState::watch_functions`] and `watch_members` return.
 pub const WATCH_CHANNEL: usize = 1024;
@@ -539,6 +540,10 @@ impl Conn {
 }
 
 /// The etcd-backed store (see the module doc for its key layout).
+///
+/// Dropping it (or [`EtcdStore::close`]) stops its session keep-alive and revokes the session
+/// lease, so its unfinished invocations become orphans at once; watch tasks run on until
+/// their receivers are dropped.
 pub struct EtcdStore {
     conn: Conn,
     prefix: String,
