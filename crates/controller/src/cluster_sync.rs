@@ -8,10 +8,15 @@
 //! directory once per version. A watch that starts over (a lost connection) starts with a
 //! snapshot, which also removes what was deleted meanwhile.
 
+use crate::config::ControllerConfig;
+use crate::errors::StartError;
 use crate::facade::Controller;
 use hearth_api::FunctionSpec;
+use hearth_service::auth::{write_private, Auth, ClusterKey, KeyRecord};
 use hearth_service::registry::CodeSource;
 use hearth_service::store::{Change, FunctionRecord, MemberRecord};
+use hearth_service::store::{ClusterState, Doc, StoreError};
+use serde_json::json;
 use std::collections::{HashMap, HashSet};
 use std::sync::Weak;
 use tokio::sync::mpsc;
@@ -104,19 +109,27 @@ pub(crate) async fn follow_workers(
                     keep
                 });
                 for m in &all {
-                    let same = polls.get(&m.name).is_some_and(|(inc, _)| *inc == m.incarnation);
+                    let same = polls
+                        .get(&m.name)
+                        .is_some_and(|(inc, _)| *inc == m.incarnation);
                     if !same {
-                        if let Some((_, old)) = polls.insert(m.name.clone(), (m.incarnation.clone(), start(m))) {
+                        if let Some((_, old)) =
+                            polls.insert(m.name.clone(), (m.incarnation.clone(), start(m)))
+                        {
                             old.abort();
                         }
                     }
                 }
             }
             Change::Put(m) => {
-                let same = polls.get(&m.name).is_some_and(|(inc, _)| *inc == m.incarnation);
+                let same = polls
+                    .get(&m.name)
+                    .is_some_and(|(inc, _)| *inc == m.incarnation);
                 if !same {
                     tracing::info!(worker = %m.name, url = %m.url, "worker found in the cluster's membership");
-                    if let Some((_, old)) = polls.insert(m.name.clone(), (m.incarnation.clone(), start(&m))) {
+                    if let Some((_, old)) =
+                        polls.insert(m.name.clone(), (m.incarnation.clone(), start(&m)))
+                    {
                         old.abort();
                     }
                 }
@@ -131,5 +144,142 @@ pub(crate) async fn follow_workers(
     }
     for (_, (_, task)) in polls {
         task.abort();
+    }
+}
+
+/// The kind of shared document the cluster's settings are.
+const CONFIG_KIND: &str = "config";
+
+/// The cluster's key: the first controller's (from its `cluster_key_file`, or made in its data
+/// directory), stored in the cluster; a later controller adopts it into its data directory.
+/// A `cluster_key_file` that differs from the cluster's is refused rather than silently
+/// splitting the cluster.
+pub(crate) async fn settle_cluster_key(
+    cluster: &dyn ClusterState,
+    config: &ControllerConfig,
+) -> Result<Option<ClusterKey>, StartError> {
+    let local = match &config.cluster_key_file {
+        Some(path) => ClusterKey::read(path)?,
+        None if config.auth => ClusterKey::read_or_create(&config.cluster_key_path())?,
+        None => return Ok(None),
+    };
+    let stored = cluster
+        .put_doc_if_absent(
+            CONFIG_KIND,
+            "cluster-key",
+            &json!({ "token": local.token() }),
+        )
+        .await?;
+    let Some(token) = stored["token"].as_str() else {
+        return Err(StartError::Store(StoreError::Corrupt {
+            what: "cluster key",
+            why: "no token".into(),
+        }));
+    };
+    if token == local.token() {
+        return Ok(Some(local));
+    }
+    if config.cluster_key_file.is_some() {
+        return Err(StartError::Store(StoreError::Config(
+            "cluster_key_file differs from the key the cluster's store holds (another cluster's \
+             key, or a stale copy)"
+                .into(),
+        )));
+    }
+    let path = config.cluster_key_path();
+    write_private(&path, &format!("{token}\n"))
+        .map_err(|e| StartError::DataDir(path.clone(), e))?;
+    tracing::info!(path = %path.display(), "adopted the cluster's key");
+    Ok(Some(ClusterKey::read(&path)?))
+}
+
+/// The balancing policy and its parameters: the first controller's, so that every controller
+/// sends a function to the same home worker.
+pub(crate) async fn settle_balance(
+    cluster: &dyn ClusterState,
+    config: &mut ControllerConfig,
+) -> Result<(), StartError> {
+    let mine = json!({ "balance": config.balance, "balance_params": config.balance_params });
+    let stored = cluster
+        .put_doc_if_absent(CONFIG_KIND, "balance", &mine)
+        .await?;
+    if stored == mine {
+        return Ok(());
+    }
+    match (
+        serde_json::from_value(stored["balance"].clone()),
+        serde_json::from_value(stored["balance_params"].clone()),
+    ) {
+        (Ok(balance), Ok(params)) => {
+            tracing::warn!(
+                stored = %stored["balance"],
+                "this controller's balancing settings differ from the cluster's: using the cluster's"
+            );
+            config.balance = balance;
+            config.balance_params = params;
+            Ok(())
+        }
+        _ => Err(StartError::Store(StoreError::Corrupt {
+            what: "balancing settings",
+            why: "unreadable".into(),
+        })),
+    }
+}
+
+/// Keeps the local key store a copy of the cluster's keys. The key made at this controller's
+/// first start is published (so its admin.key works on every controller); any other local key
+/// the cluster does not have was deleted meanwhile and goes.
+pub(crate) async fn follow_keys(
+    auth: std::sync::Arc<Auth>,
+    cluster: std::sync::Arc<dyn ClusterState>,
+    mut changes: mpsc::Receiver<Change<Doc>>,
+) {
+    let Some(keys) = auth.keys() else { return };
+    let apply = |d: &Doc| match serde_json::from_value::<KeyRecord>(d.value.clone()) {
+        Ok(r) => {
+            if let Err(e) = keys.apply(&r) {
+                tracing::warn!(key = %d.id, error = %e, "cannot apply a key from the cluster");
+            }
+        }
+        Err(_) => tracing::warn!(key = %d.id, "unreadable key record in the cluster's store"),
+    };
+    let mut published = false;
+    while let Some(change) = changes.recv().await {
+        match change {
+            Change::Snapshot(all) => {
+                let ids: HashSet<String> = all.iter().map(|d| d.id.clone()).collect();
+                for d in &all {
+                    apply(d);
+                }
+                for id in keys.ids() {
+                    if ids.contains(&id) {
+                        continue;
+                    }
+                    let mine = !published && auth.made_at_start() == Some(id.as_str());
+                    if mine {
+                        if let Some(r) = keys.record(&id) {
+                            let doc = serde_json::to_value(&r).unwrap_or_default();
+                            match cluster
+                                .put_doc(hearth_service::keys_api::KEYS_KIND, &id, &doc)
+                                .await
+                            {
+                                Ok(()) => published = true,
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "cannot publish this controller's first key")
+                                }
+                            }
+                        }
+                    } else if let Err(e) = keys.revoke(&id) {
+                        tracing::warn!(key = %id, error = %e, "cannot remove a key the cluster deleted");
+                    }
+                }
+            }
+            Change::Put(d) => apply(&d),
+            Change::Delete(id) => {
+                if let Err(e) = keys.revoke(&id) {
+                    tracing::warn!(key = %id, error = %e, "cannot remove a key the cluster deleted");
+                }
+            }
+        }
     }
 }

@@ -217,7 +217,11 @@ impl ControllerConfig {
         match &self.advertise_url {
             Some(u) => u.trim_end_matches('/').to_string(),
             None => {
-                let scheme = if self.tls_cert.is_some() { "https" } else { "http" };
+                let scheme = if self.tls_cert.is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
                 format!("{scheme}://{}", self.listen)
             }
         }

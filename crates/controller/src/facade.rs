@@ -36,8 +36,8 @@ use hearth_service::registry::{CodeSource, Registered, Registry};
 use hearth_service::serving::open_data_dir;
 use hearth_service::store::sqlite::SqliteAsyncStore;
 use hearth_service::store::{
-    AsyncStore, ClusterState, CodeRef, MemberKind, MemberRecord, Membership, StoreError,
-    StoreUrl, StoredInvocation,
+    AsyncStore, ClusterState, CodeRef, MemberKind, MemberRecord, Membership, StoreError, StoreUrl,
+    StoredInvocation,
 };
 use hyper::Method;
 use serde_json::{json, Value};
@@ -85,13 +85,32 @@ impl Controller {
         let data_dir = open_data_dir(&config.data_dir)
             .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
         let registry = Arc::new(Registry::open_with(&data_dir, config.code_intake())?);
-        let cluster_key = if config.auth {
-            Some(ClusterKey::read_or_create(&config.cluster_key_path())?)
-        } else if let Some(path) = &config.cluster_key_file {
-            Some(ClusterKey::read(path)?)
-        } else {
-            None
+        // In a cluster, the store comes first: the cluster's key and balancing settings are
+        // the first controller's, adopted by every later one.
+        let mut config = config;
+        let etcd = match StoreUrl::parse(&config.store)? {
+            StoreUrl::Sqlite => None,
+            StoreUrl::Etcd(endpoints) => Some(
+                hearth_service::store::etcd::EtcdStore::connect(
+                    &endpoints,
+                    STORE_PREFIX,
+                    config.lease_ttl_ms,
+                )
+                .await?
+                .with_retention(Duration::from_secs(config.async_retention_s)),
+            ),
         };
+        let cluster_key = match &etcd {
+            Some(etcd) => crate::cluster_sync::settle_cluster_key(etcd.as_ref(), &config).await?,
+            None if config.auth => Some(ClusterKey::read_or_create(&config.cluster_key_path())?),
+            None => match &config.cluster_key_file {
+                Some(path) => Some(ClusterKey::read(path)?),
+                None => None,
+            },
+        };
+        if let Some(etcd) = &etcd {
+            crate::cluster_sync::settle_balance(etcd.as_ref(), &mut config).await?;
+        }
         let auth = Auth::open(AuthSettings {
             enabled: config.auth,
             data_dir: &data_dir,
@@ -106,26 +125,17 @@ impl Controller {
         let metrics = Arc::new(Metrics::default());
         let tls =
             hearth_service::serving::load_client_tls("tls_ca", config.tls_ca.as_deref()).await?;
-        let (store, cluster): (Arc<dyn AsyncStore>, Option<Arc<dyn ClusterState>>) =
-            match StoreUrl::parse(&config.store)? {
-                StoreUrl::Sqlite => (
-                    Arc::new(SqliteAsyncStore::open(
-                        &data_dir,
-                        config.async_max_records,
-                        config.async_max_bytes,
-                    )?),
-                    None,
-                ),
-                StoreUrl::Etcd(endpoints) => {
-                    let etcd = hearth_service::store::etcd::EtcdStore::connect(
-                        &endpoints,
-                        STORE_PREFIX,
-                        config.lease_ttl_ms,
-                    )
-                    .await?;
-                    (etcd.clone(), Some(etcd))
-                }
-            };
+        let (store, cluster): (Arc<dyn AsyncStore>, Option<Arc<dyn ClusterState>>) = match etcd {
+            None => (
+                Arc::new(SqliteAsyncStore::open(
+                    &data_dir,
+                    config.async_max_records,
+                    config.async_max_bytes,
+                )?),
+                None,
+            ),
+            Some(etcd) => (etcd.clone(), Some(etcd)),
+        };
         let orphan_scan = cluster.as_ref().map(|_| ORPHAN_SCAN);
         let runner = Arc::new(ControllerRunner(std::sync::OnceLock::new()));
         let delivery = Delivery::new(
@@ -305,10 +315,7 @@ impl Controller {
         let backends = self.live_backends();
         let require_code = !backends.is_empty() && backends.iter().all(|b| b != "sim");
         let Some(cluster) = self.cluster.clone() else {
-            let (reg, previous) = self
-                .registry
-                .put_blocking(spec, code, require_code)
-                .await?;
+            let (reg, previous) = self.registry.put_blocking(spec, code, require_code).await?;
             if let Some(dir) = reg.code_dir.clone() {
                 let code = pack_code(dir).await?;
                 self.code
@@ -347,13 +354,17 @@ impl Controller {
                 ),
             ));
         }
-        let mut stored_spec = serde_json::to_value(&spec)
-            .map_err(|e| RegisterError::Packing(e.to_string()))?;
+        let mut stored_spec =
+            serde_json::to_value(&spec).map_err(|e| RegisterError::Packing(e.to_string()))?;
         if let Some(obj) = stored_spec.as_object_mut() {
             obj.remove("version");
         }
         let record = cluster
-            .put_function(&name, &stored_spec, staged.as_ref().map(|(_, a)| a.as_slice()))
+            .put_function(
+                &name,
+                &stored_spec,
+                staged.as_ref().map(|(_, a)| a.as_slice()),
+            )
             .await?;
         let (staged, archive) = match staged {
             Some((s, a)) => (Some(s), Some(a)),
@@ -524,7 +535,10 @@ impl Controller {
 
     /// Joins the cluster: the functions as the store has them now (before serving), then
     /// their changes, the workers of its membership, and this controller's own membership.
-    async fn join_cluster(self: &Arc<Self>, cluster: Arc<dyn ClusterState>) -> Result<(), StartError> {
+    async fn join_cluster(
+        self: &Arc<Self>,
+        cluster: Arc<dyn ClusterState>,
+    ) -> Result<(), StartError> {
         let mut functions = cluster.watch_functions();
         match tokio::time::timeout(Duration::from_secs(15), functions.recv()).await {
             Ok(Some(hearth_service::store::Change::Snapshot(all))) => {
@@ -549,6 +563,14 @@ impl Controller {
             Arc::downgrade(self),
             functions,
         ));
+        if self.auth.enabled() {
+            self.auth.replicate_to(Arc::clone(&cluster));
+            tokio::spawn(crate::cluster_sync::follow_keys(
+                Arc::clone(&self.auth),
+                Arc::clone(&cluster),
+                cluster.watch_docs(hearth_service::keys_api::KEYS_KIND),
+            ));
+        }
         tokio::spawn(crate::cluster_sync::follow_workers(
             Arc::downgrade(self),
             cluster.watch_members(MemberKind::Worker),

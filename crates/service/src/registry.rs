@@ -327,7 +327,11 @@ impl Registry {
 
     /// Unpacks and checks code without registering it yet (a controller stores it in the
     /// cluster first); blocking.
-    pub fn stage_code(&self, spec: &FunctionSpec, src: &CodeSource) -> Result<Staged, RegistryError> {
+    pub fn stage_code(
+        &self,
+        spec: &FunctionSpec,
+        src: &CodeSource,
+    ) -> Result<Staged, RegistryError> {
         self.stage(spec, src)
     }
 

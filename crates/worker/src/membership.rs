@@ -191,7 +191,9 @@ pub async fn join_store(
     url: String,
     mut stopping: tokio::sync::watch::Receiver<bool>,
 ) -> Option<Box<dyn hearth_service::store::Membership>> {
-    use hearth_service::store::{etcd::EtcdStore, ClusterState, MemberKind, MemberRecord, StoreUrl};
+    use hearth_service::store::{
+        etcd::EtcdStore, ClusterState, MemberKind, MemberRecord, StoreUrl,
+    };
     let endpoints = match StoreUrl::parse(&store) {
         Ok(StoreUrl::Etcd(e)) => e,
         _ => {

@@ -13,8 +13,8 @@
 //! The synchronous invoke path never calls either: routing reads local copies that
 //! [`ClusterState::watch_functions`] and [`ClusterState::watch_members`] keep current.
 
-// pub mod etcd; (helper branch)
-// pub mod local_etcd; (helper branch)
+pub mod etcd;
+pub mod local_etcd;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -253,8 +253,12 @@ pub trait ClusterState: Send + Sync + 'static {
     fn watch_members(&self, kind: MemberKind) -> mpsc::Receiver<Change<MemberRecord>>;
 
     /// Stores a small shared document (an API key's record, a setting) of `kind` under `id`.
-    async fn put_doc(&self, kind: &str, id: &str, doc: &serde_json::Value)
-        -> Result<(), StoreError>;
+    async fn put_doc(
+        &self,
+        kind: &str,
+        id: &str,
+        doc: &serde_json::Value,
+    ) -> Result<(), StoreError>;
 
     /// Stores `doc` unless a document of `kind` and `id` exists; returns the one stored (the
     /// first writer's, when several controllers start at once).

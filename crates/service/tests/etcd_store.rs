@@ -1,0 +1,754 @@
+//! The etcd store against real etcd on loopback (skipped, with a message, without etcd).
+
+use hearth_api::AsyncState;
+use hearth_service::store::etcd::{EtcdStore, CODE_CHUNK_BYTES, MAX_CODE_BYTES, MAX_RECORD_BYTES};
+use hearth_service::store::local_etcd::{etcd_available, LocalEtcd};
+use hearth_service::store::{
+    unix_ms, AsyncStore, Change, ClusterState, Created, DeadLetterFilter, MemberKind, MemberRecord,
+    StoreError, StoreUrl, StoredInvocation,
+};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+const PREFIX: &str = "/hearth";
+
+macro_rules! need_etcd {
+    () => {
+        if !etcd_available() {
+            eprintln!(
+                "skipping: etcd is not installed (set HEARTH_ETCD_BIN or install /usr/bin/etcd)"
+            );
+            return;
+        }
+    };
+}
+
+async fn cluster(members: usize) -> LocalEtcd {
+    let mut etcd = LocalEtcd::start(members).unwrap();
+    etcd.wait_ready().await.unwrap();
+    etcd
+}
+
+async fn store(etcd: &LocalEtcd) -> Arc<EtcdStore> {
+    EtcdStore::connect(&etcd.http_endpoints(), PREFIX, 1000)
+        .await
+        .unwrap()
+}
+
+async fn raw(etcd: &LocalEtcd) -> etcd_client::Client {
+    etcd_client::Client::connect(etcd.http_endpoints(), None)
+        .await
+        .unwrap()
+}
+
+fn new_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+fn inv(function: &str, idem: Option<&str>) -> StoredInvocation {
+    StoredInvocation {
+        id: new_id(),
+        function: function.into(),
+        owner: "key1".into(),
+        args: br#"{"n":1}"#.to_vec(),
+        submitted_unix_ms: unix_ms(),
+        attempts: 0,
+        max_attempts: 3,
+        state: AsyncState::Running,
+        failures: vec![],
+        idempotency_key: idem.map(str::to_string),
+        http_status: None,
+        answer: None,
+        finished_unix_ms: None,
+    }
+}
+
+fn finished(mut i: StoredInvocation, state: AsyncState, answer: &str) -> StoredInvocation {
+    i.state = state;
+    i.http_status = Some(if state == AsyncState::Succeeded {
+        200
+    } else {
+        500
+    });
+    i.answer = Some(answer.into());
+    i.finished_unix_ms = Some(unix_ms());
+    i
+}
+
+async fn next<T: std::fmt::Debug>(rx: &mut mpsc::Receiver<Change<T>>) -> Change<T> {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a change within 10 s")
+        .expect("the watch is open")
+}
+
+/// Waits (bounded) until `check` holds; how long it took.
+async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let t = Instant::now();
+    while !check().await {
+        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    t.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_are_created_updated_and_finished_exactly_once() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    assert_eq!(
+        StoreUrl::parse(&etcd.store_url()).unwrap(),
+        StoreUrl::Etcd(etcd.http_endpoints())
+    );
+    let a = store(&etcd).await;
+    let b = store(&etcd).await;
+
+    let mut i = inv("default.f", None);
+    assert_eq!(a.create(&i).await.unwrap(), Created::New);
+    assert_eq!(b.get(&i.id).await.unwrap(), Some(i.clone()));
+    assert_eq!(b.get("no-such-id").await.unwrap(), None);
+    assert_eq!(b.get("../inv/x").await.unwrap(), None);
+
+    i.attempts = 1;
+    i.note_failure("worker w1 went away");
+    a.update(&i).await.unwrap();
+    assert_eq!(b.get(&i.id).await.unwrap(), Some(i.clone()));
+
+    // Two controllers finish the same invocation at once: exactly one wins.
+    let ok = finished(i.clone(), AsyncState::Succeeded, r#"{"from":"a"}"#);
+    let failed = finished(i.clone(), AsyncState::Failed, r#"{"from":"b"}"#);
+    let (ra, rb) = tokio::join!(a.finish(&ok), b.finish(&failed));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert!(ra ^ rb, "exactly one finisher wins: a={ra} b={rb}");
+    let winner = if ra { &ok } else { &failed };
+    assert_eq!(a.get(&i.id).await.unwrap().as_ref(), Some(winner));
+
+    // Final is final: neither a later finish nor an update changes it.
+    assert!(!a.finish(&ok).await.unwrap());
+    let mut late = i.clone();
+    late.attempts = 9;
+    b.update(&late).await.unwrap();
+    assert_eq!(a.get(&i.id).await.unwrap().as_ref(), Some(winner));
+
+    // Oversized records are refused before they are sent, and nothing is stored.
+    let mut big = inv("default.f", None);
+    big.args = vec![b'x'; MAX_RECORD_BYTES];
+    match a.create(&big).await {
+        Err(StoreError::TooLarge { what, bytes, max }) => {
+            assert_eq!(what, "invocation record");
+            assert!(bytes > max && max == MAX_RECORD_BYTES);
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert_eq!(a.get(&big.id).await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_keys_are_scoped_to_the_function() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let a = store(&etcd).await;
+    let b = store(&etcd).await;
+
+    let first = inv("default.f", Some("k1"));
+    assert_eq!(a.create(&first).await.unwrap(), Created::New);
+    // The same key for the same function, from any controller: the first call's record.
+    for s in [&a, &b] {
+        match s.create(&inv("default.f", Some("k1"))).await.unwrap() {
+            Created::Existing(rec) => assert_eq!(*rec, first),
+            Created::New => panic!("a reused idempotency key created a second invocation"),
+        }
+    }
+    // Another function may use the same key.
+    let other = inv("default.g", Some("k1"));
+    assert_eq!(b.create(&other).await.unwrap(), Created::New);
+    assert!(b.get(&other.id).await.unwrap().is_some());
+
+    // After the first one finished, the key still returns it (now final).
+    let done = finished(first.clone(), AsyncState::Succeeded, "{}");
+    assert!(a.finish(&done).await.unwrap());
+    match b.create(&inv("default.f", Some("k1"))).await.unwrap() {
+        Created::Existing(rec) => assert_eq!(*rec, done),
+        Created::New => panic!("a finished invocation's key was forgotten"),
+    }
+
+    // Racing creates with one fresh key: one New, the other sees the winner.
+    let x = inv("default.f", Some("race"));
+    let y = inv("default.f", Some("race"));
+    let (rx, ry) = tokio::join!(a.create(&x), b.create(&y));
+    match (rx.unwrap(), ry.unwrap()) {
+        (Created::New, Created::Existing(r)) => assert_eq!(r.id, x.id),
+        (Created::Existing(r), Created::New) => assert_eq!(r.id, y.id),
+        other => panic!("expected one New and one Existing: {other:?}"),
+    }
+}
+
+/// Connects a store on a runtime of its own, creates `invs`, and "crashes": the runtime stops
+/// (so the keep-alive stops) and the store is leaked, so nothing is revoked.
+fn crashed_store_with(endpoints: Vec<String>, invs: Vec<StoredInvocation>) {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let s = EtcdStore::connect(&endpoints, PREFIX, 1000).await.unwrap();
+            for i in &invs {
+                assert_eq!(s.create(i).await.unwrap(), Created::New);
+            }
+            std::mem::forget(s);
+        });
+        drop(rt);
+    })
+    .join()
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_are_taken_over_exactly_once() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let a = store(&etcd).await;
+    let b = store(&etcd).await;
+    let c = store(&etcd).await;
+
+    let i1 = inv("default.f", None);
+    let i2 = inv("default.f", Some("k"));
+    a.create(&i1).await.unwrap();
+    a.create(&i2).await.unwrap();
+    // A holds them: not orphans.
+    assert!(b.take_orphans(10).await.unwrap().is_empty());
+
+    // A shuts down (its session lease is revoked): B takes both, once.
+    a.close().await;
+    drop(a);
+    let taken: HashSet<String> = b
+        .take_orphans(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(taken, HashSet::from([i1.id.clone(), i2.id.clone()]));
+    assert!(b.take_orphans(10).await.unwrap().is_empty());
+    assert!(c.take_orphans(10).await.unwrap().is_empty());
+
+    // The new holder finishes one; a finished invocation is never an orphan again.
+    assert!(b
+        .finish(&finished(i1.clone(), AsyncState::Succeeded, "{}"))
+        .await
+        .unwrap());
+
+    // A controller that crashes (no revoke): its claims go when its session lease expires.
+    let i3 = inv("default.f", None);
+    let crashed_at = Instant::now();
+    crashed_store_with(etcd.http_endpoints(), vec![i3.clone()]);
+    assert!(c.take_orphans(10).await.unwrap().is_empty());
+    let t = Instant::now();
+    let got = loop {
+        let got = c.take_orphans(10).await.unwrap();
+        if !got.is_empty() {
+            break got;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(6),
+            "a crashed store's claim expires"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let waited = t.elapsed();
+    assert_eq!(got.iter().map(|i| &i.id).collect::<Vec<_>>(), vec![&i3.id]);
+    eprintln!(
+        "crashed store's orphan taken after {waited:?} ({:?} after the crash)",
+        crashed_at.elapsed()
+    );
+    assert!(b.take_orphans(10).await.unwrap().is_empty());
+    // take_orphans respects its limit.
+    let (i4, i5) = (inv("default.f", None), inv("default.f", None));
+    crashed_store_with(etcd.http_endpoints(), vec![i4.clone(), i5.clone()]);
+    let t = Instant::now();
+    loop {
+        let got = b.take_orphans(1).await.unwrap();
+        assert!(got.len() <= 1, "take_orphans returned more than its limit");
+        if got.len() == 1 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(6),
+            "crashed claims expire"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(b.take_orphans(10).await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_lease_is_replaced() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let a = store(&etcd).await;
+    let b = store(&etcd).await;
+    let i1 = inv("default.f", None);
+    a.create(&i1).await.unwrap();
+    // Someone (an operator, an etcd hiccup) revokes A's session lease.
+    let mut raw = raw(&etcd).await;
+    let claim = raw
+        .get(format!("{PREFIX}/claims/{}", i1.id), None)
+        .await
+        .unwrap();
+    let lease = claim.kvs()[0].lease();
+    assert_ne!(lease, 0, "claims are attached to the session lease");
+    raw.lease_revoke(lease).await.unwrap();
+    // Its claims are gone (another controller may take the invocation over) ...
+    let taken = b.take_orphans(10).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    // ... and A gets a new session on its own and works on.
+    eventually(Duration::from_secs(5), "a new session lease", || {
+        let a = a.clone();
+        async move { a.session_alive() }
+    })
+    .await;
+    let i2 = inv("default.f", None);
+    let waited = eventually(Duration::from_secs(5), "create after the loss", || {
+        let (a, i2) = (a.clone(), i2.clone());
+        async move { a.create(&i2).await.is_ok() }
+    })
+    .await;
+    eprintln!("create worked again {waited:?} after the session lease was revoked");
+    assert!(b.take_orphans(10).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_failed_records_newest_first() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let s = store(&etcd).await;
+    let mut failed = Vec::new();
+    for (function, at) in [
+        ("default.f", 1_000),
+        ("default.f", 3_000),
+        ("default.g", 4_000),
+        ("default.f", 2_000),
+    ] {
+        let i = inv(function, None);
+        s.create(&i).await.unwrap();
+        let mut f = finished(i, AsyncState::Failed, r#"{"error":"boom"}"#);
+        f.finished_unix_ms = Some(at);
+        assert!(s.finish(&f).await.unwrap());
+        failed.push(f);
+    }
+    let ok = inv("default.f", None);
+    s.create(&ok).await.unwrap();
+    assert!(s
+        .finish(&finished(ok, AsyncState::Succeeded, "{}"))
+        .await
+        .unwrap());
+    s.create(&inv("default.f", None)).await.unwrap(); // still running
+
+    let only_f = DeadLetterFilter {
+        namespace: None,
+        function: Some("default.f".into()),
+    };
+    let got = s.dead_letters(&only_f, 10).await.unwrap();
+    let at: Vec<u64> = got.iter().filter_map(|i| i.finished_unix_ms).collect();
+    assert_eq!(at, vec![3_000, 2_000, 1_000]);
+    assert!(got.iter().all(|i| i.state == AsyncState::Failed));
+    assert_eq!(got[0], failed[1]);
+    let two = s.dead_letters(&only_f, 2).await.unwrap();
+    assert_eq!(two, got[..2].to_vec());
+    let all = s
+        .dead_letters(&DeadLetterFilter::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 4);
+    assert_eq!(all[0].function, "default.g");
+    assert!(s
+        .dead_letters(
+            &DeadLetterFilter {
+                namespace: None,
+                function: Some("nope".into()),
+            },
+            10,
+        )
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_records_expire_by_their_retention_lease() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let s = store(&etcd).await.with_retention(Duration::from_secs(2));
+    let done = inv("default.f", Some("once"));
+    let running = inv("default.f", None);
+    s.create(&done).await.unwrap();
+    s.create(&running).await.unwrap();
+    let finished_at = Instant::now();
+    assert!(s
+        .finish(&finished(done.clone(), AsyncState::Succeeded, "{}"))
+        .await
+        .unwrap());
+    assert!(s.get(&done.id).await.unwrap().is_some());
+    let waited = eventually(
+        Duration::from_secs(10),
+        "the finished record expires",
+        || {
+            let (s, id) = (s.clone(), done.id.clone());
+            async move { s.get(&id).await.unwrap().is_none() }
+        },
+    )
+    .await;
+    eprintln!("a finished record with 2 s retention went after {waited:?}");
+    assert!(
+        finished_at.elapsed() >= Duration::from_secs(2),
+        "not before the retention"
+    );
+    // Its idempotency key went with it; the unfinished one stays.
+    assert_eq!(
+        s.create(&inv("default.f", Some("once"))).await.unwrap(),
+        Created::New
+    );
+    assert!(s.get(&running.id).await.unwrap().is_some());
+
+    // `expire` removes finished records older than its cutoff (and nothing unfinished).
+    let long = store(&etcd).await;
+    let old = inv("default.f", Some("old"));
+    long.create(&old).await.unwrap();
+    let mut f = finished(old.clone(), AsyncState::Failed, "{}");
+    f.finished_unix_ms = Some(1_000);
+    assert!(long.finish(&f).await.unwrap());
+    assert_eq!(long.expire(500).await.unwrap(), 0);
+    assert_eq!(long.expire(unix_ms()).await.unwrap(), 1);
+    assert_eq!(long.get(&old.id).await.unwrap(), None);
+    assert!(long.get(&running.id).await.unwrap().is_some());
+    assert_eq!(
+        long.create(&inv("default.f", Some("old"))).await.unwrap(),
+        Created::New
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_code_and_their_watch() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let s = store(&etcd).await;
+    let mut rx = s.watch_functions();
+    assert_eq!(next(&mut rx).await, Change::Snapshot(vec![]));
+
+    // Code over two chunks (and a partial third).
+    let code: Vec<u8> = (0..CODE_CHUNK_BYTES * 2 + 1234)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    let spec = serde_json::json!({"runtime": "python", "memory_mb": 128});
+    let a1 = s
+        .put_function("default.a", &spec, Some(&code))
+        .await
+        .unwrap();
+    let cref = a1.code.clone().unwrap();
+    assert_eq!(cref.bytes, code.len() as u64);
+    assert_eq!(next(&mut rx).await, Change::Put(a1.clone()));
+    assert_eq!(s.code(&cref).await.unwrap(), code);
+
+    let spec2 = serde_json::json!({"runtime": "python", "memory_mb": 256});
+    let a2 = s
+        .put_function("default.a", &spec2, Some(&code))
+        .await
+        .unwrap();
+    assert!(a2.version > a1.version, "{} > {}", a2.version, a1.version);
+    assert_eq!(next(&mut rx).await, Change::Put(a2.clone()));
+    let b = s
+        .put_function("default.b", &spec, Some(&code))
+        .await
+        .unwrap();
+    assert_eq!(b.code, a2.code, "the same archive is stored once");
+    assert_eq!(next(&mut rx).await, Change::Put(b.clone()));
+
+    // A watch started later begins with everything there is.
+    let mut late = s.watch_functions();
+    match next(&mut late).await {
+        Change::Snapshot(mut all) => {
+            all.sort_by(|x, y| x.key.cmp(&y.key));
+            assert_eq!(all, vec![a2.clone(), b.clone()]);
+        }
+        other => panic!("expected a snapshot, got {other:?}"),
+    }
+
+    // Deleting one of two users keeps the code; deleting the last removes it.
+    assert!(s.delete_function("default.a").await.unwrap());
+    assert_eq!(next(&mut rx).await, Change::Delete("default.a".into()));
+    assert!(!s.delete_function("default.a").await.unwrap());
+    assert_eq!(s.code(&cref).await.unwrap(), code);
+    assert!(s.delete_function("default.b").await.unwrap());
+    assert_eq!(next(&mut rx).await, Change::Delete("default.b".into()));
+    assert!(matches!(
+        s.code(&cref).await,
+        Err(StoreError::Corrupt { .. })
+    ));
+    let mut raw = raw(&etcd).await;
+    let left = raw
+        .get(
+            format!("{PREFIX}/code/"),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_count_only(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(left.count(), 0, "unreferenced code leaves nothing behind");
+
+    // Putting the same code again after it was collected stores it again.
+    let c = s
+        .put_function("default.c", &spec, Some(&code))
+        .await
+        .unwrap();
+    assert_eq!(s.code(c.code.as_ref().unwrap()).await.unwrap(), code);
+    assert_eq!(next(&mut rx).await, Change::Put(c.clone()));
+
+    // A tampered chunk is detected.
+    raw.put(
+        format!("{PREFIX}/code/{}/0001", cref.sha256),
+        vec![0u8; 10],
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        s.code(&cref).await,
+        Err(StoreError::Corrupt { .. })
+    ));
+
+    // Functions without code, and the size bound on code.
+    let d = s.put_function("default.d", &spec, None).await.unwrap();
+    assert_eq!(d.code, None);
+    assert_eq!(next(&mut rx).await, Change::Put(d));
+    let huge = vec![0u8; MAX_CODE_BYTES + 1];
+    assert!(matches!(
+        s.put_function("default.e", &spec, Some(&huge)).await,
+        Err(StoreError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        s.put_function("a/b", &spec, None).await,
+        Err(StoreError::Config(_))
+    ));
+}
+
+fn member(name: &str) -> MemberRecord {
+    MemberRecord {
+        name: name.into(),
+        url: format!("http://127.0.0.1:1/{name}"),
+        incarnation: new_id(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_come_and_go() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let s = store(&etcd).await;
+    let mut workers = s.watch_members(MemberKind::Worker);
+    assert_eq!(next(&mut workers).await, Change::Snapshot(vec![]));
+
+    let w1 = member("w1");
+    let m1 = s.join(MemberKind::Worker, &w1, 1000).await.unwrap();
+    assert!(m1.is_alive());
+    assert_eq!(next(&mut workers).await, Change::Put(w1.clone()));
+    let mut controllers = s.watch_members(MemberKind::Controller);
+    assert_eq!(next(&mut controllers).await, Change::Snapshot(vec![]));
+
+    // It stays while kept alive (well past its TTL).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(m1.is_alive());
+    assert!(workers.try_recv().is_err(), "no change while kept alive");
+
+    // Leaving is seen at once.
+    let t = Instant::now();
+    m1.leave().await;
+    assert_eq!(next(&mut workers).await, Change::Delete("w1".into()));
+    eprintln!("leave seen after {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(1));
+
+    // A member that stops keeping its lease alive (its process died) goes after its TTL.
+    let w2 = member("w2");
+    let endpoints = etcd.http_endpoints();
+    let w2c = w2.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let s = EtcdStore::connect(&endpoints, PREFIX, 1000).await.unwrap();
+            let m = s.join(MemberKind::Worker, &w2c, 1000).await.unwrap();
+            std::mem::forget(m);
+            std::mem::forget(s);
+        });
+    })
+    .join()
+    .unwrap();
+    assert_eq!(next(&mut workers).await, Change::Put(w2.clone()));
+    let t = Instant::now();
+    assert_eq!(next(&mut workers).await, Change::Delete("w2".into()));
+    eprintln!("a dead member (TTL 1 s) went after {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(4));
+
+    // A member whose lease was lost (as after a freeze) comes back on its own.
+    let w3 = member("w3");
+    let m3 = s.join(MemberKind::Worker, &w3, 1000).await.unwrap();
+    assert_eq!(next(&mut workers).await, Change::Put(w3.clone()));
+    let mut raw = raw(&etcd).await;
+    let kv = raw
+        .get(format!("{PREFIX}/members/workers/w3"), None)
+        .await
+        .unwrap();
+    raw.lease_revoke(kv.kvs()[0].lease()).await.unwrap();
+    assert_eq!(next(&mut workers).await, Change::Delete("w3".into()));
+    let t = Instant::now();
+    assert_eq!(next(&mut workers).await, Change::Put(w3.clone()));
+    eprintln!(
+        "a member whose lease was revoked re-appeared after {:?}",
+        t.elapsed()
+    );
+    eventually(Duration::from_secs(1), "alive again", || {
+        let alive = m3.is_alive();
+        async move { alive }
+    })
+    .await;
+
+    // Dropping a membership revokes it too.
+    drop(m3);
+    assert_eq!(next(&mut workers).await, Change::Delete("w3".into()));
+    assert!(controllers.try_recv().is_err(), "kinds are apart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_member_cluster_survives_losing_any_one() {
+    need_etcd!();
+    let mut etcd = cluster(3).await;
+    let a = store(&etcd).await;
+    let b = store(&etcd).await;
+    let mut functions = b.watch_functions();
+    assert_eq!(next(&mut functions).await, Change::Snapshot(vec![]));
+    let spec = serde_json::json!({"runtime": "python"});
+    for down in 0..etcd.len() {
+        etcd.kill(down).unwrap();
+        let t = Instant::now();
+        let i = inv("default.f", Some(&format!("k{down}")));
+        assert_eq!(
+            a.create(&i).await.unwrap(),
+            Created::New,
+            "member {down} down"
+        );
+        assert!(b
+            .finish(&finished(i.clone(), AsyncState::Succeeded, "{}"))
+            .await
+            .unwrap());
+        assert_eq!(
+            a.get(&i.id).await.unwrap().unwrap().state,
+            AsyncState::Succeeded
+        );
+        let f = a
+            .put_function(&format!("default.f{down}"), &spec, Some(b"code"))
+            .await
+            .unwrap();
+        // The watch goes on (or starts over with a snapshot) through the others.
+        loop {
+            match next(&mut functions).await {
+                Change::Put(p) if p == f => break,
+                Change::Snapshot(all) if all.contains(&f) => break,
+                _ => {}
+            }
+        }
+        eprintln!(
+            "member {down} down: create, finish, put and watch took {:?}",
+            t.elapsed()
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(8),
+            "a lost member costs at most a retry or two"
+        );
+        etcd.restart(down).unwrap();
+        etcd.wait_ready().await.unwrap();
+    }
+    assert!(a.session_alive() && b.session_alive());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_member_reappears_on_its_own() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let s = store(&etcd).await;
+    let mut workers = s.watch_members(MemberKind::Worker);
+    assert_eq!(next(&mut workers).await, Change::Snapshot(vec![]));
+
+    // The member lives on a runtime of its own whose thread is blocked for 3 s: every task on
+    // it, the keep-alive included, stops as under SIGSTOP.
+    let endpoints = etcd.http_endpoints();
+    let w = member("frozen");
+    let wc = w.clone();
+    let (report, seen) = std::sync::mpsc::channel();
+    let frozen = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let s = EtcdStore::connect(&endpoints, PREFIX, 1000).await.unwrap();
+            let m = s.join(MemberKind::Worker, &wc, 1000).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            std::thread::sleep(Duration::from_secs(3)); // frozen
+            report
+                .send(("alive right after the thaw", m.is_alive()))
+                .unwrap();
+            let t = Instant::now();
+            while !m.is_alive() && t.elapsed() < Duration::from_secs(5) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            report.send(("alive again", m.is_alive())).unwrap();
+            m.leave().await;
+            s.close().await;
+        });
+    });
+    assert_eq!(next(&mut workers).await, Change::Put(w.clone()));
+    let t = Instant::now();
+    assert_eq!(next(&mut workers).await, Change::Delete("frozen".into()));
+    eprintln!("the frozen member went after {:?}", t.elapsed());
+    let t = Instant::now();
+    assert_eq!(next(&mut workers).await, Change::Put(w.clone()));
+    eprintln!("and came back {:?} later", t.elapsed());
+    frozen.join().unwrap();
+    assert_eq!(seen.recv().unwrap(), ("alive right after the thaw", false));
+    assert_eq!(seen.recv().unwrap(), ("alive again", true));
+    assert_eq!(next(&mut workers).await, Change::Delete("frozen".into()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_to_nothing_fails_in_bounded_time() {
+    need_etcd!();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let t = Instant::now();
+    let got = EtcdStore::connect(&[format!("http://127.0.0.1:{port}")], PREFIX, 1000).await;
+    assert!(
+        matches!(got, Err(StoreError::Unavailable(_))),
+        "{:?}",
+        got.err()
+    );
+    eprintln!("connecting to nothing failed after {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(matches!(
+        EtcdStore::connect(&[], PREFIX, 1000).await,
+        Err(StoreError::Config(_))
+    ));
+}
