@@ -342,10 +342,8 @@ impl Controller {
             }
             None => None,
         };
-        let had_code = self
-            .registry
-            .get(&name)
-            .is_some_and(|r| r.code_dir.is_some());
+        let before = self.registry.get(&name);
+        let had_code = before.as_ref().is_some_and(|r| r.code_dir.is_some());
         if require_code && staged.is_none() && !had_code {
             return Err(RegisterError::Registry(
                 hearth_service::registry::RegistryError::BadCode(
@@ -385,7 +383,8 @@ impl Controller {
                 (reg.spec.version, Arc::new(json!({ "archive": b64 }))),
             );
         }
-        let created = previous.is_none();
+        // The store's watch may have applied it here already: new is new to the cluster.
+        let created = before.is_none() && record.version > 0;
         self.registered_here(&reg, previous);
         Ok((reg, created))
     }
