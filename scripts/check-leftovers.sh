@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fails if any sandbox of the test suite outlived its worker: cgroups of test workers
 # (/hearth/test_<port> in any hierarchy), mounts of test data directories, agents or workers still
-# running from a test. Test workers are named test-<port> (crates/cli/tests/common), so sandboxes of
+# running from a test, etcd members of a test. Test workers are named test-<port> (crates/cli/tests/common), so sandboxes of
 # a Hearth the operator runs on the same machine are not mistaken for the suite's.
 set -uo pipefail
 bad=0
@@ -26,6 +26,10 @@ for p in /proc/[0-9]*; do
 done
 if pgrep -af 'hearth (worker|controller|up) .*hearth-test-' >&2; then
     echo "leftover test workers or controllers (above)" >&2
+    bad=1
+fi
+if pgrep -af 'etcd .*hearth-etcd-' >&2; then
+    echo "leftover test etcd members (above)" >&2
     bad=1
 fi
 [ "$bad" = 0 ] && echo "leftovers: none (no test sandbox, cgroup, mount, agent or worker left behind)"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what Hearth needs on Debian 12 (runc, a C toolchain, Python 3, Rust) and builds it.
+# Installs what Hearth needs on Debian 12 (runc, etcd, protoc, a C toolchain, Python 3, Rust) and
+# builds it.
 # Idempotent; run as root (or with sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,11 @@ command -v runc >/dev/null 2>&1 || need_apt+=(runc)
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 [ -x /usr/bin/python3 ] || need_apt+=(python3)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
+# etcd (clusters of several controllers, and the tests that run one) and protoc (the etcd
+# client's gRPC code is generated at build time).
+command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || need_apt+=(etcd-client)
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 # The font of `hearth report`'s plots.
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -8,6 +8,6 @@ cd "$(dirname "$0")/.."
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-HEARTH_REQUIRE_RUNC=1 cargo test --workspace --locked
+HEARTH_REQUIRE_RUNC=1 HEARTH_REQUIRE_ETCD=1 cargo test --workspace --locked
 scripts/check-leftovers.sh
 python3 -m pytest runtime/python/tests -q -p no:cacheprovider

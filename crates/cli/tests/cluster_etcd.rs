@@ -6,13 +6,11 @@ mod common;
 
 use common::cluster::{sim_fn, wait_members, wait_until, workers_up};
 use common::{wait_invocation, Server};
-use hearth_service::store::local_etcd::{etcd_available, LocalEtcd};
-use std::path::Path;
+use hearth_service::store::local_etcd::{etcd_for_tests, LocalEtcd};
 use std::time::{Duration, Instant};
 
 fn etcd(members: usize) -> Option<LocalEtcd> {
-    if !etcd_available() {
-        eprintln!("skipped: no etcd binary (apt-get install etcd-server)");
+    if !etcd_for_tests() {
         return None;
     }
     let mut e = LocalEtcd::start(members).expect("start etcd");
@@ -33,19 +31,9 @@ const SETTINGS: [(&str, &str); 4] = [
 ];
 
 fn controller(e: &LocalEtcd) -> Server {
-    let tmp = tempfile::Builder::new()
-        .prefix("hearth-test-")
-        .tempdir()
-        .unwrap()
-        .into_path();
-    controller_in(e, &tmp.join("controller"))
-}
-
-fn controller_in(e: &LocalEtcd, dir: &Path) -> Server {
     let url = e.store_url();
-    Server::run_hearth(
+    Server::run_hearth_in_tmp(
         &["controller", "--store", &url, "--balance", "ch"],
-        dir,
         &SETTINGS,
     )
 }
@@ -116,7 +104,7 @@ fn two_controllers_serve_one_cluster_with_shared_functions_keys_and_results() {
         .get("/v1/status")
         .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(c2.data_dir.join("cluster.key").exists(), true);
+    assert!(c2.data_dir.join("cluster.key").exists());
     assert_eq!(
         std::fs::read_to_string(c2.data_dir.join("cluster.key")).unwrap(),
         std::fs::read_to_string(c1.cluster_key_file()).unwrap(),

@@ -2,7 +2,7 @@
 
 use hearth_api::AsyncState;
 use hearth_service::store::etcd::{EtcdStore, CODE_CHUNK_BYTES, MAX_CODE_BYTES, MAX_RECORD_BYTES};
-use hearth_service::store::local_etcd::{etcd_available, LocalEtcd};
+use hearth_service::store::local_etcd::{etcd_for_tests, LocalEtcd};
 use hearth_service::store::{
     unix_ms, AsyncStore, Change, ClusterState, Created, DeadLetterFilter, MemberKind, MemberRecord,
     StoreError, StoreUrl, StoredInvocation,
@@ -16,10 +16,7 @@ const PREFIX: &str = "/hearth";
 
 macro_rules! need_etcd {
     () => {
-        if !etcd_available() {
-            eprintln!(
-                "skipping: etcd is not installed (set HEARTH_ETCD_BIN or install /usr/bin/etcd)"
-            );
+        if !etcd_for_tests() {
             return;
         }
     };

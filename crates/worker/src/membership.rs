@@ -171,17 +171,6 @@ pub async fn run(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn worker_ids_become_one_path_segment() {
-        assert_eq!(path_segment("127.0.0.1:7878"), "127.0.0.1:7878");
-        assert_eq!(path_segment("a/b c"), "a%2Fb%20c");
-    }
-}
-
 /// Joins the cluster through its state store: connects (retrying with back-off until it
 /// works or the worker stops) and publishes this worker under a lease kept alive in the
 /// background. Returns the membership to leave at the end (None when stopped first).
@@ -229,5 +218,16 @@ pub async fn join_store(
             _ = stopping.changed() => {}
         }
         wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_ids_become_one_path_segment() {
+        assert_eq!(path_segment("127.0.0.1:7878"), "127.0.0.1:7878");
+        assert_eq!(path_segment("a/b c"), "a%2Fb%20c");
     }
 }

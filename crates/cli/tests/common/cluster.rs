@@ -27,6 +27,18 @@ impl Server {
         Server::run_hearth(&["controller", "--balance", balance], data_dir, env)
     }
 
+    /// Runs `hearth ARGS` in a fresh temporary data directory (removed with the server).
+    pub fn run_hearth_in_tmp(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let tmp = tempfile::Builder::new()
+            .prefix("hearth-test-")
+            .tempdir()
+            .unwrap();
+        let data_dir = tmp.path().join("controller");
+        let mut s = Server::run_hearth(args, &data_dir, env);
+        s._tmp = Some(tmp);
+        s
+    }
+
     /// Runs `hearth ARGS --listen 127.0.0.1:PORT --data-dir DATA_DIR` and waits for /healthz.
     pub fn run_hearth(args: &[&str], data_dir: &Path, env: &[(&str, &str)]) -> Server {
         Server::spawn_hearth(args, data_dir, env, |_, _| {})

@@ -67,6 +67,21 @@ pub fn etcd_available() -> bool {
     etcd_bin().is_file()
 }
 
+/// For tests: true when etcd can run; false (printed as a skip) when it is missing, unless
+/// `HEARTH_REQUIRE_ETCD=1` (the full suite), where a missing etcd fails the test instead.
+pub fn etcd_for_tests() -> bool {
+    if etcd_available() {
+        return true;
+    }
+    assert!(
+        std::env::var("HEARTH_REQUIRE_ETCD").as_deref() != Ok("1"),
+        "HEARTH_REQUIRE_ETCD=1 but there is no etcd binary at {} (apt-get install etcd-server)",
+        etcd_bin().display()
+    );
+    eprintln!("skipped: no etcd binary (apt-get install etcd-server)");
+    false
+}
+
 /// Reserves `n` distinct free loopback ports; the listeners are closed on return.
 fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
     let listeners = (0..n)
