@@ -274,6 +274,16 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Async accept latency: sequential `?async=true` calls, each answered 202 once its record
+    /// is durable (SQLite or etcd).
+    Async {
+        #[command(flatten)]
+        url: UrlArg,
+        #[arg(short = 'n', long, default_value_t = 2000)]
+        n: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Cold starts of a hello function: sandbox + agent + import.
     Cold {
         #[command(flatten)]
@@ -686,6 +696,35 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
             checks,
             json: as_json,
         } => hearth_cli::auth_bench::run(checks, as_json),
+        BenchCommand::Async {
+            url,
+            n,
+            json: as_json,
+        } => {
+            let (lat, errors) =
+                bench::async_accepts(&url.url, n.max(1), 100).map_err(anyhow::Error::msg)?;
+            let mean = lat.iter().sum::<u64>() as f64 / lat.len().max(1) as f64;
+            let j = json!({
+                "accepts": lat.len(),
+                "errors": errors,
+                "accept_us": {"p50": percentile(&lat, 50.0), "p90": percentile(&lat, 90.0),
+                               "p99": percentile(&lat, 99.0), "mean": mean.round()},
+            });
+            if as_json {
+                println!("{j}");
+            } else {
+                println!(
+                    "bench async: {} accepts ({} errors); accept µs p50 {} p90 {} p99 {} mean {:.0}",
+                    lat.len(),
+                    errors,
+                    percentile(&lat, 50.0),
+                    percentile(&lat, 90.0),
+                    percentile(&lat, 99.0),
+                    mean
+                );
+            }
+            Ok(())
+        }
         BenchCommand::Cold {
             url,
             rounds,

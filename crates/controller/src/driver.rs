@@ -199,9 +199,11 @@ impl Driver {
         self.leave_named(name, "it left", "leave")
     }
 
-    /// A worker's membership lease in the cluster's store ended.
+    /// A worker's membership lease in the cluster's store ended: it stops getting work. Its
+    /// running calls are not ended here: a killed worker's connections fail by themselves, and
+    /// a frozen one that thaws finishes them (or their own timeouts end them).
     pub fn lease_ended(&self, name: &str) -> bool {
-        self.leave_named(name, "its membership lease ended", "expired")
+        self.leave_named(name, "its membership lease ended", "lease_ended")
     }
 
     fn leave_named(&self, name: &str, why: &str, event: &'static str) -> bool {
@@ -210,12 +212,13 @@ impl Driver {
     }
 
     /// Takes a worker out of the ring. A failed worker's waiting invocations end at once; a
-    /// worker that leaves gracefully (`leave`) or is only suspected of being stuck
-    /// (`suspected`) keeps them: it finishes them, or their own timeouts end them.
+    /// worker that leaves gracefully (`leave`), is only suspected of being stuck (`suspected`)
+    /// or lost its membership lease (`lease_ended`) keeps them: it finishes them, or their own
+    /// timeouts end them.
     pub fn leave(&self, id: WorkerId, why: &str, event: &'static str) -> bool {
         let left = self.policy.lock().leave(self.now(), id);
         if let Some(m) = self.members.get(&id.0) {
-            if !matches!(event, "leave" | "suspected") {
+            if !matches!(event, "leave" | "suspected" | "lease_ended") {
                 m.mark_gone();
             }
             if left && event == "leave" {
