@@ -244,6 +244,34 @@ pub fn cold_starts(url: &str, rounds: usize) -> Result<(Vec<u64>, Vec<u64>), Str
     Ok((init, e2e))
 }
 
+/// Latency of accepting async invocations (the 202, after the record is durable): `n`
+/// sequential accepts of the no-op bench function, after `warmup` unmeasured ones. Returns the
+/// accept latencies in µs, sorted, and the errors.
+pub fn async_accepts(url: &str, n: usize, warmup: usize) -> Result<(Vec<u64>, usize), String> {
+    let f = register_bench_function(url, 0)?;
+    let path = format!("/v1/functions/{f}/invoke?async=true");
+    let mut c = Client::new(url).map_err(|e| e.to_string())?;
+    let mut lat = Vec::with_capacity(n);
+    let mut errors = 0;
+    for i in 0..warmup + n {
+        let t0 = Instant::now();
+        let r = c.post(&path, b"{}").map_err(|e| e.to_string())?;
+        let us = t0.elapsed().as_micros() as u64;
+        if r.status != 202 {
+            errors += 1;
+            if errors > 10 && errors * 2 > i {
+                return Err(format!("accepts fail: {} {}", r.status, r.text()));
+            }
+            continue;
+        }
+        if i >= warmup {
+            lat.push(us);
+        }
+    }
+    lat.sort_unstable();
+    Ok((lat, errors))
+}
+
 #[cfg(test)]
 mod tests {
     use super::answer;
@@ -275,32 +303,4 @@ mod tests {
         assert!(!a.cold);
         assert_eq!((a.timing.exec, a.timing.controller), (7, Some(3)));
     }
-}
-
-/// Latency of accepting async invocations (the 202, after the record is durable): `n`
-/// sequential accepts of the no-op bench function, after `warmup` unmeasured ones. Returns the
-/// accept latencies in µs, sorted, and the errors.
-pub fn async_accepts(url: &str, n: usize, warmup: usize) -> Result<(Vec<u64>, usize), String> {
-    let f = register_bench_function(url, 0)?;
-    let path = format!("/v1/functions/{f}/invoke?async=true");
-    let mut c = Client::new(url).map_err(|e| e.to_string())?;
-    let mut lat = Vec::with_capacity(n);
-    let mut errors = 0;
-    for i in 0..warmup + n {
-        let t0 = Instant::now();
-        let r = c.post(&path, b"{}").map_err(|e| e.to_string())?;
-        let us = t0.elapsed().as_micros() as u64;
-        if r.status != 202 {
-            errors += 1;
-            if errors > 10 && errors * 2 > i {
-                return Err(format!("accepts fail: {} {}", r.status, r.text()));
-            }
-            continue;
-        }
-        if i >= warmup {
-            lat.push(us);
-        }
-    }
-    lat.sort_unstable();
-    Ok((lat, errors))
 }
