@@ -214,10 +214,9 @@ class Load:
         rnd = random.Random(i)
         while self.running:
             is_async = i % 2 == 1
-            phase = self.phase
             order = list(self.c.controllers)
             rnd.shuffle(order)
-            outcome = None
+            outcome, accepted = None, None
             for ctl in order:  # a client fails over when it cannot connect
                 path = "/v1/functions/work/invoke" + ("?async=true" if is_async else "")
                 t0 = time.time()
@@ -235,9 +234,7 @@ class Load:
                     break
                 if is_async:
                     if status == 202:
-                        with self.lock:
-                            self.accepted.append((v["id"], phase))
-                        outcome = None
+                        accepted = v["id"]
                     else:
                         outcome = f"accept {status}"
                 else:
@@ -246,13 +243,33 @@ class Load:
                 break
             else:
                 outcome = "no controller"
-            if outcome is not None and not is_async:
-                with self.lock:
-                    self.sync.append((phase, outcome))
-            elif outcome is not None:
-                with self.lock:
+            # Failures count in the phase they happen in (a call cut by a fault may have
+            # started just before it).
+            phase = self.phase
+            with self.lock:
+                if accepted:
+                    self.accepted.append((accepted, phase))
+                elif is_async:
                     self.sync.append((phase, f"async {outcome}"))
+                else:
+                    self.sync.append((phase, outcome))
+            if accepted:
+                self.await_result(accepted, rnd)
             time.sleep(0.005)
+
+    def await_result(self, aid, rnd):
+        """Closed loop: an async client waits for its result (from either controller) before
+        its next call, so the load stays bounded."""
+        deadline = time.time() + 30
+        while self.running and time.time() < deadline:
+            ctl = rnd.choice(self.c.controllers)
+            try:
+                status, v = request(ctl.url, "GET", f"/v1/invocations/{aid}", self.c.key)
+                if status == 200 and v["status"] != "running":
+                    return
+            except OSError:
+                pass
+            time.sleep(0.02)
 
     def stop(self):
         self.running = False
@@ -281,9 +298,10 @@ def main():
     ap.add_argument("--clients", type=int, default=8)
     args = ap.parse_args()
     root_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    hearth = args.hearth or next(
-        (p for p in (os.path.join(root_dir, "target/release/hearth"),
-                     os.path.join(root_dir, "target/debug/hearth")) if os.path.exists(p)), None)
+    # The most recently built of the release and debug binaries.
+    built = [p for p in (os.path.join(root_dir, "target/release/hearth"),
+                         os.path.join(root_dir, "target/debug/hearth")) if os.path.exists(p)]
+    hearth = args.hearth or max(built, key=os.path.getmtime, default=None)
     if not hearth:
         raise SystemExit("chaos: build hearth first (cargo build -p hearth-cli)")
     if shutil.which("etcd") is None:

@@ -9,5 +9,8 @@ cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 HEARTH_REQUIRE_RUNC=1 HEARTH_REQUIRE_ETCD=1 cargo test --workspace --locked
+# The chaos suite's short form: etcd, two controllers and three workers under load while their
+# parts are killed, frozen and stopped (about a minute).
+scripts/chaos.sh --short --hearth target/debug/hearth
 scripts/check-leftovers.sh
 python3 -m pytest runtime/python/tests -q -p no:cacheprovider

@@ -48,6 +48,9 @@ enum Command {
         /// Return an invocation id at once instead of waiting.
         #[arg(long = "async")]
         is_async: bool,
+        /// A repeat with the same key gets the first call's id (async) or answer (sync).
+        #[arg(long)]
+        idempotency_key: Option<String>,
         #[command(flatten)]
         url: UrlArg,
     },
@@ -179,6 +182,9 @@ enum FnCommand {
         /// Cold-start cost for the sim backend, ms.
         #[arg(long)]
         sim_cold_ms: Option<f64>,
+        /// Retries of a failed async invocation before it is dead-lettered (0-10, default 2).
+        #[arg(long)]
+        retries: Option<u32>,
         #[command(flatten)]
         url: UrlArg,
     },
@@ -367,12 +373,14 @@ fn run(cli: Cli) -> Result<()> {
             name,
             data,
             is_async,
+            idempotency_key,
             url,
         } => {
             serde_json::from_str::<Value>(&data).context("--data is not valid JSON")?;
             let q = if is_async { "?async=true" } else { "" };
-            let r =
-                client(&url)?.post(&format!("/v1/functions/{name}/invoke{q}"), data.as_bytes())?;
+            let mut c = client(&url)?;
+            c.set_header("Idempotency-Key", idempotency_key.as_deref())?;
+            let r = c.post(&format!("/v1/functions/{name}/invoke{q}"), data.as_bytes())?;
             print_response(r)
         }
         Command::Result { id, wait, url } => {
@@ -533,6 +541,7 @@ fn function(cmd: FnCommand) -> Result<()> {
             env,
             sim_warm_ms,
             sim_cold_ms,
+            retries,
             url,
         } => {
             let mut body = json!({
@@ -557,6 +566,9 @@ fn function(cmd: FnCommand) -> Result<()> {
             }
             if let Some(v) = sim_cold_ms {
                 body["sim_cold_ms"] = json!(v);
+            }
+            if let Some(v) = retries {
+                body["retries"] = json!(v);
             }
             let r = client(&url)?.put(
                 &format!("/v1/functions/{name}"),

@@ -88,6 +88,9 @@ fn two_controllers_serve_one_cluster_with_shared_functions_keys_and_results() {
         b.text()
     );
     assert_eq!(a.json()["worker"], b.json()["worker"], "one home for both");
+    // The second controller registered the same cluster version on that worker: a no-op
+    // there, so the sandbox the first call made stays warm.
+    assert_eq!(b.json()["cold"], false, "{}", b.text());
 
     // Keys: the first controller's operator key works on the second, and a key made on the
     // second works on the first.

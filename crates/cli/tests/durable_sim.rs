@@ -173,6 +173,19 @@ fn an_idempotency_key_returns_the_first_calls_id_and_result() {
     let other = client.post("/v1/functions/f/invoke", b"{}").unwrap();
     assert_ne!(other.text(), a.text());
     assert_eq!(runs_on(&w, "f"), 3);
+    // The CLI sends one too.
+    let cli = |key: &str| {
+        common::ok(common::hearth(&[
+            "invoke",
+            "f",
+            "--idempotency-key",
+            key,
+            "--url",
+            &c.url,
+        ]))
+    };
+    assert_eq!(cli("cli-1"), cli("cli-1"));
+    assert_ne!(cli("cli-1"), cli("cli-2"));
     // A bad key is refused.
     client
         .set_header("Idempotency-Key", Some(&"k".repeat(300)))
