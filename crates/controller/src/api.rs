@@ -10,7 +10,7 @@ use crate::status::ControllerStatus;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
@@ -127,7 +127,7 @@ async fn invoke(
     State(c): State<Arc<Controller>>,
     Extension(p): Extension<Principal>,
     Path(name): Path<String>,
-    headers: HeaderMap,
+    headers: async_api::InvokeHeaders,
     query: Result<Query<InvokeQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -135,7 +135,7 @@ async fn invoke(
     let result = async {
         let name = p.authorized_key(&name, Access::Invoke)?;
         let (q, args) = invoke_request(query, body, c.config().max_body_bytes)?;
-        let idempotency_key = async_api::idempotency_key(&headers)?;
+        let idempotency_key = headers.idempotency_key()?;
         let slot = c
             .admit_namespace(namespace_of(&name))
             .map_err(|e| e.api_error())?;

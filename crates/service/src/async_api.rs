@@ -32,9 +32,42 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 256;
 /// The most records one dead-letter listing returns.
 pub const MAX_LISTED: usize = 1000;
 
-/// The request's `Idempotency-Key`: 1 to 256 visible ASCII characters.
-pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(v) = headers.get(IDEMPOTENCY_KEY) else {
+/// The two headers an invoke reads, taken from the request without copying its header map
+/// (the invoke path is hot).
+pub struct InvokeHeaders {
+    idempotency_key: Option<HeaderValue>,
+    invocation_id: Option<HeaderValue>,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for InvokeHeaders {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(InvokeHeaders {
+            idempotency_key: parts.headers.get(IDEMPOTENCY_KEY).cloned(),
+            invocation_id: parts.headers.get(INVOCATION_ID).cloned(),
+        })
+    }
+}
+
+impl InvokeHeaders {
+    /// The `Idempotency-Key`: 1 to 256 visible ASCII characters.
+    pub fn idempotency_key(&self) -> Result<Option<String>, ApiError> {
+        idempotency_key_of(self.idempotency_key.as_ref())
+    }
+
+    /// The `Hearth-Invocation-Id` of a request from the cluster itself (a controller, or
+    /// anyone when authentication is off); a client's is ignored.
+    pub fn invocation_id(&self, p: &Principal) -> Result<Option<String>, ApiError> {
+        invocation_id_of(self.invocation_id.as_ref(), p)
+    }
+}
+
+fn idempotency_key_of(v: Option<&HeaderValue>) -> Result<Option<String>, ApiError> {
+    let Some(v) = v else {
         return Ok(None);
     };
     let ok = |s: &str| {
@@ -48,13 +81,11 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> 
     }
 }
 
-/// The `Hearth-Invocation-Id` of a request from the cluster itself (a controller, or anyone
-/// when authentication is off); a client's is ignored.
-pub fn invocation_id(headers: &HeaderMap, p: &Principal) -> Result<Option<String>, ApiError> {
+fn invocation_id_of(v: Option<&HeaderValue>, p: &Principal) -> Result<Option<String>, ApiError> {
     if !matches!(p, Principal::Peer | Principal::Open) {
         return Ok(None);
     }
-    let Some(v) = headers.get(INVOCATION_ID) else {
+    let Some(v) = v else {
         return Ok(None);
     };
     match v.to_str() {

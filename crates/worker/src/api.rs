@@ -141,7 +141,7 @@ async fn invoke(
     State(w): State<Arc<Worker>>,
     Extension(p): Extension<Principal>,
     Path(name): Path<String>,
-    headers: HeaderMap,
+    headers: async_api::InvokeHeaders,
     query: Result<Query<InvokeQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -149,8 +149,8 @@ async fn invoke(
     let result = async {
         let name = p.authorized_key(&name, Access::Invoke)?;
         let (q, args) = invoke_request(query, body, w.config().max_body_bytes)?;
-        let idempotency_key = async_api::idempotency_key(&headers)?;
-        let id = async_api::invocation_id(&headers, &p)?;
+        let idempotency_key = headers.idempotency_key()?;
+        let id = headers.invocation_id(&p)?;
         let slot = w
             .admit_namespace(namespace_of(&name))
             .map_err(|e| e.api_error())?;
