@@ -24,7 +24,9 @@ pub struct SqliteAsyncStore {
 }
 
 struct Inner {
-    db: Mutex<Connection>,
+    /// The database and how many records it holds (kept here: counting rows per accept would
+    /// cost time in proportion to the records kept).
+    db: Mutex<(Connection, usize)>,
     /// Ids this process created or took over: everything else unfinished is an orphan.
     claimed: Mutex<HashSet<String>>,
     max_records: usize,
@@ -84,9 +86,10 @@ impl SqliteAsyncStore {
                 _ => {}
             }
         }
+        let count: i64 = db.query_row("SELECT COUNT(*) FROM invocations", [], |r| r.get(0))?;
         Ok(SqliteAsyncStore {
             inner: Arc::new(Inner {
-                db: Mutex::new(db),
+                db: Mutex::new((db, count.max(0) as usize)),
                 claimed: Mutex::new(HashSet::new()),
                 max_records: max_records.max(1),
                 max_bytes: max_bytes.max(1),
@@ -130,8 +133,9 @@ impl Inner {
         rec.as_deref().map(read).transpose()
     }
 
-    /// Drops the oldest finished records until the answers held fit under the bound.
-    fn make_room(&self, db: &Connection) -> Result<(), StoreError> {
+    /// Drops the oldest finished records until the answers held fit under the bound; how many
+    /// went.
+    fn make_room(&self, db: &Connection) -> Result<usize, StoreError> {
         let total: i64 = db.query_row(
             "SELECT COALESCE(SUM(bytes), 0) FROM invocations WHERE finished_ms IS NOT NULL",
             [],
@@ -139,7 +143,7 @@ impl Inner {
         )?;
         let mut over = total - self.max_bytes as i64;
         if over <= 0 {
-            return Ok(());
+            return Ok(0);
         }
         let mut stmt = db.prepare(
             "SELECT id, bytes FROM invocations WHERE finished_ms IS NOT NULL
@@ -156,11 +160,12 @@ impl Inner {
             victims.push(id);
         }
         drop(rows);
+        let dropped = victims.len();
         for id in victims {
             db.execute("DELETE FROM invocations WHERE id = ?1", params![id])?;
             tracing::debug!(id = %id, "async result dropped early to stay under async_max_bytes");
         }
-        Ok(())
+        Ok(dropped)
     }
 }
 
@@ -170,7 +175,8 @@ impl AsyncStore for SqliteAsyncStore {
         let inv = inv.clone();
         self.blocking(move |s| {
             let json = serde_json::to_string(&inv).map_err(corrupt)?;
-            let mut db = s.db.lock();
+            let mut guard = s.db.lock();
+            let (db, count) = &mut *guard;
             let tx = db.transaction()?;
             if let Some(key) = &inv.idempotency_key {
                 let first: Option<String> = tx
@@ -184,8 +190,7 @@ impl AsyncStore for SqliteAsyncStore {
                     return Ok(Created::Existing(Box::new(read(&first)?)));
                 }
             }
-            let count: i64 = tx.query_row("SELECT COUNT(*) FROM invocations", [], |r| r.get(0))?;
-            if count as usize >= s.max_records {
+            if *count >= s.max_records {
                 return Err(StoreError::Full(s.max_records));
             }
             tx.execute(
@@ -193,6 +198,7 @@ impl AsyncStore for SqliteAsyncStore {
                 params![inv.id, inv.function, inv.idempotency_key, state_str(inv.state), json],
             )?;
             tx.commit()?;
+            *count += 1;
             s.claimed.lock().insert(inv.id.clone());
             Ok(Created::New)
         })
@@ -203,7 +209,7 @@ impl AsyncStore for SqliteAsyncStore {
         let id = id.to_string();
         self.blocking(move |s| {
             let db = s.db.lock();
-            s.get(&db, &id)
+            s.get(&db.0, &id)
         })
         .await
     }
@@ -212,7 +218,7 @@ impl AsyncStore for SqliteAsyncStore {
         let inv = inv.clone();
         self.blocking(move |s| {
             let json = serde_json::to_string(&inv).map_err(corrupt)?;
-            s.db.lock().execute(
+            s.db.lock().0.execute(
                 "UPDATE invocations SET record = ?2 WHERE id = ?1 AND state = 'running'",
                 params![inv.id, json],
             )?;
@@ -226,7 +232,8 @@ impl AsyncStore for SqliteAsyncStore {
         self.blocking(move |s| {
             let json = serde_json::to_string(&inv).map_err(corrupt)?;
             let bytes = json.len();
-            let db = s.db.lock();
+            let mut guard = s.db.lock();
+            let (db, count) = &mut *guard;
             let written = db.execute(
                 "UPDATE invocations SET record = ?2, state = ?3, finished_ms = ?4, bytes = ?5
                  WHERE id = ?1 AND state = 'running'",
@@ -240,7 +247,7 @@ impl AsyncStore for SqliteAsyncStore {
             )?;
             s.claimed.lock().remove(&inv.id);
             if written == 1 {
-                s.make_room(&db)?;
+                *count -= s.make_room(db)?.min(*count);
             }
             Ok(written == 1)
         })
@@ -250,7 +257,7 @@ impl AsyncStore for SqliteAsyncStore {
     async fn take_orphans(&self, limit: usize) -> Result<Vec<StoredInvocation>, StoreError> {
         self.blocking(move |s| {
             let db = s.db.lock();
-            let mut stmt = db.prepare(
+            let mut stmt = db.0.prepare(
                 "SELECT id, record FROM invocations WHERE state = 'running' ORDER BY rowid",
             )?;
             let mut rows = stmt.query([])?;
@@ -289,7 +296,7 @@ impl AsyncStore for SqliteAsyncStore {
         let all = self
             .blocking(move |s| {
                 let db = s.db.lock();
-                let mut stmt = db.prepare(
+                let mut stmt = db.0.prepare(
                     "SELECT function, record FROM invocations WHERE state = 'failed'
                      ORDER BY finished_ms DESC LIMIT 10000",
                 )?;
@@ -313,10 +320,13 @@ impl AsyncStore for SqliteAsyncStore {
 
     async fn expire(&self, before_unix_ms: u64) -> Result<usize, StoreError> {
         self.blocking(move |s| {
-            let n = s.db.lock().execute(
+            let mut guard = s.db.lock();
+            let (db, count) = &mut *guard;
+            let n = db.execute(
                 "DELETE FROM invocations WHERE finished_ms IS NOT NULL AND finished_ms < ?1",
                 params![before_unix_ms as i64],
             )?;
+            *count -= n.min(*count);
             Ok(n)
         })
         .await
@@ -431,6 +441,20 @@ mod tests {
         assert_eq!(s.expire(12).await.unwrap(), 1);
         assert!(s.get("r1").await.unwrap().is_none());
         assert!(s.get("r2").await.unwrap().is_some());
+        // Room made by dropping and expiring counts: two records are left, so two more fit.
+        s.create(&inv("r5", None)).await.unwrap();
+        s.create(&inv("r6", None)).await.unwrap();
+        assert!(matches!(
+            s.create(&inv("r7", None)).await,
+            Err(StoreError::Full(4))
+        ));
+        // The count survives reopening.
+        drop(s);
+        let s = SqliteAsyncStore::open(dir.path(), 4, 3000).unwrap();
+        assert!(matches!(
+            s.create(&inv("r8", None)).await,
+            Err(StoreError::Full(4))
+        ));
     }
 
     #[tokio::test]
