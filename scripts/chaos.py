@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 
-SYNC_TIMEOUT_S = 10.0  # the function's timeout (2 s) + the controller's grace + slack
+SYNC_TIMEOUT_S = 10.0  # the function's timeout (2 s) + the controller's grace (2 s) + slack
 
 
 def free_port():
@@ -132,7 +132,9 @@ class Cluster:
             self.etcd.append(self.spawn(f"etcd-{n}", argv, {}))
         self.store = "etcd://" + ",".join(f"127.0.0.1:{p}" for p in cports)
         self.etcd_ready()
+        # A call on a frozen worker ends at the function's timeout (2 s) + forward_grace_ms.
         common = {"HEARTH_LEASE_TTL_MS": "1000", "HEARTH_STATUS_INTERVAL_MS": "100",
+                  "HEARTH_FORWARD_GRACE_MS": "2000",
                   "HEARTH_ASYNC_RETRY_BACKOFF_MS": "200", "HEARTH_SHUTDOWN_GRACE_S": "10",
                   "HEARTH_LOG": "info"}
         self.controllers = []
@@ -204,6 +206,7 @@ class Load:
         self.running = True
         self.accepted = []       # (id, phase)
         self.sync = []           # (phase, outcome)
+        self.errors = []         # (phase, message) of failed sync calls
         self.phase = "warmup"
         self.threads = [threading.Thread(target=self.client, args=(i,), daemon=True)
                         for i in range(clients)]
@@ -240,6 +243,9 @@ class Load:
                 else:
                     code = "ok" if status == 200 else (v or {}).get("error", {}).get("code", status)
                     outcome = code if time.time() - t0 < SYNC_TIMEOUT_S else "hung"
+                    if code != "ok":
+                        with self.lock:
+                            self.errors.append((self.phase, (v or {}).get("error", {}).get("message", "")))
                 break
             else:
                 outcome = "no controller"
@@ -410,6 +416,8 @@ def main():
                 broken.append(f"{ph}: sync or accept failures {bad}")
             if ph in routing and routing[ph] is None:
                 broken.append(f"{ph}: controllers kept routing to the worker")
+        for ph, msg in load.errors[:10]:
+            print(f"  {ph}: {msg[:200]}")
         total_async = len(load.accepted)
         print(f"accepted async: {total_async}, sync calls: {len(load.sync)}")
     finally:

@@ -211,16 +211,15 @@ impl Driver {
         id.is_some_and(|id| self.leave(id, why, event))
     }
 
-    /// Takes a worker out of the ring. A failed worker's waiting invocations end at once; a
-    /// worker that leaves gracefully (`leave`), is only suspected of being stuck (`suspected`)
-    /// or lost its membership lease (`lease_ended`) keeps them: it finishes them, or their own
-    /// timeouts end them.
+    /// Takes a worker out of the ring. Its running invocations end by themselves: a crashed
+    /// worker's connections fail; one that left gracefully (`leave`), is suspected of being
+    /// stuck (`suspected`), lost its lease (`lease_ended`) or had one connection fail
+    /// (`failed`) finishes them, or their own timeouts end them. Only a worker silent past its
+    /// status deadline ([`Self::expire`]: a machine gone without closing its connections) has
+    /// them ended at once.
     pub fn leave(&self, id: WorkerId, why: &str, event: &'static str) -> bool {
         let left = self.policy.lock().leave(self.now(), id);
         if let Some(m) = self.members.get(&id.0) {
-            if !matches!(event, "leave" | "suspected" | "lease_ended") {
-                m.mark_gone();
-            }
             if left && event == "leave" {
                 tracing::info!(worker = %m.name, url = %m.url, "worker left the ring: {why}");
             } else if left {

@@ -79,12 +79,22 @@ pub async fn serve(
         }
         None => None,
     };
+    // A worker in a cluster keeps its connections open for a moment after the stop, answering
+    // 503 `shutting_down`, until its controllers have seen it leave: closing idle keep-alive
+    // connections at once could cut a request a controller is sending on one at that instant.
+    let linger = if worker.config().store.is_some() {
+        Duration::from_millis(1200)
+    } else if worker.config().controller.is_some() {
+        Duration::from_millis(300)
+    } else {
+        Duration::ZERO
+    };
     // A request still running after the grace period is cut off and its sandbox killed below.
     serving::serve_until_stopped(
         listener,
         app,
         stopping,
-        std::future::ready(()),
+        tokio::time::sleep(linger),
         grace,
         limits,
         tls,
