@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::cluster::{sim_fn, wait_members, wait_until, workers_up};
+use common::cluster::{runs_on, sim_fn, wait_members, wait_until, workers_up};
 use common::{wait_invocation, Server};
 use hearth_service::store::local_etcd::{etcd_for_tests, LocalEtcd};
 use std::time::{Duration, Instant};
@@ -50,15 +50,6 @@ fn worker(e: &LocalEtcd, first: &Server) -> Server {
             ("HEARTH_LEASE_TTL_MS", "1000"),
         ],
     )
-}
-
-fn runs_on(worker: &Server, function: &str) -> u64 {
-    let text = worker.client().get("/metrics").unwrap().text();
-    text.lines()
-        .filter(|l| l.starts_with("hearth_invocations_total{"))
-        .filter(|l| l.contains(&format!("function=\"{function}\"")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
 }
 
 #[test]

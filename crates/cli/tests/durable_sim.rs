@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::cluster::{home, join, sim_fn, wait_members, wait_until};
+use common::cluster::{home, join, runs_on, sim_fn, wait_members, wait_until};
 use common::{wait_invocation, Server};
 use serde_json::json;
 use std::time::Duration;
@@ -22,16 +22,6 @@ fn start_async(s: &Server, function: &str) -> String {
         .unwrap();
     assert_eq!(r.status, 202, "{}", r.text());
     r.json()["id"].as_str().unwrap().to_string()
-}
-
-/// The sim backend's count of `function`'s invocations that ran to an answer on `worker`.
-fn runs_on(worker: &Server, function: &str) -> u64 {
-    let text = worker.client().get("/metrics").unwrap().text();
-    text.lines()
-        .filter(|l| l.starts_with("hearth_invocations_total{"))
-        .filter(|l| l.contains(&format!("function=\"{function}\"")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
 }
 
 #[test]

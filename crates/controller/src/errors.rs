@@ -130,3 +130,13 @@ pub enum ReportError {
     #[error("a status report needs a worker id and an http:// or https:// url")]
     Unusable,
 }
+
+impl From<hearth_service::store::StoreError> for InvokeError {
+    /// A full async store is a 429 of its own; any other store failure accepted nothing.
+    fn from(e: hearth_service::store::StoreError) -> Self {
+        match e {
+            hearth_service::store::StoreError::Full(_) => InvokeError::AsyncStoreFull,
+            e => InvokeError::AsyncStore(e.to_string()),
+        }
+    }
+}

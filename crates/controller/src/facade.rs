@@ -570,10 +570,26 @@ impl Controller {
                 cluster.watch_docs(hearth_service::keys_api::KEYS_KIND),
             ));
         }
+        // The workers the cluster has now: serving starts once they have reported here (or
+        // after a bound), so that a restarted controller does not answer `no_workers` to a
+        // cluster full of workers.
+        let mut members = cluster.watch_members(MemberKind::Worker);
+        let known = match tokio::time::timeout(Duration::from_secs(5), members.recv()).await {
+            Ok(Some(hearth_service::store::Change::Snapshot(all))) => all.len(),
+            _ => 0,
+        };
+        drop(members);
         tokio::spawn(crate::cluster_sync::follow_workers(
             Arc::downgrade(self),
             cluster.watch_members(MemberKind::Worker),
         ));
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_millis(self.config.status_timeout_ms.min(5_000));
+        while self.driver.read(|b| b.workers().live().len()) < known
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let me = MemberRecord {
             name: self.config.controller_name(),
             url: self.config.public_url(),
@@ -875,10 +891,7 @@ impl Controller {
         self.delivery
             .accept(name, owner, args, retries, idempotency_key, slot)
             .await
-            .map_err(|e| match e {
-                StoreError::Full(_) => InvokeError::AsyncStoreFull,
-                e => InvokeError::AsyncStore(e.to_string()),
-            })
+            .map_err(InvokeError::from)
     }
 
     /// Async delivery (records, waiting for one, dead letters).

@@ -107,3 +107,13 @@ pub enum PrewarmError {
     #[error("{0}")]
     StartFailed(String),
 }
+
+impl From<hearth_service::store::StoreError> for InvokeError {
+    /// A full async store is a 429 of its own; any other store failure accepted nothing.
+    fn from(e: hearth_service::store::StoreError) -> Self {
+        match e {
+            hearth_service::store::StoreError::Full(_) => InvokeError::AsyncStoreFull,
+            e => InvokeError::AsyncStore(e.to_string()),
+        }
+    }
+}

@@ -429,10 +429,7 @@ impl Worker {
         self.delivery
             .accept(&name, owner, args, retries, idempotency_key, slot)
             .await
-            .map_err(|e| match e {
-                StoreError::Full(_) => InvokeError::AsyncStoreFull,
-                e => InvokeError::AsyncStore(e.to_string()),
-            })
+            .map_err(InvokeError::from)
     }
 
     /// Async delivery (records, waiting for one, dead letters).

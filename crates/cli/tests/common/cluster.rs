@@ -133,3 +133,13 @@ pub fn patient_client(s: &Server) -> Client {
 pub fn sim_fn(warm_ms: u64, cold_ms: u64) -> Value {
     serde_json::json!({"sim_warm_ms": warm_ms, "sim_cold_ms": cold_ms, "memory_mb": 64})
 }
+
+/// How many invocations of `function` ran to an answer on `worker` (its metrics).
+pub fn runs_on(worker: &Server, function: &str) -> u64 {
+    let text = worker.client().get("/metrics").unwrap().text();
+    text.lines()
+        .filter(|l| l.starts_with("hearth_invocations_total{"))
+        .filter(|l| l.contains(&format!("function=\"{function}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
