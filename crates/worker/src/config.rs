@@ -206,6 +206,10 @@ pub struct WorkerConfig {
     pub max_code_unpacked_bytes: u64,
     /// Most files and directories one function's code may hold.
     pub max_code_files: u64,
+    /// Most sandboxes being created at once; more wait for a turn (a burst queues its creations
+    /// instead of running a dozen at once on two CPUs). 0: the CPUs with `runc`, no limit with
+    /// `sim` (whose creations are sleeps).
+    pub max_concurrent_creations: u32,
     /// How long results of async invocations are kept after they finish.
     pub async_retention_s: u64,
     /// Back-off before the first retry of a failed async invocation; doubles per retry, up to
@@ -291,6 +295,7 @@ impl Default for WorkerConfig {
             code_path_roots: Vec::new(),
             max_code_unpacked_bytes: hearth_service::registry::DEFAULT_MAX_CODE_UNPACKED_BYTES,
             max_code_files: hearth_service::registry::DEFAULT_MAX_CODE_FILES,
+            max_concurrent_creations: 0,
             async_retention_s: 600,
             async_retry_backoff_ms: 1000,
             async_max_records: 100_000,
@@ -343,6 +348,7 @@ const CONFIG_KEYS: &[&str] = &[
     "code_path_roots",
     "max_code_unpacked_bytes",
     "max_code_files",
+    "max_concurrent_creations",
     "async_retention_s",
     "async_retry_backoff_ms",
     "async_max_records",
@@ -406,6 +412,12 @@ impl WorkerConfig {
             self.max_connections,
         )?;
         config_checks::async_retry_backoff_ms(self.async_retry_backoff_ms)?;
+        if self.max_concurrent_creations > 1024 {
+            return bad(format!(
+                "max_concurrent_creations must be between 0 (automatic) and 1024, got {}",
+                self.max_concurrent_creations
+            ));
+        }
         if self.memory_mb < 16 {
             return bad(format!(
                 "memory_mb must be at least 16, got {}",
@@ -513,6 +525,15 @@ impl WorkerConfig {
             return self.cpus;
         }
         std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+    }
+
+    /// The cap on concurrent sandbox creations (None: no cap).
+    pub fn creation_cap(&self) -> Option<usize> {
+        match (self.max_concurrent_creations, self.backend) {
+            (0, BackendKind::Sim) => None,
+            (0, BackendKind::Runc) => Some(self.effective_cpus().max(1) as usize),
+            (n, _) => Some(n as usize),
+        }
     }
 
     /// The concurrency regulator these settings ask for.

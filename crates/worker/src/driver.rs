@@ -93,6 +93,8 @@ pub struct Driver {
     load: LoadSampling,
     /// Live sandboxes per code directory, so retired code is removed once unused.
     code_users: DashMap<PathBuf, usize>,
+    /// Turns to create a sandbox (None: no cap).
+    creations: Option<tokio::sync::Semaphore>,
 }
 
 impl Driver {
@@ -103,6 +105,7 @@ impl Driver {
         registry: Arc<Registry>,
         metrics: Arc<Metrics>,
         load: LoadSampling,
+        creation_cap: Option<usize>,
     ) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
         let driver = Arc::new(Driver {
@@ -120,6 +123,7 @@ impl Driver {
             timer: Arc::new(Notify::new()),
             load,
             code_users: DashMap::new(),
+            creations: creation_cap.map(|n| tokio::sync::Semaphore::new(n.max(1))),
         });
         tokio::spawn(lifecycle(Arc::clone(&driver), rx));
         tokio::spawn(timers(Arc::downgrade(&driver), Arc::clone(&driver.timer)));
@@ -285,11 +289,7 @@ impl Driver {
         let reg = reg.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            match me
-                .backend
-                .create(run.sandbox, &reg.spec, reg.code_dir.as_deref())
-                .await
-            {
+            match me.create(run.sandbox, &reg).await {
                 Ok(sb) => {
                     me.sandbox_created(&sb);
                     if let Err(Ok(sb)) = tx.send(Ok(sb)) {
@@ -311,6 +311,21 @@ impl Driver {
             Ok(result) => result.map_err(StartFailure::Sandbox),
             Err(_) => Err(StartFailure::TaskFailed),
         }
+    }
+
+    /// Creates a sandbox when a creation turn is free (the wait counts as start-up time).
+    async fn create(
+        &self,
+        id: SandboxId,
+        reg: &Registered,
+    ) -> Result<Sandbox, SandboxError> {
+        let _turn = match &self.creations {
+            Some(s) => s.acquire().await.ok(),
+            None => None,
+        };
+        self.backend
+            .create(id, &reg.spec, reg.code_dir.as_deref())
+            .await
     }
 
     fn sandbox_created(&self, sb: &Sandbox) {
@@ -337,11 +352,7 @@ impl Driver {
 
     /// Creates a prewarmed sandbox and reports it to the engine.
     async fn create_prewarmed(&self, id: SandboxId, reg: &Registered) -> Result<(), SandboxError> {
-        match self
-            .backend
-            .create(id, &reg.spec, reg.code_dir.as_deref())
-            .await
-        {
+        match self.create(id, reg).await {
             Ok(sb) => {
                 self.sandbox_created(&sb);
                 self.with_state(|st, now| {

@@ -130,6 +130,7 @@ impl Worker {
             Arc::clone(&registry),
             Arc::clone(&metrics),
             load,
+            config.creation_cap(),
         );
         let latency = crate::latency::LowLatency::new(
             config.low_latency,
