@@ -75,6 +75,7 @@ impl OverheadReport {
                 "p50": percentile(v, 50.0),
                 "p90": percentile(v, 90.0),
                 "p99": percentile(v, 99.0),
+                "max": v.last().copied().unwrap_or(0),
             })
         };
         json!({
@@ -149,13 +150,26 @@ pub fn closed_loop(
     duration: Duration,
     warmup: Duration,
 ) -> Result<OverheadReport, String> {
+    closed_loop_prewarmed(url, function, clients, clients, duration, warmup)
+}
+
+/// [`closed_loop`] with `prewarm` sandboxes made first (fewer than the clients: a burst that
+/// finds too few warm sandboxes).
+pub fn closed_loop_prewarmed(
+    url: &str,
+    function: &str,
+    clients: usize,
+    prewarm: usize,
+    duration: Duration,
+    warmup: Duration,
+) -> Result<OverheadReport, String> {
     let path = format!("/v1/functions/{function}/invoke");
-    // One warm sandbox per client, so the measured loop is warm.
+    // One warm sandbox per client by default, so the measured loop is warm.
     let mut c = Client::new(url).map_err(|e| e.to_string())?;
     let r = c
         .post(
             &format!("/v1/functions/{function}/prewarm"),
-            json!({"count": clients}).to_string().as_bytes(),
+            json!({"count": prewarm.max(1)}).to_string().as_bytes(),
         )
         .map_err(|e| e.to_string())?;
     if r.status >= 300 {

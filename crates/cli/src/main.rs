@@ -251,6 +251,9 @@ enum BenchCommand {
         /// The function sleeps this long per invocation (0: a no-op).
         #[arg(long, default_value_t = 0)]
         exec_ms: u64,
+        /// Sandboxes made before the run (default: one per client; fewer makes a burst).
+        #[arg(long)]
+        prewarm: Option<usize>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -627,6 +630,7 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
             duration,
             warmup,
             exec_ms,
+            prewarm,
             json: as_json,
         } => {
             if clients == 0 {
@@ -634,7 +638,8 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
             }
             let f =
                 bench::register_bench_function(&url.url, exec_ms).map_err(anyhow::Error::msg)?;
-            let r = bench::closed_loop(&url.url, &f, clients, duration, warmup)
+            let prewarm = prewarm.unwrap_or(clients);
+            let r = bench::closed_loop_prewarmed(&url.url, &f, clients, prewarm, duration, warmup)
                 .map_err(anyhow::Error::msg)?;
             if as_json {
                 println!("{}", r.to_json());

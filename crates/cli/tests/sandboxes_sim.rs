@@ -42,7 +42,14 @@ fn a_burst_of_cold_starts_takes_turns_at_the_creation_cap() {
 fn the_creation_cap_is_range_checked() {
     let tmp = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["worker", "--backend", "sim", "--listen", "127.0.0.1:0", "--data-dir"])
+        .args([
+            "worker",
+            "--backend",
+            "sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
         .arg(tmp.path())
         .env("HEARTH_MAX_CONCURRENT_CREATIONS", "5000")
         .output()

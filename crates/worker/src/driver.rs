@@ -314,11 +314,7 @@ impl Driver {
     }
 
     /// Creates a sandbox when a creation turn is free (the wait counts as start-up time).
-    async fn create(
-        &self,
-        id: SandboxId,
-        reg: &Registered,
-    ) -> Result<Sandbox, SandboxError> {
+    async fn create(&self, id: SandboxId, reg: &Registered) -> Result<Sandbox, SandboxError> {
         let _turn = match &self.creations {
             Some(s) => s.acquire().await.ok(),
             None => None,
