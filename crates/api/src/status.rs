@@ -51,6 +51,14 @@ pub struct QueueStatus {
     /// Queued invocations per function.
     #[serde(default)]
     pub queued: HashMap<String, u32>,
+    /// `warm_wait`: invocations waiting for a busy sandbox of their function to free, cold
+    /// starts avoided that way, and waits that ran out (a sandbox was started after all).
+    #[serde(default)]
+    pub warm_waiting: u32,
+    #[serde(default)]
+    pub warm_waits_avoided: u64,
+    #[serde(default)]
+    pub warm_waits_gave_up: u64,
 }
 
 /// The policies a worker runs.

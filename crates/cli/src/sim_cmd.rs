@@ -63,6 +63,10 @@ pub struct SimArgs {
     /// How often each worker pushes its (stale) status to the balancer.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     status_interval: Duration,
+    /// Workers wait for a busy sandbox of the function rather than start one when that is
+    /// expected to be sooner (the worker's `warm_wait`).
+    #[arg(long)]
+    warm_wait: bool,
     /// Seed of the balancer's random generator (random policy, CH-RLU's load noise).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -169,6 +173,7 @@ impl SimArgs {
             },
             routing,
             status_interval_us: self.status_interval.as_micros() as u64,
+            warm_wait: self.warm_wait,
         })
     }
 }

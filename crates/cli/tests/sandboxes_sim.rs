@@ -58,3 +58,29 @@ fn the_creation_cap_is_range_checked() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("max_concurrent_creations"), "{err}");
 }
+
+#[test]
+fn with_warm_wait_a_call_waits_for_the_busy_sandbox_instead_of_starting_one() {
+    let w = Server::start(
+        "sim",
+        &[("HEARTH_WARM_WAIT", "true"), ("HEARTH_CONCURRENCY", "8")],
+    );
+    // 300 ms warm, 1 s more to start a sandbox.
+    let spec = json!({"sim_warm_ms": 300, "sim_cold_ms": 1000, "memory_mb": 64});
+    assert_eq!(w.put_fn("f", spec).status, 201);
+    // Learn both times: a cold call, then a warm one.
+    assert_eq!(w.invoke("f", "{}").json()["cold"], true);
+    assert_eq!(w.invoke("f", "{}").json()["cold"], false);
+    // One call busy on the only sandbox; a second arrives: waiting (≤ 300 ms) beats a start.
+    let mut c = w.client();
+    let first = std::thread::spawn(move || c.post("/v1/functions/f/invoke", b"{}").unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let second = w.invoke("f", "{}");
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.json()["cold"], false, "{}", second.text());
+    assert!(second.json()["timing"]["queue"].as_u64().unwrap() > 0);
+    assert_eq!(first.join().unwrap().status, 200);
+    let q = &w.status()["queue"];
+    assert_eq!(q["warm_waits_avoided"], 1, "{q}");
+    assert_eq!(w.status()["functions"]["f"]["warm"], 1, "one sandbox only");
+}

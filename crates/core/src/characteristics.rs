@@ -92,6 +92,11 @@ impl Characteristics {
         !self.warm.is_empty()
     }
 
+    /// Whether a cold start was seen.
+    pub fn has_cold_samples(&self) -> bool {
+        !self.cold.is_empty()
+    }
+
     /// Expected cold time (start + execution); the warm time when no cold start was seen.
     pub fn cold_us(&self) -> Micros {
         self.cold.mean().unwrap_or_else(|| self.warm_us())

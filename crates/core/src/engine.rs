@@ -47,6 +47,9 @@ pub struct EngineConfig {
     /// CPUs of the worker: normalizes the load and seeds the AIMD limit.
     pub cpus: u32,
     pub load_source: LoadSource,
+    /// Wait for a busy sandbox of the function to free rather than start a new one when that
+    /// is expected to be sooner (the `warm_wait` module).
+    pub warm_wait: bool,
 }
 
 /// An invocation's identity within one engine (arrival order).
@@ -154,6 +157,7 @@ pub struct WorkerEngine {
     running_bypass: u32,
     actions: VecDeque<EngineAction>,
     shutting_down: bool,
+    warm_wait: warm_wait::WarmWait,
 }
 
 impl WorkerEngine {
@@ -171,6 +175,7 @@ impl WorkerEngine {
             running_bypass: 0,
             actions: VecDeque::new(),
             shutting_down: false,
+            warm_wait: warm_wait::WarmWait::default(),
             config,
         }
     }
@@ -263,6 +268,29 @@ impl WorkerEngine {
                 return Some(EngineAction::Run(run));
             }
         }
+        if self.config.warm_wait
+            && self.queue.is_empty()
+            && self.running < self.regulator.limit()
+            && self.pool.idle_count(&function) == 0
+        {
+            let chars = self.characteristics.get(&function);
+            if let Some(give_up_at) = self
+                .warm_wait
+                .decide(now, &function, chars, self.config.cpus)
+            {
+                self.warm_wait.park(
+                    &function,
+                    warm_wait::Waiter {
+                        id,
+                        memory_mb: a.memory_mb,
+                        arrival: now,
+                        deadline_us: a.deadline_us,
+                        give_up_at,
+                    },
+                );
+                return None;
+            }
+        }
         if self.queue.is_empty() && self.running < self.regulator.limit() {
             if let Some(run) = self.try_start(now, id, &function, a.memory_mb, now, false) {
                 return Some(EngineAction::Run(run));
@@ -282,17 +310,80 @@ impl WorkerEngine {
             iat_us: iat,
             deadline_us: a.deadline_us,
         };
+        self.enqueue(id, function, a.memory_mb, now, &keys);
+        None
+    }
+
+    fn enqueue(
+        &mut self,
+        id: InvocationId,
+        function: Arc<str>,
+        memory_mb: u64,
+        arrival: Micros,
+        keys: &KeyInputs,
+    ) {
         *self.queued_per_fn.entry(function.clone()).or_insert(0) += 1;
         self.queue.push(
             id.0,
-            &keys,
+            keys,
             Queued {
                 function,
-                memory_mb: a.memory_mb,
-                arrival: now,
+                memory_mb,
+                arrival,
             },
         );
-        None
+    }
+
+    /// A waiter whose wait ran out, or that found no sandbox free when one should have:
+    /// started now if it can be, queued otherwise.
+    fn start_waiter(&mut self, now: Micros, function: Arc<str>, w: warm_wait::Waiter) {
+        if self.queue.is_empty() && self.running < self.regulator.limit() {
+            if let Some(run) = self.try_start(now, w.id, &function, w.memory_mb, w.arrival, false) {
+                self.actions.push_back(EngineAction::Run(run));
+                return;
+            }
+        }
+        if self.queue.len() >= self.config.max_queue {
+            self.actions.push_back(EngineAction::Reject {
+                invocation: w.id,
+                reason: Reject::QueueFull {
+                    length: self.queue.len(),
+                },
+            });
+            return;
+        }
+        let (expected, iat) = self
+            .characteristics
+            .get(&function)
+            .map_or((0, 0), |c| (c.cold_us(), c.iat_us()));
+        let keys = KeyInputs {
+            arrival: w.arrival,
+            expected_us: expected,
+            iat_us: iat,
+            deadline_us: w.deadline_us,
+        };
+        self.enqueue(w.id, function, w.memory_mb, w.arrival, &keys);
+    }
+
+    /// Hands sandboxes of `function` that are idle now to its waiters.
+    fn serve_waiters(&mut self, now: Micros, function: &Arc<str>) {
+        while self.pool.idle_count(function) > 0 && self.running < self.regulator.limit() {
+            let Some(w) = self.warm_wait.take(function) else {
+                break;
+            };
+            match self.try_start(now, w.id, function, w.memory_mb, w.arrival, false) {
+                Some(run) => {
+                    if run.cold.is_none() {
+                        self.warm_wait.avoided += 1;
+                    }
+                    self.actions.push_back(EngineAction::Run(run));
+                }
+                None => {
+                    self.start_waiter(now, function.clone(), w);
+                    break;
+                }
+            }
+        }
     }
 
     fn no_memory(&self, needed_mb: u64) -> Reject {
@@ -321,6 +412,14 @@ impl WorkerEngine {
             self.running_bypass += 1;
         } else {
             self.running += 1;
+        }
+        if self.config.warm_wait {
+            let expected = self
+                .characteristics
+                .get(function)
+                .map_or(0, |c| c.expected_us(cold.is_none()));
+            self.warm_wait
+                .started(function, id, now, expected, cold.is_some());
         }
         Some(Run {
             invocation: id,
@@ -385,6 +484,9 @@ impl WorkerEngine {
     }
 
     fn finish(&mut self, run: &Run) {
+        if self.config.warm_wait {
+            self.warm_wait.ended(run.invocation);
+        }
         if run.bypass {
             self.running_bypass = self.running_bypass.saturating_sub(1);
         } else {
@@ -407,6 +509,9 @@ impl WorkerEngine {
             self.pool.set_cost(&run.function, init);
         }
         self.pool.release(now, run.sandbox, c.reusable);
+        if self.config.warm_wait {
+            self.serve_waiters(now, &run.function);
+        }
         self.dispatch(now);
     }
 
@@ -431,7 +536,7 @@ impl WorkerEngine {
 
     /// A queued invocation's caller went away; false if it was no longer queued.
     pub fn on_cancel(&mut self, now: Micros, id: InvocationId) -> bool {
-        let removed = self.unqueue(id.0).is_some();
+        let removed = self.unqueue(id.0).is_some() || self.warm_wait.cancel(id);
         if removed {
             self.dispatch(now);
         }
@@ -493,6 +598,10 @@ impl WorkerEngine {
     pub fn on_timeout(&mut self, now: Micros) {
         self.advance_load(now);
         self.pool.on_timeout(now);
+        for (function, w) in self.warm_wait.expired(now) {
+            self.warm_wait.gave_up += 1;
+            self.start_waiter(now, function, w);
+        }
         self.dispatch(now);
     }
 
@@ -501,10 +610,10 @@ impl WorkerEngine {
         let pool = self.pool.next_timeout();
         let load =
             (self.config.load_source == LoadSource::Simulated).then(|| self.load.next_sample());
-        match (pool, load) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [pool, load, self.warm_wait.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The function was updated or deleted: its sandboxes are retired and what was learned about
@@ -521,6 +630,12 @@ impl WorkerEngine {
     /// their invocations end.
     pub fn shutdown(&mut self) {
         self.shutting_down = true;
+        for w in self.warm_wait.drain() {
+            self.actions.push_back(EngineAction::Reject {
+                invocation: w.id,
+                reason: Reject::ShuttingDown,
+            });
+        }
         while let Some((seq, q)) = self.queue.pop() {
             self.queued_per_fn.remove(&q.function);
             self.actions.push_back(EngineAction::Reject {
@@ -573,6 +688,9 @@ impl WorkerEngine {
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
             pool: self.pool.stats(),
+            warm_waiting: self.warm_wait.parked(),
+            warm_waits_avoided: self.warm_wait.avoided,
+            warm_waits_gave_up: self.warm_wait.gave_up,
         }
     }
 }
@@ -589,7 +707,13 @@ pub struct EngineStats {
     pub cpus: u32,
     pub queued: HashMap<String, u32>,
     pub pool: PoolStats,
+    /// Invocations waiting for a busy sandbox of their function to free.
+    pub warm_waiting: usize,
+    /// Cold starts avoided by waiting, and waits that ran out (and started one after all).
+    pub warm_waits_avoided: u64,
+    pub warm_waits_gave_up: u64,
 }
 
 #[cfg(test)]
 mod tests;
+mod warm_wait;

@@ -40,6 +40,7 @@
 //!     bypass: BypassConfig::default(),
 //!     cpus: 2,
 //!     load_source: LoadSource::External,
+//!     warm_wait: false,
 //! });
 //! // Five invocations of two functions, 1 ms apart; each runs 10 ms (plus 50 ms if cold).
 //! let arrivals: Vec<(Micros, &str)> =

@@ -144,6 +144,8 @@ fn engine_config() -> impl Strategy<Value = EngineConfig> {
                     } else {
                         LoadSource::External
                     },
+                    // Both ways of meeting a busy function are held to the same invariants.
+                    warm_wait: simulated,
                 }
             },
         )
@@ -462,6 +464,7 @@ fn hist_with_regular_arrivals_keeps_its_promises() {
         bypass: BypassConfig::default(),
         cpus: 2,
         load_source: LoadSource::External,
+        warm_wait: false,
     };
     let mut d = Driver::new(config, [128; 4]);
     let mut prewarms = 0;

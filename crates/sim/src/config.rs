@@ -57,6 +57,8 @@ pub struct SimConfig {
     pub routing: Routing,
     /// How often each worker pushes its status to the balancer (its load is that stale).
     pub status_interval_us: Micros,
+    /// Workers wait for a busy sandbox rather than start one when that is expected sooner.
+    pub warm_wait: bool,
 }
 
 impl Default for SimConfig {
@@ -75,6 +77,7 @@ impl Default for SimConfig {
             keepalive: KeepAliveConfig::default(),
             routing: Routing::Balancer(BalanceKind::ChRlu, BalanceParams::default()),
             status_interval_us: secs(1),
+            warm_wait: false,
         }
     }
 }
@@ -122,6 +125,7 @@ impl SimConfig {
             bypass: self.bypass,
             cpus: self.cpus,
             load_source: LoadSource::Simulated,
+            warm_wait: self.warm_wait,
         }
     }
 }

@@ -206,6 +206,9 @@ pub struct WorkerConfig {
     pub max_code_unpacked_bytes: u64,
     /// Most files and directories one function's code may hold.
     pub max_code_files: u64,
+    /// When an invocation finds its function's sandboxes all busy, wait for one to free rather
+    /// than start a new one if that is expected to be sooner (docs/scheduling.md).
+    pub warm_wait: bool,
     /// Most sandboxes being created at once; more wait for a turn (a burst queues its creations
     /// instead of running a dozen at once on two CPUs). 0: the CPUs with `runc`, no limit with
     /// `sim` (whose creations are sleeps).
@@ -296,6 +299,7 @@ impl Default for WorkerConfig {
             max_code_unpacked_bytes: hearth_service::registry::DEFAULT_MAX_CODE_UNPACKED_BYTES,
             max_code_files: hearth_service::registry::DEFAULT_MAX_CODE_FILES,
             max_concurrent_creations: 0,
+            warm_wait: false,
             async_retention_s: 600,
             async_retry_backoff_ms: 1000,
             async_max_records: 100_000,
@@ -349,6 +353,7 @@ const CONFIG_KEYS: &[&str] = &[
     "max_code_unpacked_bytes",
     "max_code_files",
     "max_concurrent_creations",
+    "warm_wait",
     "async_retention_s",
     "async_retry_backoff_ms",
     "async_max_records",

@@ -118,6 +118,7 @@ impl Worker {
                 BackendKind::Runc => LoadSource::External,
                 BackendKind::Sim => LoadSource::Simulated,
             },
+            warm_wait: config.warm_wait,
         };
         let load = match config.backend {
             BackendKind::Runc => LoadSampling::Kernel { cpus },
@@ -596,6 +597,9 @@ impl Worker {
                 running_bypass: stats.running_bypass,
                 limit: stats.limit,
                 queued: stats.queued.clone(),
+                warm_waiting: stats.warm_waiting as u32,
+                warm_waits_avoided: stats.warm_waits_avoided,
+                warm_waits_gave_up: stats.warm_waits_gave_up,
             }),
             functions: pool
                 .functions

@@ -20,6 +20,7 @@ fn config(queue: QueueDiscipline, limit: u32) -> EngineConfig {
         bypass: BypassConfig::default(),
         cpus: 2,
         load_source: LoadSource::External,
+        warm_wait: false,
     }
 }
 
@@ -422,4 +423,137 @@ fn cheap_accessors_agree_with_the_stats() {
         (s.queue_length, s.running + s.running_bypass),
         (e.queue_length(), e.running())
     );
+}
+
+mod warm_waits {
+    use super::*;
+
+    fn engine() -> WorkerEngine {
+        let mut c = config(QueueDiscipline::Fcfs, 16);
+        c.warm_wait = true;
+        WorkerEngine::new(c)
+    }
+
+    fn drain(e: &mut WorkerEngine) -> Vec<EngineAction> {
+        std::iter::from_fn(|| e.poll_action()).collect()
+    }
+
+    fn runs(actions: &[EngineAction]) -> Vec<&Run> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                EngineAction::Run(r) => Some(r),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn done(e: &mut WorkerEngine, now: Micros, r: &Run, exec: Micros, init: Option<Micros>) {
+        e.on_completed(
+            now,
+            r,
+            Completion {
+                exec_us: Some(exec),
+                init_us: init,
+                reusable: true,
+            },
+        );
+    }
+
+    /// A function that runs 1 ms warm and 100 ms cold, learned from one cold and one warm run;
+    /// returns the engine with one sandbox of it busy since `t`.
+    fn busy_function(t: Micros) -> (WorkerEngine, Run) {
+        let mut e = engine();
+        let Admission::Run(r) = arrive(&mut e, 0, "f") else {
+            panic!("runs")
+        };
+        assert!(r.cold.is_some());
+        done(&mut e, ms(100), &r, ms(1), Some(ms(99)));
+        let Admission::Run(r) = arrive(&mut e, ms(200), "f") else {
+            panic!("runs")
+        };
+        assert!(r.cold.is_none());
+        done(&mut e, ms(201), &r, ms(1), None);
+        drain(&mut e);
+        let Admission::Run(busy) = arrive(&mut e, t, "f") else {
+            panic!("runs")
+        };
+        assert!(busy.cold.is_none(), "its warm sandbox");
+        drain(&mut e);
+        (e, busy)
+    }
+
+    #[test]
+    fn a_call_that_finds_every_sandbox_busy_waits_when_one_frees_sooner_than_a_cold_start() {
+        let (mut e, busy) = busy_function(ms(300));
+        // The busy one ends in about 1 ms; a cold start takes 100: wait.
+        let waiting = arrive(&mut e, ms(300) + 200, "f");
+        assert!(matches!(waiting, Admission::Queued(_)), "{waiting:?}");
+        assert_eq!(e.stats().warm_waiting, 1);
+        // The busy sandbox frees: the waiter gets it, warm, and no sandbox was started.
+        done(&mut e, ms(301), &busy, ms(1), None);
+        let actions = drain(&mut e);
+        let started = runs(&actions);
+        assert_eq!(started.len(), 1, "{actions:?}");
+        assert!(started[0].cold.is_none());
+        assert_eq!(started[0].sandbox, busy.sandbox);
+        let s = e.stats();
+        assert_eq!((s.warm_waiting, s.warm_waits_avoided), (0, 1));
+    }
+
+    #[test]
+    fn a_wait_that_runs_out_starts_a_sandbox_after_all() {
+        let (mut e, _busy) = busy_function(ms(300));
+        assert!(matches!(arrive(&mut e, ms(300), "f"), Admission::Queued(_)));
+        let deadline = e.next_timeout().expect("a give-up time");
+        assert!(deadline > ms(300) && deadline <= ms(303), "{deadline}");
+        e.on_timeout(deadline);
+        let actions = drain(&mut e);
+        let started = runs(&actions);
+        assert_eq!(started.len(), 1, "{actions:?}");
+        assert!(started[0].cold.is_some(), "it starts one now");
+        assert_eq!(e.stats().warm_waits_gave_up, 1);
+    }
+
+    #[test]
+    fn no_wait_when_a_cold_start_is_sooner_or_nothing_is_known() {
+        // Unknown function: start at once, as before.
+        let mut e = engine();
+        assert!(matches!(arrive(&mut e, 0, "g"), Admission::Run(_)));
+        assert!(matches!(arrive(&mut e, 1, "g"), Admission::Run(_)));
+        // One busy sandbox, one waiter: a second caller finds it promised and starts one.
+        let (mut e, _busy) = busy_function(ms(300));
+        assert!(matches!(arrive(&mut e, ms(300), "f"), Admission::Queued(_)));
+        assert!(matches!(arrive(&mut e, ms(300), "f"), Admission::Run(r) if r.cold.is_some()));
+        // Off: the old behaviour.
+        let mut c = config(QueueDiscipline::Fcfs, 16);
+        c.warm_wait = false;
+        let mut e = WorkerEngine::new(c);
+        let Admission::Run(r) = arrive(&mut e, 0, "f") else {
+            panic!()
+        };
+        done(&mut e, ms(100), &r, ms(1), Some(ms(99)));
+        let Admission::Run(_) = arrive(&mut e, ms(200), "f") else {
+            panic!()
+        };
+        assert!(matches!(arrive(&mut e, ms(200), "f"), Admission::Run(r) if r.cold.is_some()));
+    }
+
+    #[test]
+    fn a_waiter_whose_caller_leaves_is_forgotten_and_shutdown_rejects_waiters() {
+        let (mut e, _busy) = busy_function(ms(300));
+        let Admission::Queued(id) = arrive(&mut e, ms(300), "f") else {
+            panic!()
+        };
+        assert!(e.on_cancel(ms(300), id));
+        assert_eq!(e.stats().warm_waiting, 0);
+        assert!(!matches!(e.next_timeout(), Some(t) if t <= ms(400)));
+        let Admission::Queued(id) = arrive(&mut e, ms(300), "f") else {
+            panic!()
+        };
+        e.shutdown();
+        let actions = drain(&mut e);
+        assert!(actions.iter().any(|a| matches!(a,
+            EngineAction::Reject { invocation, reason: Reject::ShuttingDown } if *invocation == id)));
+    }
 }
