@@ -649,8 +649,8 @@ impl Controller {
             .as_ref()
             .and_then(|_| hyper::header::HeaderValue::from_str(&version.to_string()).ok())
             .map(|v| (hearth_service::async_api::FUNCTION_VERSION, v));
-        let sent = self
-            .forwarder
+        let sent = m
+            .forwarder(&self.forwarder)
             .send_with(
                 Method::PUT,
                 &m.url,
@@ -784,7 +784,7 @@ impl Controller {
             }
             let sent = tokio::select! {
                 biased;
-                r = self.forwarder.send_with(Method::POST, &m.url, &path, args.clone(), timeout, id_header.clone()) => r,
+                r = m.forwarder(&self.forwarder).send_with(Method::POST, &m.url, &path, args.clone(), timeout, id_header.clone()) => r,
                 _ = m.gone() => {
                     return Err(failed("it left the cluster (missed status deadlines or failed) while running the invocation"));
                 }
@@ -934,8 +934,8 @@ impl Controller {
         let body = Bytes::from(json!({ "count": count }).to_string());
         let timeout = Duration::from_millis(reg.spec.timeout_ms.max(60_000));
         let path = format!("/v1/functions/{name}/prewarm");
-        let a = self
-            .forwarder
+        let a = m
+            .forwarder(&self.forwarder)
             .send(Method::POST, &m.url, &path, body, timeout)
             .await
             .map_err(|e| failed(e.to_string()))?;

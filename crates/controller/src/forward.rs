@@ -114,6 +114,9 @@ pub struct Forwarder {
     credential: Option<HeaderValue>,
     /// The most bytes read of one answer; a larger one is never buffered.
     max_answer_bytes: usize,
+    /// What the client was built with, for [`Self::fresh`].
+    connect_timeout: Duration,
+    tls: Arc<rustls::ClientConfig>,
 }
 
 impl Forwarder {
@@ -123,6 +126,31 @@ impl Forwarder {
         credential: Option<HeaderValue>,
         tls: Arc<rustls::ClientConfig>,
     ) -> Self {
+        let client = Self::client(connect_timeout, Arc::clone(&tls));
+        Forwarder {
+            client,
+            credential,
+            max_answer_bytes: hearth_service::serving::DEFAULT_MAX_RESULT_BYTES
+                + ANSWER_MARGIN_BYTES,
+            connect_timeout,
+            tls,
+        }
+    }
+
+    /// The same settings with a pool of its own: one per worker process, so that a restarted
+    /// worker at the same address is never sent a request over a connection of the process
+    /// that died (that failure could not be told from a worker that died mid-request).
+    pub fn fresh(&self) -> Forwarder {
+        Forwarder {
+            client: Self::client(self.connect_timeout, Arc::clone(&self.tls)),
+            ..self.clone()
+        }
+    }
+
+    fn client(
+        connect_timeout: Duration,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Client<HttpsConnector<HttpConnector>, Full<Bytes>> {
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         http.set_connect_timeout(Some(connect_timeout));
@@ -134,19 +162,13 @@ impl Forwarder {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
+        Client::builder(TokioExecutor::new())
             // Under the workers' default idle_timeout_ms (60 s): a pooled connection is given
             // up here before the worker closes it, so a request never races the worker's close
             // (that failure could not be told from a worker that died mid-request).
             .pool_idle_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(1024)
-            .build(connector);
-        Forwarder {
-            client,
-            credential,
-            max_answer_bytes: hearth_service::serving::DEFAULT_MAX_RESULT_BYTES
-                + ANSWER_MARGIN_BYTES,
-        }
+            .build(connector)
     }
 
     /// Caps what is read of an answer at `max_result_bytes` plus [`ANSWER_MARGIN_BYTES`].

@@ -34,9 +34,16 @@ pub struct Member {
     pub registering: Arc<tokio::sync::Mutex<()>>,
     gone: watch::Sender<bool>,
     last: Mutex<Option<(StatusReport, Instant)>>,
+    /// This process's own connection pool (made at first use).
+    forwarder: Arc<std::sync::OnceLock<crate::forward::Forwarder>>,
 }
 
 impl Member {
+    /// This worker process's pool: `base` with a pool of its own.
+    pub fn forwarder(&self, base: &crate::forward::Forwarder) -> &crate::forward::Forwarder {
+        self.forwarder.get_or_init(|| base.fresh())
+    }
+
     pub fn new(id: WorkerId, report: &StatusReport, is_static: bool) -> Self {
         Member {
             id,
@@ -48,6 +55,7 @@ impl Member {
             registering: Arc::new(tokio::sync::Mutex::new(())),
             gone: watch::channel(false).0,
             last: Mutex::new(None),
+            forwarder: Arc::new(std::sync::OnceLock::new()),
         }
     }
 
@@ -64,6 +72,7 @@ impl Member {
             registering: Arc::clone(&self.registering),
             gone: watch::channel(false).0,
             last: Mutex::new(self.last.lock().clone()),
+            forwarder: Arc::clone(&self.forwarder),
         }
     }
 
