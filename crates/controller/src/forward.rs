@@ -8,10 +8,11 @@
 
 use bytes::Bytes;
 use hearth_api::{ErrorBody, ErrorCode};
+use hearth_service::error::error_chain;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, StatusCode};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use std::sync::Arc;
@@ -151,17 +152,7 @@ impl Forwarder {
         connect_timeout: Duration,
         tls: Arc<rustls::ClientConfig>,
     ) -> Client<HttpsConnector<HttpConnector>, Full<Bytes>> {
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(connect_timeout));
-        // The TLS connector below takes `https://` URIs through this one; it passes `http://`
-        // connections through untouched.
-        http.enforce_http(false);
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(Arc::unwrap_or_clone(tls))
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+        let connector = hearth_service::tls::client_connector(tls, Some(connect_timeout));
         Client::builder(TokioExecutor::new())
             // Under the workers' default idle_timeout_ms (60 s): a pooled connection is given
             // up here before the worker closes it, so a request never races the worker's close
@@ -251,18 +242,6 @@ impl Forwarder {
             .await
             .map_err(|_| ForwardError::TimedOut(timeout))?
     }
-}
-
-/// An error with its causes ("connection refused" sits a few sources down).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 #[cfg(test)]

@@ -131,3 +131,15 @@ impl IntoResponse for ApiError {
         resp
     }
 }
+
+/// An error with its causes (a refused connection or a TLS failure sits a few sources down).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -107,6 +107,25 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsEr
     Ok(Arc::new(config))
 }
 
+/// The connector of an HTTP client that reaches `http://` peers over plain TCP and
+/// `https://` ones over TLS trusting `tls`; connecting gives up after `connect_timeout`.
+pub fn client_connector(
+    tls: Arc<ClientConfig>,
+    connect_timeout: Option<std::time::Duration>,
+) -> hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector> {
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(connect_timeout);
+    // The TLS connector takes `https://` URIs through this one; it passes `http://`
+    // connections through untouched.
+    http.enforce_http(false);
+    hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(Arc::unwrap_or_clone(tls))
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http)
+}
+
 /// What a client trusts: the certificates in `ca` (setting `setting`) if given, else the
 /// system's roots. The system's roots may be missing (a bare container): that is only logged,
 /// since plain `http://` peers need none; an `https://` peer then fails its handshake.

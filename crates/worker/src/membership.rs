@@ -9,9 +9,10 @@
 use crate::facade::Worker;
 use bytes::Bytes;
 use hearth_api::StatusReport;
+use hearth_service::error::error_chain;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use std::sync::Arc;
@@ -39,15 +40,7 @@ type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// A client for `http://` and `https://` controllers; `https://` trusts `tls`.
 fn client(tls: Arc<rustls::ClientConfig>) -> HttpClient {
-    let mut http = HttpConnector::new();
-    // The TLS connector below takes `https://` URIs through this one.
-    http.enforce_http(false);
-    let connector = HttpsConnectorBuilder::new()
-        .with_tls_config(Arc::unwrap_or_clone(tls))
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new()).build(connector)
+    Client::builder(TokioExecutor::new()).build(hearth_service::tls::client_connector(tls, None))
 }
 
 async fn send(
@@ -75,18 +68,6 @@ async fn send(
     tokio::time::timeout(timeout, exchange)
         .await
         .map_err(|_| format!("no answer within {timeout:?}"))?
-}
-
-/// An error with its causes (a TLS handshake failure sits a few sources down).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Pushes status to `controller` until `stopping` turns true, then leaves.
