@@ -30,25 +30,29 @@ pub(crate) async fn follow_functions(
     while let Some(change) = changes.recv().await {
         let Some(ctl) = c.upgrade() else { return };
         match change {
-            Change::Snapshot(all) => {
-                let keys: HashSet<String> = all.iter().map(|r| r.key.clone()).collect();
-                for r in all {
-                    apply(&ctl, r).await;
-                }
-                for reg in ctl.registry().list() {
-                    if !keys.contains(&reg.spec.name) {
-                        ctl.forget_function(&reg.spec.name);
-                    }
-                }
-            }
+            Change::Snapshot(all) => apply_snapshot(&ctl, all).await,
             Change::Put(r) => apply(&ctl, r).await,
             Change::Delete(key) => ctl.forget_function(&key),
         }
     }
 }
 
+/// Every function the cluster has, applied; local ones it does not have go (deleted while
+/// this controller was not watching).
+pub(crate) async fn apply_snapshot(ctl: &std::sync::Arc<Controller>, all: Vec<FunctionRecord>) {
+    let keys: HashSet<String> = all.iter().map(|r| r.key.clone()).collect();
+    for r in all {
+        apply(ctl, r).await;
+    }
+    for reg in ctl.registry().list() {
+        if !keys.contains(&reg.spec.name) {
+            ctl.forget_function(&reg.spec.name);
+        }
+    }
+}
+
 /// One function record from the cluster, applied unless the local copy has that version.
-pub(crate) async fn apply(ctl: &std::sync::Arc<Controller>, r: FunctionRecord) {
+async fn apply(ctl: &std::sync::Arc<Controller>, r: FunctionRecord) {
     if ctl
         .registry()
         .get(&r.key)
@@ -88,12 +92,23 @@ pub(crate) async fn follow_workers(
     mut changes: mpsc::Receiver<Change<MemberRecord>>,
 ) {
     let mut polls: HashMap<String, (String, JoinHandle<()>)> = HashMap::new();
-    let start = |m: &MemberRecord| {
-        tokio::spawn(crate::membership::poll_worker(
+    // A member not polled yet, or under a new incarnation, gets a poll of its own.
+    let track = |polls: &mut HashMap<String, (String, JoinHandle<()>)>, m: &MemberRecord| {
+        if polls
+            .get(&m.name)
+            .is_some_and(|(inc, _)| *inc == m.incarnation)
+        {
+            return;
+        }
+        tracing::info!(worker = %m.name, url = %m.url, "worker found in the cluster's membership");
+        let task = tokio::spawn(crate::membership::poll_worker(
             c.clone(),
             m.url.clone(),
             Some(m.incarnation.clone()),
-        ))
+        ));
+        if let Some((_, old)) = polls.insert(m.name.clone(), (m.incarnation.clone(), task)) {
+            old.abort();
+        }
     };
     while let Some(change) = changes.recv().await {
         let Some(ctl) = c.upgrade() else { break };
@@ -109,31 +124,10 @@ pub(crate) async fn follow_workers(
                     keep
                 });
                 for m in &all {
-                    let same = polls
-                        .get(&m.name)
-                        .is_some_and(|(inc, _)| *inc == m.incarnation);
-                    if !same {
-                        if let Some((_, old)) =
-                            polls.insert(m.name.clone(), (m.incarnation.clone(), start(m)))
-                        {
-                            old.abort();
-                        }
-                    }
+                    track(&mut polls, m);
                 }
             }
-            Change::Put(m) => {
-                let same = polls
-                    .get(&m.name)
-                    .is_some_and(|(inc, _)| *inc == m.incarnation);
-                if !same {
-                    tracing::info!(worker = %m.name, url = %m.url, "worker found in the cluster's membership");
-                    if let Some((_, old)) =
-                        polls.insert(m.name.clone(), (m.incarnation.clone(), start(&m)))
-                    {
-                        old.abort();
-                    }
-                }
-            }
+            Change::Put(m) => track(&mut polls, &m),
             Change::Delete(name) => {
                 if let Some((_, task)) = polls.remove(&name) {
                     task.abort();

@@ -179,7 +179,7 @@ impl Controller {
         tokio::spawn(membership::sweep(Arc::downgrade(&c)));
         tokio::spawn(membership::probe(Arc::downgrade(&c)));
         for url in c.config.workers.clone() {
-            tokio::spawn(membership::poll_static(Arc::downgrade(&c), url));
+            tokio::spawn(membership::poll_worker(Arc::downgrade(&c), url, None));
         }
         Ok(c)
     }
@@ -541,16 +541,7 @@ impl Controller {
         let mut functions = cluster.watch_functions();
         match tokio::time::timeout(Duration::from_secs(15), functions.recv()).await {
             Ok(Some(hearth_service::store::Change::Snapshot(all))) => {
-                let keys: std::collections::HashSet<String> =
-                    all.iter().map(|r| r.key.clone()).collect();
-                for r in all {
-                    crate::cluster_sync::apply(self, r).await;
-                }
-                for reg in self.registry.list() {
-                    if !keys.contains(&reg.spec.name) {
-                        self.forget_function(&reg.spec.name);
-                    }
-                }
+                crate::cluster_sync::apply_snapshot(self, all).await;
             }
             _ => {
                 return Err(StartError::Store(StoreError::Unavailable(

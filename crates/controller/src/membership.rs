@@ -171,15 +171,10 @@ pub(crate) async fn probe(c: Weak<Controller>) {
     }
 }
 
-/// Polls a worker from the config's static list; its status stands in for the report it does
-/// not push, and a lower uptime than last time means it restarted (a new incarnation).
-pub(crate) async fn poll_static(c: Weak<Controller>, url: String) {
-    poll_worker(c, url, None).await
-}
-
-/// Polls a worker's status every `status_interval_ms` as its report. `incarnation` is the one
-/// it published in the cluster's membership; without one (a static worker), a lower uptime
-/// than last time means it restarted.
+/// Polls a worker's status every `status_interval_ms` as its report: a static worker from the
+/// config, or one found in the cluster's membership. `published` is the incarnation it
+/// published there; without one (a static worker), a lower uptime than last time means it
+/// restarted.
 pub(crate) async fn poll_worker(c: Weak<Controller>, url: String, published: Option<String>) {
     let url = url.trim_end_matches('/').to_string();
     let mut incarnation = 0u64;

@@ -41,8 +41,7 @@ pub(super) struct WarmWait {
     /// Which function each running invocation belongs to.
     running: HashMap<InvocationId, Arc<str>>,
     /// Running invocations that started cold: the creations in progress, roughly.
-    cold_running: usize,
-    cold_ids: std::collections::HashSet<InvocationId>,
+    cold_running: std::collections::HashSet<InvocationId>,
     /// Waiters by give-up time.
     deadlines: BTreeSet<(Micros, InvocationId)>,
     /// Waiters served by a sandbox that freed (cold starts avoided).
@@ -62,8 +61,8 @@ impl WarmWait {
         expected_us: Micros,
         cold: bool,
     ) {
-        if cold && self.cold_ids.insert(id) {
-            self.cold_running += 1;
+        if cold {
+            self.cold_running.insert(id);
         }
         self.functions
             .entry(function.clone())
@@ -75,9 +74,7 @@ impl WarmWait {
 
     /// A running invocation ended.
     pub fn ended(&mut self, id: InvocationId) {
-        if self.cold_ids.remove(&id) {
-            self.cold_running -= 1;
-        }
+        self.cold_running.remove(&id);
         if let Some(f) = self.running.remove(&id) {
             if let Some(p) = self.functions.get_mut(&f) {
                 p.ends.remove(&id);
@@ -97,7 +94,7 @@ impl WarmWait {
         chars: Option<&Characteristics>,
         cpus: u32,
     ) -> Option<Micros> {
-        let starting = self.cold_running;
+        let starting = self.cold_running.len();
         let chars = chars.filter(|c| c.has_warm_samples() && c.has_cold_samples())?;
         let p = self.functions.get(function)?;
         let ahead = p.waiters.len();
