@@ -14,13 +14,17 @@ fn etcd(members: usize) -> Option<LocalEtcd> {
         return None;
     }
     let mut e = LocalEtcd::start(members).expect("start etcd");
+    wait_ready(&mut e);
+    Some(e)
+}
+
+fn wait_ready(e: &mut LocalEtcd) {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
         .block_on(e.wait_ready())
         .expect("etcd ready");
-    Some(e)
 }
 
 const SETTINGS: [(&str, &str); 4] = [
@@ -242,11 +246,6 @@ fn the_cluster_keeps_working_while_one_of_three_etcd_members_is_down() {
         assert_eq!(v["status"], "succeeded", "{v}");
         assert_eq!(c.put_fn(&format!("g{member}"), sim_fn(1, 0)).status, 201);
         e.restart(member).unwrap();
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(e.wait_ready())
-            .unwrap();
+        wait_ready(&mut e);
     }
 }

@@ -186,9 +186,13 @@ async fn idempotency_keys_are_scoped_to_the_function() {
     }
 }
 
-/// Connects a store on a runtime of its own, creates `invs`, and "crashes": the runtime stops
-/// (so the keep-alive stops) and the store is leaked, so nothing is revoked.
-fn crashed_store_with(endpoints: Vec<String>, invs: Vec<StoredInvocation>) {
+/// Runs `f` with a store (session TTL 1 s) of its own, on a runtime of its own on a thread of
+/// its own, so that a test can stop or block that runtime as a crash or a freeze would.
+fn on_own_runtime<F, Fut>(endpoints: Vec<String>, f: F) -> std::thread::JoinHandle<()>
+where
+    F: FnOnce(Arc<EtcdStore>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -196,12 +200,19 @@ fn crashed_store_with(endpoints: Vec<String>, invs: Vec<StoredInvocation>) {
             .unwrap();
         rt.block_on(async {
             let s = EtcdStore::connect(&endpoints, PREFIX, 1000).await.unwrap();
-            for i in &invs {
-                assert_eq!(s.create(i).await.unwrap(), Created::New);
-            }
-            std::mem::forget(s);
+            f(s).await;
         });
-        drop(rt);
+    })
+}
+
+/// Connects a store on a runtime of its own, creates `invs`, and "crashes": the runtime stops
+/// (so the keep-alive stops) and the store is leaked, so nothing is revoked.
+fn crashed_store_with(endpoints: Vec<String>, invs: Vec<StoredInvocation>) {
+    on_own_runtime(endpoints, |s| async move {
+        for i in &invs {
+            assert_eq!(s.create(i).await.unwrap(), Created::New);
+        }
+        std::mem::forget(s);
     })
     .join()
     .unwrap();
@@ -577,17 +588,10 @@ async fn members_come_and_go() {
     let w2 = member("w2");
     let endpoints = etcd.http_endpoints();
     let w2c = w2.clone();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let s = EtcdStore::connect(&endpoints, PREFIX, 1000).await.unwrap();
-            let m = s.join(MemberKind::Worker, &w2c, 1000).await.unwrap();
-            std::mem::forget(m);
-            std::mem::forget(s);
-        });
+    on_own_runtime(endpoints, |s| async move {
+        let m = s.join(MemberKind::Worker, &w2c, 1000).await.unwrap();
+        std::mem::forget(m);
+        std::mem::forget(s);
     })
     .join()
     .unwrap();
@@ -692,27 +696,20 @@ async fn a_frozen_member_reappears_on_its_own() {
     let w = member("frozen");
     let wc = w.clone();
     let (report, seen) = std::sync::mpsc::channel();
-    let frozen = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
+    let frozen = on_own_runtime(endpoints, |s| async move {
+        let m = s.join(MemberKind::Worker, &wc, 1000).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::thread::sleep(Duration::from_secs(3)); // frozen
+        report
+            .send(("alive right after the thaw", m.is_alive()))
             .unwrap();
-        rt.block_on(async {
-            let s = EtcdStore::connect(&endpoints, PREFIX, 1000).await.unwrap();
-            let m = s.join(MemberKind::Worker, &wc, 1000).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            std::thread::sleep(Duration::from_secs(3)); // frozen
-            report
-                .send(("alive right after the thaw", m.is_alive()))
-                .unwrap();
-            let t = Instant::now();
-            while !m.is_alive() && t.elapsed() < Duration::from_secs(5) {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            report.send(("alive again", m.is_alive())).unwrap();
-            m.leave().await;
-            s.close().await;
-        });
+        let t = Instant::now();
+        while !m.is_alive() && t.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        report.send(("alive again", m.is_alive())).unwrap();
+        m.leave().await;
+        s.close().await;
     });
     assert_eq!(next(&mut workers).await, Change::Put(w.clone()));
     let t = Instant::now();
