@@ -109,6 +109,23 @@ fn failed_async_invocations_are_retried_then_listed_as_dead_letters() {
         .unwrap();
     assert_eq!(theirs.status, 200, "{}", theirs.text());
     assert_eq!(theirs.json()["invocations"], json!([]));
+    // An invoke key may not list dead letters; a name cannot reach into another namespace.
+    let invoker = c.new_key("default", "invoke");
+    let r = c
+        .client_with(&invoker)
+        .get("/v1/invocations?status=failed")
+        .unwrap();
+    assert_eq!(r.status, 403, "{}", r.text());
+    let r = c
+        .client_with(&tenant)
+        .get("/v1/invocations?status=failed&function=default.late")
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    let r = c
+        .client()
+        .get("/v1/invocations?status=failed&limit=100000")
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
     let bad = c.client().get("/v1/invocations?status=running").unwrap();
     assert_eq!(bad.status, 400);
     // A function's own setting is range-checked.

@@ -25,7 +25,7 @@ fn every_route_but_healthz_refuses_a_caller_without_a_valid_key() {
     let s = Server::start("sim", &[]);
     assert_eq!(s.put_fn("f", sim_fn(1, 0)).status, 201);
     let forged = "hk_0123456789abcdef_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
-    let routes: [(&str, &str); 11] = [
+    let routes: [(&str, &str); 13] = [
         ("PUT", "/v1/functions/evil"),
         ("GET", "/v1/functions"),
         ("GET", "/v1/functions/f"),
@@ -37,6 +37,8 @@ fn every_route_but_healthz_refuses_a_caller_without_a_valid_key() {
         ("GET", "/v1/keys"),
         ("POST", "/v1/keys"),
         ("DELETE", "/v1/keys/0123456789abcdef"),
+        ("GET", "/v1/invocations?status=failed"),
+        ("GET", "/v1/invocations/0123456789abcdef0123456789abcdef"),
     ];
     for (method, path) in routes {
         for mut c in [s.anonymous(), s.client_with(forged)] {

@@ -221,6 +221,21 @@ pub async fn dead_letters(
     Ok(Json(json!({ "invocations": records })))
 }
 
+/// The answer to a durably accepted invocation: 202 with its id for an async call, else the
+/// invocation's answer once it is done (waited for up to `timeout`, 60 s if the function's is
+/// unknown).
+pub async fn respond(
+    delivery: &Delivery,
+    a: &Accepted,
+    is_async: bool,
+    timeout: Option<Duration>,
+) -> Response {
+    if is_async {
+        return accepted(a);
+    }
+    answer_when_done(delivery, a, timeout.unwrap_or(Duration::from_secs(60))).await
+}
+
 /// A synchronous call with an idempotency key: the answer of the key's one invocation, waited
 /// for up to `timeout`; 504 with the id when it is still running then.
 pub async fn answer_when_done(delivery: &Delivery, a: &Accepted, timeout: Duration) -> Response {

@@ -172,11 +172,7 @@ async fn invoke(
                 .invoke_async(name, args, p.owner(), idempotency_key, retries, slot)
                 .await
                 .map_err(api_error)?;
-            if q.is_async {
-                return Ok(async_api::accepted(&a));
-            }
-            let timeout = timeout.unwrap_or(std::time::Duration::from_secs(60));
-            return Ok(async_api::answer_when_done(w.delivery(), &a, timeout).await);
+            return Ok(async_api::respond(w.delivery(), &a, q.is_async, timeout).await);
         }
         let answer = w.invoke(&name, &args, t0).await.map_err(api_error)?;
         drop(slot);
