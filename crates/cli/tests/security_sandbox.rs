@@ -372,6 +372,24 @@ fn traces(data_dir: &Path, worker: &str) -> Vec<String> {
     found
 }
 
+/// A runc worker `id` on `data` that ran function `f` once (so a sandbox of it lives, mounted
+/// and in its cgroups), killed with SIGKILL; the name of its cgroups.
+fn killed_with_a_live_sandbox(data: &Path, id: &str) -> String {
+    let mut s = Server::start_in("runc", data, &[("HEARTH_WORKER_ID", id)]);
+    let src = "def main(args):\n    return {'ok': True}\n";
+    assert_eq!(s.put_fn("f", inline(src, 64)).status, 201);
+    invoke_ok(&s, "f", "{}");
+    let cgroup_name = id.replace('-', "_");
+    let before = traces(data, &cgroup_name);
+    assert!(
+        before.iter().any(|t| t.starts_with("mount:"))
+            && before.iter().any(|t| t.starts_with("container:")),
+        "the check sees the live sandbox: {before:#?}"
+    );
+    s.kill();
+    cgroup_name
+}
+
 /// A worker killed with SIGKILL leaves frozen sandboxes with their run tmpfs mounted; the next
 /// worker on the same data directory removes them before it serves.
 #[test]
@@ -385,22 +403,8 @@ fn a_killed_workers_frozen_sandboxes_and_mounts_are_removed_on_restart() {
         .unwrap();
     let data = tmp.path().join("data");
     let id = format!("test-crash-{}", std::process::id());
-    let cgroup_name = id.replace('-', "_");
+    let cgroup_name = killed_with_a_live_sandbox(&data, &id);
     let env = [("HEARTH_WORKER_ID", id.as_str())];
-    let mut s = Server::start_in("runc", &data, &env);
-    let src = "def main(args):\n    return {'ok': True}\n";
-    assert_eq!(s.put_fn("f", inline(src, 64)).status, 201);
-    invoke_ok(&s, "f", "{}");
-    let before = traces(&data, &cgroup_name);
-    assert!(
-        before.iter().any(|t| t.starts_with("mount:"))
-            && before.iter().any(|t| t.starts_with("container:")),
-        "the check sees the live sandbox: {before:#?}"
-    );
-    unsafe {
-        libc::kill(s.pid() as i32, libc::SIGKILL);
-    }
-    assert!(!s.terminate().success());
     let s = Server::start_in("runc", &data, &env);
     let left = traces(&data, &cgroup_name);
     assert!(left.is_empty(), "left behind: {left:#?}");
@@ -420,21 +424,7 @@ fn a_worker_restarted_under_a_new_id_removes_the_old_ids_sandboxes() {
         .unwrap();
     let data = tmp.path().join("data");
     let old_id = format!("test-old-{}", std::process::id());
-    let mut s = Server::start_in("runc", &data, &[("HEARTH_WORKER_ID", old_id.as_str())]);
-    let src = "def main(args):\n    return {'ok': True}\n";
-    assert_eq!(s.put_fn("f", inline(src, 64)).status, 201);
-    invoke_ok(&s, "f", "{}");
-    let old_cgroups = old_id.replace('-', "_");
-    assert!(
-        traces(&data, &old_cgroups)
-            .iter()
-            .any(|t| t.starts_with("container:")),
-        "the check sees the live sandbox"
-    );
-    unsafe {
-        libc::kill(s.pid() as i32, libc::SIGKILL);
-    }
-    assert!(!s.terminate().success());
+    let old_cgroups = killed_with_a_live_sandbox(&data, &old_id);
     let new_id = format!("test-new-{}", std::process::id());
     let s = Server::start_in("runc", &data, &[("HEARTH_WORKER_ID", new_id.as_str())]);
     let left = traces(&data, &old_cgroups);
