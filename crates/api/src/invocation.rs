@@ -68,8 +68,27 @@ impl From<hearth_core::ColdReason> for ColdReason {
     }
 }
 
-/// A successful invocation's answer (200):
-/// `{"result", "cold", "cold_reason"?, "cold_reason_policy"?, "cold_reason_ago_us"?, "worker", "timing"}`.
+/// How a cold start got its sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ColdPath {
+    /// A pre-made generic sandbox was specialized to the function.
+    Generic,
+    /// The sandbox was created from nothing.
+    Fresh,
+}
+
+impl ColdPath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ColdPath::Generic => "generic",
+            ColdPath::Fresh => "fresh",
+        }
+    }
+}
+
+/// A successful invocation's answer (200): `{"result", "cold", "cold_reason"?,
+/// "cold_reason_policy"?, "cold_reason_ago_us"?, "cold_path"?, "worker", "timing"}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct InvokeAnswer {
     /// The handler's result, exactly as the sandbox produced it.
@@ -83,6 +102,9 @@ pub struct InvokeAnswer {
     /// … and how long before this invocation it went.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cold_reason_ago_us: Option<u64>,
+    /// For a cold start: whether a generic sandbox was specialized or one was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_path: Option<ColdPath>,
     pub worker: String,
     pub timing: Timing,
 }

@@ -14,10 +14,10 @@ pub mod status;
 pub use error::{ErrorBody, ErrorCode, ErrorObject};
 pub use function::{FunctionSpec, SpecError};
 pub use invocation::{
-    raw_json, AsyncAccepted, AsyncOutcome, AsyncRecord, AsyncState, ColdReason, InvokeAnswer,
-    PrewarmAnswer, Timing,
+    raw_json, AsyncAccepted, AsyncOutcome, AsyncRecord, AsyncState, ColdPath, ColdReason,
+    InvokeAnswer, PrewarmAnswer, Timing,
 };
 pub use status::{
-    FunctionSandboxes, LoadStatus, LowLatencyStatus, MemoryStatus, PolicyStatus, QueueStatus,
-    StatusReport, WorkerStatus,
+    FunctionSandboxes, GenericPoolStatus, LoadStatus, LowLatencyStatus, MemoryStatus, PolicyStatus,
+    QueueStatus, StatusReport, WorkerStatus,
 };

@@ -26,6 +26,22 @@ pub struct MemoryStatus {
     pub warm_mb: u64,
     #[serde(default)]
     pub free_mb: u64,
+    /// Held by generic sandboxes (ready or being made) for cold starts to specialize.
+    #[serde(default)]
+    pub generic_mb: u64,
+}
+
+/// The pool of generic sandboxes that cold starts specialize (docs/sandboxes.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenericPoolStatus {
+    pub ready: u32,
+    pub creating: u32,
+    /// How many the pool aims to hold now (the cold starts of its recent window).
+    pub target: u32,
+    /// Cold starts that specialized a generic sandbox, and those that found none ready.
+    pub taken: u64,
+    pub missed: u64,
+    pub failed: u64,
 }
 
 /// The machine's load as the worker sees it.
@@ -110,6 +126,8 @@ pub struct WorkerStatus {
     pub policies: Option<PolicyStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub low_latency: Option<LowLatencyStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generic_pool: Option<GenericPoolStatus>,
 }
 
 /// What a worker tells its controller (`PUT /v1/cluster/workers/{id}`) every status interval.
@@ -222,6 +240,11 @@ mod tests {
                 normalized: 0.25,
             }),
             queue: Some(QueueStatus::default()),
+            generic_pool: Some(GenericPoolStatus {
+                ready: 1,
+                taken: 3,
+                ..GenericPoolStatus::default()
+            }),
             ..WorkerStatus::default()
         };
         let back: WorkerStatus = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();

@@ -4,7 +4,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hearth_core::balance::{BalanceKind, BalanceParams};
 use hearth_core::bypass::BypassConfig;
-use hearth_core::{AimdConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig};
+use hearth_core::{
+    AimdConfig, GenericConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig,
+};
 use hearth_loadgen::{metadata, Metadata, Trace};
 use hearth_sim::{CsvSink, Routing, SimConfig, Workload};
 use std::path::PathBuf;
@@ -67,6 +69,19 @@ pub struct SimArgs {
     /// expected to be sooner (the worker's `warm_wait`).
     #[arg(long)]
     warm_wait: bool,
+    /// Most generic sandboxes each worker keeps ready for cold starts to specialize (0: none;
+    /// the worker's `generic_pool`). The pool holds one per cold start of the last 30 s, at
+    /// least `--generic-pool-min`.
+    #[arg(long, default_value_t = 0)]
+    generic_pool: u32,
+    #[arg(long, default_value_t = 1)]
+    generic_pool_min: u32,
+    /// MiB one generic sandbox holds until it is specialized.
+    #[arg(long, default_value_t = 64)]
+    generic_memory: u64,
+    /// Time to make a sandbox: what a cold start on a generic sandbox saves.
+    #[arg(long, default_value = "40ms", value_parser = humantime::parse_duration)]
+    generic_create: Duration,
     /// Seed of the balancer's random generator (random policy, CH-RLU's load noise).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -174,9 +189,23 @@ impl SimArgs {
             routing,
             status_interval_us: self.status_interval.as_micros() as u64,
             warm_wait: self.warm_wait,
+            generic: if self.generic_pool == 0 {
+                GenericConfig::OFF
+            } else {
+                GenericConfig {
+                    max: self.generic_pool,
+                    min: self.generic_pool_min.min(self.generic_pool),
+                    memory_mb: self.generic_memory,
+                    window_us: GENERIC_WINDOW_US,
+                }
+            },
+            generic_create_us: self.generic_create.as_micros() as u64,
         })
     }
 }
+
+/// The generic pool's sizing window, as the worker's default `generic_pool_window_s`.
+const GENERIC_WINDOW_US: u64 = 30_000_000;
 
 pub fn run(a: SimArgs) -> Result<()> {
     let config = a.config()?;

@@ -74,6 +74,9 @@ pub struct Run {
     pub sandbox: SandboxId,
     /// `Some` when the sandbox must be started first (its memory is reserved).
     pub cold: Option<ColdReason>,
+    /// For a cold run: the ready generic sandbox to specialize into `sandbox`; `None` means
+    /// the sandbox is created from nothing.
+    pub generic: Option<SandboxId>,
     /// Time spent in the queue.
     pub queued_us: Micros,
     /// It skipped the queue and the concurrency limit.
@@ -120,6 +123,9 @@ pub enum EngineAction {
         sandbox: SandboxId,
         function: Arc<str>,
     },
+    /// Make a generic sandbox for the pool that cold starts specialize (report it with
+    /// [`WorkerEngine::on_generic_ready`] or [`WorkerEngine::on_generic_failed`]).
+    CreateGeneric { sandbox: SandboxId },
 }
 
 /// How an invocation ended, as far as the engine cares.
@@ -403,9 +409,13 @@ impl WorkerEngine {
         arrival: Micros,
         bypass: bool,
     ) -> Option<Run> {
-        let (sandbox, cold) = match self.pool.acquire(now, function, memory_mb) {
-            Acquire::Warm(sb) => (sb, None),
-            Acquire::Cold { sandbox, reason } => (sandbox, Some(reason)),
+        let (sandbox, cold, generic) = match self.pool.acquire(now, function, memory_mb) {
+            Acquire::Warm(sb) => (sb, None, None),
+            Acquire::Cold {
+                sandbox,
+                reason,
+                generic,
+            } => (sandbox, Some(reason), generic),
             Acquire::NoMemory { .. } => return None,
         };
         if bypass {
@@ -426,6 +436,7 @@ impl WorkerEngine {
             function: function.clone(),
             sandbox,
             cold,
+            generic,
             queued_us: now.saturating_sub(arrival),
             bypass,
         })
@@ -479,6 +490,7 @@ impl WorkerEngine {
                 PoolAction::Prewarm { sandbox, function } => {
                     EngineAction::Prewarm { sandbox, function }
                 }
+                PoolAction::CreateGeneric { sandbox } => EngineAction::CreateGeneric { sandbox },
             });
         }
     }
@@ -557,6 +569,7 @@ impl WorkerEngine {
     ) -> (Vec<SandboxId>, u32) {
         let mut ids = Vec::new();
         let mut no_memory = 0;
+        self.intern(function);
         for _ in 0..count {
             match self.pool.prewarm(now, function, memory_mb) {
                 Ok(id) => ids.push(id),
@@ -566,9 +579,30 @@ impl WorkerEngine {
         (ids, no_memory)
     }
 
-    /// A prewarmed sandbox is ready.
-    pub fn on_sandbox_ready(&mut self, now: Micros, sandbox: SandboxId) {
+    /// A prewarmed sandbox is ready; `init_us` is how long it took to start (the function's
+    /// cold-start cost, learned before any invocation paid it).
+    pub fn on_sandbox_ready(&mut self, now: Micros, sandbox: SandboxId, init_us: Option<Micros>) {
+        if let Some(init) = init_us {
+            let function = self.pool.function_of(sandbox);
+            if let Some(c) = function.and_then(|f| self.characteristics.get_mut(&*f)) {
+                if !c.has_cold_samples() {
+                    c.on_cold(init.saturating_add(c.warm_us()));
+                }
+            }
+        }
         self.pool.on_sandbox_ready(now, sandbox);
+        self.dispatch(now);
+    }
+
+    /// A generic sandbox is ready to be specialized.
+    pub fn on_generic_ready(&mut self, now: Micros, sandbox: SandboxId) {
+        self.pool.on_generic_ready(now, sandbox);
+        self.absorb_pool_actions();
+    }
+
+    /// A generic sandbox failed to start (the driver cleaned up what existed of it).
+    pub fn on_generic_failed(&mut self, now: Micros, sandbox: SandboxId) {
+        self.pool.on_generic_failed(now, sandbox);
         self.dispatch(now);
     }
 

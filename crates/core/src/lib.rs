@@ -23,8 +23,8 @@
 //! ```
 //! use hearth_core::bypass::BypassConfig;
 //! use hearth_core::{
-//!     Arrival, Completion, EngineAction, EngineConfig, KeepAliveConfig, LoadSource, Micros,
-//!     PoolConfig, QueueDiscipline, RegulatorConfig, Run, WorkerEngine,
+//!     Arrival, Completion, EngineAction, EngineConfig, GenericConfig, KeepAliveConfig,
+//!     LoadSource, Micros, PoolConfig, QueueDiscipline, RegulatorConfig, Run, WorkerEngine,
 //! };
 //! use std::collections::BTreeMap;
 //!
@@ -33,6 +33,7 @@
 //!         memory_budget_mb: 1024,
 //!         free_buffer_mb: 0,
 //!         keepalive: KeepAliveConfig::default(),
+//!         generic: GenericConfig::OFF,
 //!     },
 //!     queue: QueueDiscipline::Fcfs,
 //!     max_queue: 100,
@@ -86,7 +87,11 @@
 //!             EngineAction::Destroy { .. } => {} // stop and remove the sandbox
 //!             EngineAction::Prewarm { sandbox, .. } => {
 //!                 // start it, then report engine.on_sandbox_ready or on_prewarm_failed
-//!                 engine.on_sandbox_ready(now, sandbox);
+//!                 engine.on_sandbox_ready(now, sandbox, Some(50_000));
+//!             }
+//!             EngineAction::CreateGeneric { sandbox } => {
+//!                 // make a generic sandbox, then report on_generic_ready or on_generic_failed
+//!                 engine.on_generic_ready(now, sandbox);
 //!             }
 //!         }
 //!     }
@@ -118,7 +123,8 @@ pub use engine::{
 pub use policy::keepalive::{KeepAliveConfig, KeepAliveKind, KeepAlivePolicy};
 pub use policy::queue::QueueDiscipline;
 pub use pool::{
-    Acquire, ColdReason, DestroyReason, PoolAction, PoolConfig, PoolStats, SandboxId, SandboxPool,
+    Acquire, ColdReason, DestroyReason, GenericConfig, GenericStats, PoolAction, PoolConfig,
+    PoolStats, SandboxId, SandboxPool,
 };
 pub use regulator::{AimdConfig, RegulatorConfig};
 pub use time::Micros;

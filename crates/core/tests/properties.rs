@@ -15,9 +15,9 @@
 use hearth_core::bypass::BypassConfig;
 use hearth_core::policy::hist::HistConfig;
 use hearth_core::{
-    AimdConfig, Arrival, Completion, EngineAction, EngineConfig, InvocationId, KeepAliveConfig,
-    KeepAliveKind, LoadSource, Micros, PoolConfig, QueueDiscipline, RegulatorConfig, Run,
-    SandboxId, SandboxPool, WorkerEngine,
+    AimdConfig, Arrival, Completion, EngineAction, EngineConfig, GenericConfig, InvocationId,
+    KeepAliveConfig, KeepAliveKind, LoadSource, Micros, PoolConfig, QueueDiscipline,
+    RegulatorConfig, Run, SandboxId, SandboxPool, WorkerEngine,
 };
 use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
@@ -110,9 +110,10 @@ fn engine_config() -> impl Strategy<Value = EngineConfig> {
         ],
         prop::sample::select(vec![0, 20 * MS]),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(kind, queue, budget, buffer, max_queue, regulator, bypass_us, simulated)| {
+            |(kind, queue, budget, buffer, max_queue, regulator, bypass_us, simulated, generic)| {
                 EngineConfig {
                     pool: PoolConfig {
                         memory_budget_mb: budget,
@@ -129,6 +130,17 @@ fn engine_config() -> impl Strategy<Value = EngineConfig> {
                                 generic_ttl: 10_000 * MS,
                                 ..HistConfig::default()
                             },
+                        },
+                        // Generic sandboxes share the budget with the function sandboxes.
+                        generic: if generic {
+                            GenericConfig {
+                                max: 3,
+                                min: 1,
+                                memory_mb: 64,
+                                window_us: 2_000 * MS,
+                            }
+                        } else {
+                            GenericConfig::OFF
                         },
                     },
                     queue,
@@ -164,6 +176,9 @@ struct Driver {
     in_flight: Vec<Run>,
     busy: HashSet<SandboxId>,
     prewarming: Vec<SandboxId>,
+    /// Generic sandboxes being made, and ready ones (neither taken nor destroyed).
+    generic_creating: Vec<SandboxId>,
+    generic_ready: HashSet<SandboxId>,
     /// Sandboxes of function versions that were retired: never to run anything again.
     retired: HashSet<SandboxId>,
     /// The function each known sandbox serves.
@@ -182,6 +197,8 @@ impl Driver {
             in_flight: Vec::new(),
             busy: HashSet::new(),
             prewarming: Vec::new(),
+            generic_creating: Vec::new(),
+            generic_ready: HashSet::new(),
             retired: HashSet::new(),
             owner: HashMap::new(),
         }
@@ -214,11 +231,23 @@ impl Driver {
                     prop_assert_eq!(owner, f, "{} runs on a sandbox of another function", sb);
                     if run.cold.is_none() {
                         prop_assert_eq!(self.engine.pool().is_retired(sb), Some(false));
+                        prop_assert!(run.generic.is_none(), "a warm run with a generic sandbox");
+                    }
+                    if let Some(g) = run.generic {
+                        prop_assert!(self.generic_ready.remove(&g), "{g} is not a ready generic");
+                        prop_assert!(!self.owner.contains_key(&g), "{g} belongs to a function");
                     }
                     self.in_flight.push(run);
                 }
                 EngineAction::Reject { invocation, .. } => self.end(invocation)?,
                 EngineAction::Destroy { sandbox, .. } => {
+                    prop_assert!(
+                        !self.generic_creating.contains(&sandbox),
+                        "generic {sandbox} destroyed while being made"
+                    );
+                    if self.generic_ready.remove(&sandbox) {
+                        continue;
+                    }
                     prop_assert!(!self.busy.contains(&sandbox), "{sandbox} destroyed in use");
                     prop_assert!(
                         !self.prewarming.contains(&sandbox),
@@ -232,6 +261,14 @@ impl Driver {
                     self.owner.insert(sandbox, f.unwrap_or(usize::MAX));
                     self.prewarming.push(sandbox);
                 }
+                EngineAction::CreateGeneric { sandbox } => {
+                    prop_assert!(
+                        !self.owner.contains_key(&sandbox)
+                            && !self.generic_ready.contains(&sandbox),
+                        "generic {sandbox} reuses an id"
+                    );
+                    self.generic_creating.push(sandbox);
+                }
             }
         }
         self.check()
@@ -241,7 +278,7 @@ impl Driver {
         let pool: &SandboxPool = self.engine.pool();
         let s = pool.stats();
         prop_assert!(
-            s.memory_running_mb + s.memory_warm_mb <= s.memory_budget_mb,
+            s.memory_running_mb + s.memory_warm_mb + s.memory_generic_mb <= s.memory_budget_mb,
             "over budget: {s:?}"
         );
         if let Err(e) = pool.check_invariants() {
@@ -327,13 +364,21 @@ impl Driver {
             }
             Op::PrewarmReady { pick } => {
                 if let Some(sb) = self.take_prewarm(*pick) {
-                    self.engine.on_sandbox_ready(now, sb);
+                    let init = (pick % 2 == 0).then_some(MS);
+                    self.engine.on_sandbox_ready(now, sb, init);
+                }
+                if let Some(g) = self.generic_creating.pop() {
+                    self.generic_ready.insert(g);
+                    self.engine.on_generic_ready(now, g);
                 }
             }
             Op::PrewarmFailed { pick } => {
                 if let Some(sb) = self.take_prewarm(*pick) {
                     self.engine.on_prewarm_failed(now, sb);
                     self.owner.remove(&sb);
+                }
+                if let Some(g) = self.generic_creating.pop() {
+                    self.engine.on_generic_failed(now, g);
                 }
             }
             Op::Cancel { pick } => {
@@ -377,12 +422,18 @@ impl Driver {
             prop_assert!(self.waiting.is_empty(), "shutdown left {:?}", self.waiting);
         }
         let mut steps = 0;
-        while !self.in_flight.is_empty() || !self.prewarming.is_empty() {
+        while !self.in_flight.is_empty()
+            || !self.prewarming.is_empty()
+            || !self.generic_creating.is_empty()
+        {
             steps += 1;
             prop_assert!(steps < 10_000, "the queue does not drain");
             self.now += MS;
-            if let Some(sb) = self.prewarming.pop() {
-                self.engine.on_sandbox_ready(self.now, sb);
+            if let Some(g) = self.generic_creating.pop() {
+                self.generic_ready.insert(g);
+                self.engine.on_generic_ready(self.now, g);
+            } else if let Some(sb) = self.prewarming.pop() {
+                self.engine.on_sandbox_ready(self.now, sb, None);
             } else if let Some(run) = self.in_flight.pop() {
                 self.busy.remove(&run.sandbox);
                 let c = Completion {
@@ -395,6 +446,13 @@ impl Driver {
             self.drain()?;
         }
         prop_assert!(self.waiting.is_empty(), "never ended: {:?}", self.waiting);
+        if shutdown {
+            prop_assert!(
+                self.generic_ready.is_empty(),
+                "generic sandboxes outlived shutdown: {:?}",
+                self.generic_ready
+            );
+        }
         prop_assert_eq!(self.engine.queue_length(), 0);
         prop_assert_eq!(self.engine.running(), 0);
         prop_assert_eq!(self.ended.len() as u64, self.issued);
@@ -457,6 +515,7 @@ fn hist_with_regular_arrivals_keeps_its_promises() {
                 },
                 ..KeepAliveConfig::default()
             },
+            generic: GenericConfig::OFF,
         },
         queue: QueueDiscipline::Fcfs,
         max_queue: 10,

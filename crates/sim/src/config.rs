@@ -4,7 +4,7 @@
 use crate::error::{Result, SimError};
 use hearth_core::balance::{BalanceKind, BalanceParams};
 use hearth_core::bypass::BypassConfig;
-use hearth_core::pool::PoolConfig;
+use hearth_core::pool::{GenericConfig, PoolConfig};
 use hearth_core::time::secs;
 use hearth_core::{
     EngineConfig, KeepAliveConfig, LoadSource, Micros, QueueDiscipline, RegulatorConfig,
@@ -59,7 +59,17 @@ pub struct SimConfig {
     pub status_interval_us: Micros,
     /// Workers wait for a busy sandbox rather than start one when that is expected sooner.
     pub warm_wait: bool,
+    /// Pre-made generic sandboxes that cold starts specialize (off by default).
+    pub generic: GenericConfig,
+    /// How long making a sandbox takes, and so what a cold start saves by specializing a
+    /// generic one: its init becomes the function's init minus this (measured with runc on
+    /// the 2-CPU VM, `bench/RESULTS.md`).
+    pub generic_create_us: Micros,
 }
+
+/// Sandbox creation measured with runc here: a cold start of 47 ms of which the handler's
+/// import and the agent's start-up inside a made sandbox are under 10 ms.
+pub const GENERIC_CREATE_US: Micros = 40_000;
 
 impl Default for SimConfig {
     /// The CH-RLU paper's cluster (8 × 16 CPUs, 32 GB) with the worker's and controller's own
@@ -78,6 +88,8 @@ impl Default for SimConfig {
             routing: Routing::Balancer(BalanceKind::ChRlu, BalanceParams::default()),
             status_interval_us: secs(1),
             warm_wait: false,
+            generic: GenericConfig::OFF,
+            generic_create_us: GENERIC_CREATE_US,
         }
     }
 }
@@ -118,6 +130,7 @@ impl SimConfig {
                 memory_budget_mb: self.memory_mb,
                 free_buffer_mb: self.free_buffer_mb,
                 keepalive: self.keepalive.clone(),
+                generic: self.generic.clone(),
             },
             queue: self.queue,
             max_queue: self.max_queue,

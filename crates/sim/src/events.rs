@@ -19,8 +19,13 @@ pub enum Kind {
     Timeout { job: u32, id: u32 },
     /// A cold start's init delay is over: the job starts executing.
     InitDone { job: u32 },
-    /// A pre-warmed sandbox (a keep-alive policy's pre-warm) finished starting.
-    SandboxReady { worker: u32, sandbox: SandboxId },
+    /// A pre-warmed sandbox (a keep-alive policy's pre-warm), or a generic sandbox for cold
+    /// starts to specialize, finished starting.
+    SandboxReady {
+        worker: u32,
+        sandbox: SandboxId,
+        generic: bool,
+    },
     /// A worker engine's timer (keep-alive expiry, pre-warms, load-average sample).
     Timer { worker: u32 },
     /// A worker pushes its status to the balancer.

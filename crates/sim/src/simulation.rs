@@ -173,7 +173,7 @@ impl<'a> Simulation<'a> {
             let engine = &mut self.workers[w].engine;
             let (ids, _no_memory) = engine.prewarm(0, &f.name, f.memory_mb, f.prewarm);
             for id in ids {
-                engine.on_sandbox_ready(0, id);
+                engine.on_sandbox_ready(0, id, Some(f.init_us));
             }
         }
         self.after_engine(w)
@@ -225,9 +225,11 @@ impl<'a> Simulation<'a> {
                 Kind::Cpu { worker } => self.on_cpu(worker as usize)?,
                 Kind::Timeout { job, id } => self.on_exec_timeout(job, id)?,
                 Kind::InitDone { job } => self.on_init_done(job)?,
-                Kind::SandboxReady { worker, sandbox } => {
-                    self.on_ready(worker as usize, sandbox)?
-                }
+                Kind::SandboxReady {
+                    worker,
+                    sandbox,
+                    generic,
+                } => self.on_ready(worker as usize, sandbox, generic)?,
                 Kind::Timer { worker } => self.on_timer(worker as usize)?,
                 Kind::Status { worker } => self.on_status(worker as usize),
             }
@@ -292,7 +294,25 @@ impl<'a> Simulation<'a> {
                     self.starting += 1;
                     let at = self.now + self.workload.function(f).init_us;
                     let worker = w as u32;
-                    self.events.push(at, Kind::SandboxReady { worker, sandbox });
+                    let generic = false;
+                    let ready = Kind::SandboxReady {
+                        worker,
+                        sandbox,
+                        generic,
+                    };
+                    self.events.push(at, ready);
+                }
+                EngineAction::CreateGeneric { sandbox } => {
+                    self.starting += 1;
+                    let at = self.now + self.config.generic_create_us;
+                    let worker = w as u32;
+                    let generic = true;
+                    let ready = Kind::SandboxReady {
+                        worker,
+                        sandbox,
+                        generic,
+                    };
+                    self.events.push(at, ready);
                 }
             }
         }
@@ -331,7 +351,12 @@ impl<'a> Simulation<'a> {
         let f = self
             .workload
             .function(self.workload.arrivals[id as usize].function);
-        let init_us = if run.cold.is_some() { f.init_us } else { 0 };
+        // A generic sandbox has the sandbox made already: only the rest of the init is left.
+        let init_us = match (run.cold, run.generic) {
+            (None, _) => 0,
+            (Some(_), None) => f.init_us,
+            (Some(_), Some(_)) => f.init_us.saturating_sub(self.config.generic_create_us),
+        };
         let job = self.jobs.insert(Job {
             id,
             worker: w as u32,
@@ -528,9 +553,14 @@ impl<'a> Simulation<'a> {
         self.sink.record(&r)
     }
 
-    fn on_ready(&mut self, w: usize, sandbox: SandboxId) -> Result<()> {
+    fn on_ready(&mut self, w: usize, sandbox: SandboxId, generic: bool) -> Result<()> {
         self.starting -= 1;
-        self.workers[w].engine.on_sandbox_ready(self.now, sandbox);
+        let engine = &mut self.workers[w].engine;
+        if generic {
+            engine.on_generic_ready(self.now, sandbox);
+        } else {
+            engine.on_sandbox_ready(self.now, sandbox, None);
+        }
         self.after_engine(w)
     }
 

@@ -2,7 +2,9 @@
 //! by command-line flags.
 
 use hearth_core::policy::hist::HistConfig;
-use hearth_core::{AimdConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig};
+use hearth_core::{
+    AimdConfig, GenericConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig,
+};
 use hearth_service::quota::QuotaLimits;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -213,6 +215,15 @@ pub struct WorkerConfig {
     /// instead of running a dozen at once on two CPUs). 0: the CPUs with `runc`, no limit with
     /// `sim` (whose creations are sleeps).
     pub max_concurrent_creations: u32,
+    /// Most generic sandboxes kept ready for cold starts to specialize (docs/sandboxes.md);
+    /// 0 turns the pool off. `runc` only.
+    pub generic_pool: u32,
+    /// Generic sandboxes kept ready even when no cold start happened lately.
+    pub generic_pool_min: u32,
+    /// The memory limit (and budget share) of one generic sandbox until it is specialized.
+    pub generic_memory_mb: u64,
+    /// The pool holds as many generic sandboxes as there were cold starts in this window.
+    pub generic_pool_window_s: u64,
     /// How long results of async invocations are kept after they finish.
     pub async_retention_s: u64,
     /// Back-off before the first retry of a failed async invocation; doubles per retry, up to
@@ -299,6 +310,10 @@ impl Default for WorkerConfig {
             max_code_unpacked_bytes: hearth_service::registry::DEFAULT_MAX_CODE_UNPACKED_BYTES,
             max_code_files: hearth_service::registry::DEFAULT_MAX_CODE_FILES,
             max_concurrent_creations: 0,
+            generic_pool: 4,
+            generic_pool_min: 1,
+            generic_memory_mb: 64,
+            generic_pool_window_s: 30,
             warm_wait: false,
             async_retention_s: 600,
             async_retry_backoff_ms: 1000,
@@ -353,6 +368,10 @@ const CONFIG_KEYS: &[&str] = &[
     "max_code_unpacked_bytes",
     "max_code_files",
     "max_concurrent_creations",
+    "generic_pool",
+    "generic_pool_min",
+    "generic_memory_mb",
+    "generic_pool_window_s",
     "warm_wait",
     "async_retention_s",
     "async_retry_backoff_ms",
@@ -421,6 +440,24 @@ impl WorkerConfig {
             return bad(format!(
                 "max_concurrent_creations must be between 0 (automatic) and 1024, got {}",
                 self.max_concurrent_creations
+            ));
+        }
+        if self.generic_pool > 64 || self.generic_pool_min > self.generic_pool {
+            return bad(format!(
+                "generic_pool must be 0–64 and generic_pool_min at most generic_pool, got {} and {}",
+                self.generic_pool, self.generic_pool_min
+            ));
+        }
+        if !(16..=65_536).contains(&self.generic_memory_mb) {
+            return bad(format!(
+                "generic_memory_mb must be between 16 and 65536, got {}",
+                self.generic_memory_mb
+            ));
+        }
+        if !(1..=86_400).contains(&self.generic_pool_window_s) {
+            return bad(format!(
+                "generic_pool_window_s must be between 1 and 86400, got {}",
+                self.generic_pool_window_s
             ));
         }
         if self.memory_mb < 16 {
@@ -538,6 +575,19 @@ impl WorkerConfig {
             (0, BackendKind::Sim) => None,
             (0, BackendKind::Runc) => Some(self.effective_cpus().max(1) as usize),
             (n, _) => Some(n as usize),
+        }
+    }
+
+    /// The generic sandbox pool (off with the `sim` backend, whose sandboxes are sleeps).
+    pub fn generic_config(&self) -> GenericConfig {
+        if self.backend == BackendKind::Sim || self.generic_pool == 0 {
+            return GenericConfig::OFF;
+        }
+        GenericConfig {
+            max: self.generic_pool,
+            min: self.generic_pool_min,
+            memory_mb: self.generic_memory_mb,
+            window_us: self.generic_pool_window_s.saturating_mul(1_000_000),
         }
     }
 

@@ -11,7 +11,7 @@
 use crate::backend::{Backend, Sandbox, SandboxError};
 use crate::metrics::{Metrics, StateLabel};
 use dashmap::DashMap;
-use hearth_api::FunctionSpec;
+use hearth_api::{ColdPath, FunctionSpec};
 use hearth_core::characteristics::CharacteristicsReport;
 use hearth_core::{
     Arrival, Completion, EngineAction, EngineConfig, EngineStats, InvocationId, Micros, Reject,
@@ -39,7 +39,7 @@ enum Dispatch {
 /// The engine plus what the driver keeps beside it, under one lock.
 struct EngineState {
     engine: Engine,
-    /// Idle sandboxes, and sandboxes being handed back to the pool.
+    /// Idle sandboxes, ready generic sandboxes, and sandboxes being handed back to the pool.
     parked: HashMap<SandboxId, Sandbox>,
     /// Queued invocations waiting to be dispatched.
     waiters: HashMap<InvocationId, oneshot::Sender<Dispatch>>,
@@ -62,6 +62,7 @@ enum LifecycleMsg {
         sandbox: SandboxId,
         function: String,
     },
+    CreateGeneric(SandboxId),
     Flush(oneshot::Sender<()>),
 }
 
@@ -152,9 +153,11 @@ impl Driver {
         while let Some(action) = st.engine.poll_action() {
             match action {
                 EngineAction::Run(run) => {
-                    let sandbox = match run.cold {
-                        None => st.parked.remove(&run.sandbox),
-                        Some(_) => None,
+                    // A warm run's sandbox, or the generic sandbox a cold run specializes.
+                    let sandbox = match (run.cold, run.generic) {
+                        (None, _) => st.parked.remove(&run.sandbox),
+                        (Some(_), Some(g)) => st.parked.remove(&g),
+                        (Some(_), None) => None,
                     };
                     if mine == Some(run.invocation) {
                         own = Some(Dispatch::Run(run, sandbox));
@@ -194,6 +197,9 @@ impl Driver {
                         sandbox,
                         function: function.to_string(),
                     });
+                }
+                EngineAction::CreateGeneric { sandbox } => {
+                    let _ = self.lifecycle.send(LifecycleMsg::CreateGeneric(sandbox));
                 }
             }
         }
@@ -278,21 +284,44 @@ impl Driver {
     }
 
     /// Starts the sandbox of a cold run on a task of its own, so that a caller that goes away
-    /// (client disconnect) cannot leave a half-created sandbox behind: the task parks it.
+    /// (client disconnect) cannot leave a half-created sandbox behind: the task parks it. A
+    /// generic sandbox handed with the run is specialized; if that fails for want of the
+    /// platform (not the function's own init error), the sandbox is created from nothing.
     async fn cold_start(
         self: &Arc<Self>,
         run: Run,
         reg: &Registered,
-    ) -> Result<Sandbox, StartFailure> {
+        generic: Option<Sandbox>,
+    ) -> Result<(Sandbox, ColdPath), StartFailure> {
         let (tx, rx) = oneshot::channel();
         let me = Arc::clone(self);
         let reg = reg.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            match me.create(run.sandbox, &reg).await {
-                Ok(sb) => {
+            let made = match generic {
+                Some(g) => match me
+                    .backend
+                    .specialize(g, &reg.spec, reg.code_dir.as_deref())
+                    .await
+                {
+                    Err(SandboxError::StartFailed(e)) => {
+                        tracing::warn!(function = %reg.spec.name, error = %e,
+                            "specializing a generic sandbox failed; creating one instead");
+                        me.create(run.sandbox, &reg)
+                            .await
+                            .map(|s| (s, ColdPath::Fresh))
+                    }
+                    other => other.map(|s| (s, ColdPath::Generic)),
+                },
+                None => me
+                    .create(run.sandbox, &reg)
+                    .await
+                    .map(|s| (s, ColdPath::Fresh)),
+            };
+            match made {
+                Ok((sb, path)) => {
                     me.sandbox_created(&sb);
-                    if let Err(Ok(sb)) = tx.send(Ok(sb)) {
+                    if let Err(Ok((sb, _))) = tx.send(Ok((sb, path))) {
                         let c = Completion {
                             exec_us: None,
                             init_us: Some(started.elapsed().as_micros() as u64),
@@ -346,20 +375,46 @@ impl Driver {
         }
     }
 
-    /// Creates a prewarmed sandbox and reports it to the engine.
+    /// Creates a prewarmed sandbox and reports it to the engine with its start time (the
+    /// function's cold-start cost, known before any invocation paid it).
     async fn create_prewarmed(&self, id: SandboxId, reg: &Registered) -> Result<(), SandboxError> {
+        let started = Instant::now();
         match self.create(id, reg).await {
             Ok(sb) => {
                 self.sandbox_created(&sb);
+                let init_us = started.elapsed().as_micros() as Micros;
                 self.with_state(|st, now| {
                     st.park(id, Some(sb));
-                    st.engine.on_sandbox_ready(now, id);
+                    st.engine.on_sandbox_ready(now, id, Some(init_us));
                 });
                 Ok(())
             }
             Err(e) => {
                 self.with_engine(|engine, now| engine.on_prewarm_failed(now, id));
                 Err(e)
+            }
+        }
+    }
+
+    /// Makes a generic sandbox for the pool (a creation turn like any sandbox) and reports it.
+    async fn create_generic(&self, id: SandboxId) {
+        let memory_mb = self.state.lock().engine.config().pool.generic.memory_mb;
+        let made = {
+            let _turn = match &self.creations {
+                Some(s) => s.acquire().await.ok(),
+                None => None,
+            };
+            self.backend.create_generic(id, memory_mb).await
+        };
+        match made {
+            Ok(sb) => self.with_state(|st, now| {
+                st.park(id, Some(sb));
+                st.engine.on_generic_ready(now, id);
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "making a generic sandbox failed");
+                self.metrics.generic_failures.inc();
+                self.with_engine(|engine, now| engine.on_generic_failed(now, id));
             }
         }
     }
@@ -498,11 +553,13 @@ impl<'a> Admitted<'a> {
                     .with_engine(|engine, now| engine.on_start_failed(now, &run));
                 Err(StartFailure::WarmSandboxMissing)
             }
-            (Some(_), _) => {
+            (Some(_), generic) => {
                 let started = Instant::now();
-                let sb = self.driver.cold_start(run.clone(), reg).await?;
+                let (sb, path) = self.driver.cold_start(run.clone(), reg, generic).await?;
                 let init_us = started.elapsed().as_micros() as u64;
-                Ok(Lease::new(self.driver, run, sb, Some(init_us)))
+                let mut lease = Lease::new(self.driver, run, sb, Some(init_us));
+                lease.cold_path = Some(path);
+                Ok(lease)
             }
         }
     }
@@ -573,6 +630,8 @@ pub struct Lease<'a> {
     sandbox: Option<Sandbox>,
     /// What the driver reports to the engine when the lease is dropped.
     pub completion: Completion,
+    /// How a cold run's sandbox was made.
+    pub cold_path: Option<ColdPath>,
 }
 
 impl<'a> Lease<'a> {
@@ -586,6 +645,7 @@ impl<'a> Lease<'a> {
                 init_us,
                 reusable: false,
             },
+            cold_path: None,
         }
     }
 
@@ -630,6 +690,10 @@ async fn lifecycle(driver: Arc<Driver>, mut rx: mpsc::UnboundedReceiver<Lifecycl
                         None => d.with_engine(|engine, now| engine.on_prewarm_failed(now, sandbox)),
                     }
                 });
+            }
+            LifecycleMsg::CreateGeneric(sandbox) => {
+                let d = Arc::clone(&driver);
+                tokio::spawn(async move { d.create_generic(sandbox).await });
             }
             LifecycleMsg::Flush(done) => {
                 let _ = done.send(());

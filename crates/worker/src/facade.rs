@@ -9,8 +9,8 @@ use crate::errors::{HandlerFailure, InvokeError, PrewarmError, RegisterError, Un
 use crate::metrics::{ColdLabel, FnLabel, Metrics, Outcome, QueueLabel};
 use bytes::Bytes;
 use hearth_api::{
-    raw_json, FunctionSpec, InvokeAnswer, LoadStatus, LowLatencyStatus, MemoryStatus, PolicyStatus,
-    PrewarmAnswer, QueueStatus, Timing, WorkerStatus,
+    raw_json, ColdPath, FunctionSpec, GenericPoolStatus, InvokeAnswer, LoadStatus,
+    LowLatencyStatus, MemoryStatus, PolicyStatus, PrewarmAnswer, QueueStatus, Timing, WorkerStatus,
 };
 use hearth_core::characteristics::CharacteristicsReport;
 use hearth_core::{EngineConfig, EngineStats, LoadSource, Micros, PoolConfig, Reject};
@@ -104,6 +104,7 @@ impl Worker {
                 memory_budget_mb: config.memory_mb,
                 free_buffer_mb: config.free_buffer_mb,
                 keepalive: config.keepalive_config(),
+                generic: config.generic_config(),
             },
             queue: config.queue,
             max_queue: config.max_queue,
@@ -304,6 +305,7 @@ impl Worker {
             }
         };
         let init_us = lease.completion.init_us.unwrap_or(0);
+        let cold_path = lease.cold_path;
         let fn_label = || FnLabel {
             function: spec.name.clone(),
         };
@@ -317,6 +319,7 @@ impl Worker {
                     .get_or_create(&ColdLabel {
                         function: spec.name.clone(),
                         reason: reason.as_str(),
+                        path: cold_path.map_or("fresh", ColdPath::as_str),
                     })
                     .inc();
                 self.metrics
@@ -399,6 +402,7 @@ impl Worker {
             cold_reason: None,
             cold_reason_policy: None,
             cold_reason_ago_us: None,
+            cold_path,
             worker: self.id.clone(),
             timing,
         };
@@ -585,6 +589,7 @@ impl Worker {
                 running_mb: pool.memory_running_mb,
                 warm_mb: pool.memory_warm_mb,
                 free_mb: pool.memory_budget_mb.saturating_sub(used),
+                generic_mb: pool.memory_generic_mb,
             },
             load: Some(LoadStatus {
                 cpus: stats.cpus,
@@ -627,6 +632,17 @@ impl Worker {
             low_latency: Some(LowLatencyStatus {
                 enabled: self.config.low_latency,
                 held: self.latency.is_held(),
+            }),
+            generic_pool: self.config.generic_config().enabled().then(|| {
+                let g = &pool.generic;
+                GenericPoolStatus {
+                    ready: g.ready,
+                    creating: g.creating,
+                    target: g.target,
+                    taken: g.taken,
+                    missed: g.missed,
+                    failed: g.failed,
+                }
             }),
         }
     }

@@ -37,6 +37,8 @@ pub struct FnLabel {
 pub struct ColdLabel {
     pub function: String,
     pub reason: &'static str,
+    /// `generic` (a generic sandbox was specialized) or `fresh` (created from nothing).
+    pub path: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -62,6 +64,7 @@ pub struct Metrics {
     pub memory_mb: Family<StateLabel, Gauge>,
     pub memory_budget_mb: Gauge,
     pub sandboxes_destroyed: Family<StateLabel, Counter>,
+    pub generic_failures: Counter,
     pub queue_wait: Family<QueueLabel, Histogram>,
     pub queue_length: Gauge,
     pub concurrency_limit: Gauge,
@@ -147,6 +150,12 @@ impl Default for Metrics {
                 "Sandboxes destroyed, by reason",
                 Family::default(),
             ),
+            generic_failures: registered(
+                &mut r,
+                "generic_sandbox_failures",
+                "Generic sandboxes that failed to start",
+                Counter::default(),
+            ),
             queue_wait: registered(
                 &mut r,
                 "queue_wait_seconds",
@@ -212,7 +221,13 @@ impl Metrics {
             running += i64::from(f.running);
             starting += i64::from(f.starting);
         }
-        for (state, v) in [("warm", warm), ("running", running), ("starting", starting)] {
+        let generic = i64::from(stats.generic.ready);
+        for (state, v) in [
+            ("warm", warm),
+            ("running", running),
+            ("starting", starting),
+            ("generic", generic),
+        ] {
             self.sandboxes.get_or_create(&StateLabel { state }).set(v);
         }
         self.memory_mb
@@ -221,6 +236,9 @@ impl Metrics {
         self.memory_mb
             .get_or_create(&StateLabel { state: "running" })
             .set(stats.memory_running_mb as i64);
+        self.memory_mb
+            .get_or_create(&StateLabel { state: "generic" })
+            .set(stats.memory_generic_mb as i64);
         self.memory_budget_mb.set(stats.memory_budget_mb as i64);
         encode_text(&self.registry)
     }

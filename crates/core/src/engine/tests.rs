@@ -13,6 +13,7 @@ fn config(queue: QueueDiscipline, limit: u32) -> EngineConfig {
             memory_budget_mb: 4096,
             free_buffer_mb: 0,
             keepalive: KeepAliveConfig::default(),
+            generic: crate::pool::GenericConfig::OFF,
         },
         queue,
         max_queue: 100,
@@ -521,9 +522,13 @@ mod warm_waits {
         let mut e = engine();
         assert!(matches!(arrive(&mut e, 0, "g"), Admission::Run(_)));
         assert!(matches!(arrive(&mut e, 1, "g"), Admission::Run(_)));
-        // One busy sandbox, one waiter: a second caller finds it promised and starts one.
+        // One busy sandbox freeing in 1 ms, a 1 ms warm run, a 100 ms cold start: the k-th
+        // waiter expects to wait (k + 1) ms plus its run, so 98 wait and the 99th starts one.
         let (mut e, _busy) = busy_function(ms(300));
-        assert!(matches!(arrive(&mut e, ms(300), "f"), Admission::Queued(_)));
+        for k in 0..98 {
+            let a = arrive(&mut e, ms(300), "f");
+            assert!(matches!(a, Admission::Queued(_)), "waiter {k}: {a:?}");
+        }
         assert!(matches!(arrive(&mut e, ms(300), "f"), Admission::Run(r) if r.cold.is_some()));
         // Off: the old behaviour.
         let mut c = config(QueueDiscipline::Fcfs, 16);
@@ -537,6 +542,56 @@ mod warm_waits {
             panic!()
         };
         assert!(matches!(arrive(&mut e, ms(200), "f"), Admission::Run(r) if r.cold.is_some()));
+    }
+
+    /// The burst of issue 13: 4 prewarmed sandboxes, 16 calls at once to a function never run
+    /// yet. The prewarms' start time is its known cold cost; its warm time is unknown, so the
+    /// 12 callers that find every sandbox busy wait (at most a millisecond each) instead of
+    /// starting 12 sandboxes, and the busy ones, freeing within microseconds, serve them all.
+    #[test]
+    fn a_burst_on_prewarmed_sandboxes_waits_for_them_instead_of_starting_twelve() {
+        let mut e = engine();
+        let (ids, _) = e.prewarm(0, "noop", 128, 4);
+        for id in &ids {
+            e.on_sandbox_ready(ms(50), *id, Some(ms(50)));
+        }
+        drain(&mut e);
+        let t = ms(100);
+        let mut running = Vec::new();
+        let mut waiting = 0;
+        for _ in 0..16 {
+            match arrive(&mut e, t, "noop") {
+                Admission::Run(r) => {
+                    assert!(
+                        r.cold.is_none(),
+                        "only the prewarmed ones run now: {r:?} {:?}",
+                        e.stats()
+                    );
+                    running.push(r);
+                }
+                Admission::Queued(_) => waiting += 1,
+                Admission::Rejected(r) => panic!("{r:?}"),
+            }
+        }
+        assert_eq!((running.len(), waiting), (4, 12));
+        let mut now = t;
+        let mut served = 0;
+        while let Some(r) = running.pop() {
+            now += 45;
+            done(&mut e, now, &r, 45, None);
+            for next in runs(&drain(&mut e)) {
+                assert!(next.cold.is_none(), "a waiter got a freed sandbox");
+                served += 1;
+                running.push(next.clone());
+            }
+        }
+        assert_eq!(served, 12);
+        let s = e.stats();
+        assert_eq!((s.warm_waits_avoided, s.warm_waits_gave_up), (12, 0));
+        assert_eq!(
+            s.pool.functions[0].1.warm, 4,
+            "no sandbox beyond the prewarmed four"
+        );
     }
 
     #[test]

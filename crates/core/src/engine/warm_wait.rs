@@ -4,11 +4,15 @@
 //! the function's busy sandboxes are expected to free sooner than a cold start would take
 //! under the current load, waiting wins: the invocation is parked for the function, takes the
 //! first sandbox of it that frees, and starts a cold one only if none freed by its deadline
-//! (the expected wait plus one warm execution of slack). The expected wait of the k-th waiter is
-//! the k-th earliest expected end among the function's running invocations (started at `s`,
-//! expected to run its warm time, or its cold time if it started cold); the cold start's cost is
+//! (the expected wait plus one warm execution of slack). The busy sandboxes serve the waiters in
+//! turn: with n of them, the k-th waiter's expected wait is the (k mod n)-th earliest expected
+//! end among the function's running invocations (started at `s`, expected to run its warm time,
+//! or its cold time if it started cold) plus k div n warm runs; the cold start's cost is
 //! the function's measured cold time stretched by the creations already in progress per CPU.
-//! Functions never seen warm and cold are started, as before: there is nothing to weigh.
+//! A function with no known cold-start cost is started, as before: there is nothing to weigh
+//! (a prewarm's start time counts as one). One never seen warm is expected to free at once,
+//! so its waiters give up after a millisecond: at worst a burst of a long function pays 1 ms
+//! per waiter, at best a burst of a short one starts no sandbox at all.
 
 use super::InvocationId;
 use crate::characteristics::Characteristics;
@@ -95,16 +99,22 @@ impl WarmWait {
         cpus: u32,
     ) -> Option<Micros> {
         let starting = self.cold_running.len();
-        let chars = chars.filter(|c| c.has_warm_samples() && c.has_cold_samples())?;
+        let chars = chars.filter(|c| c.has_cold_samples())?;
         let p = self.functions.get(function)?;
         let ahead = p.waiters.len();
-        if ahead >= p.ends.len() {
-            return None; // every busy sandbox is already promised to a waiter
+        let busy = p.ends.len();
+        if busy == 0 {
+            return None;
         }
         let mut ends: Vec<Micros> = p.ends.values().copied().collect();
         ends.sort_unstable();
-        let wait = ends[ahead].saturating_sub(now);
+        // The busy sandboxes serve the waiters in turn: the k-th waiter gets the (k mod n)-th
+        // to free, after k div n warm runs of the waiters before it on that sandbox.
         let warm = chars.warm_us();
+        let rounds = (ahead / busy) as Micros;
+        let wait = ends[ahead % busy]
+            .saturating_sub(now)
+            .saturating_add(rounds.saturating_mul(warm));
         let stretch = 1.0 + starting as f64 / f64::from(cpus.max(1));
         let cold = (chars.cold_us() as f64 * stretch) as Micros;
         (wait.saturating_add(warm) < cold).then(|| now + wait + warm.max(1_000))

@@ -11,10 +11,12 @@
 //! Memory invariant: the memory of starting, busy and idle sandboxes never exceeds the budget.
 
 mod function;
+mod generic;
 mod index;
 mod types;
 
 pub use function::FnId;
+pub use generic::{GenericConfig, GenericStats};
 pub use types::{
     Acquire, ColdReason, DestroyReason, FunctionPoolStats, PoolAction, PoolConfig, PoolStats,
     SandboxId,
@@ -46,6 +48,11 @@ pub struct SandboxPool {
     prewarms: BTreeSet<(Micros, FnId)>,
     used_running_mb: u64,
     used_warm_mb: u64,
+    generic: generic::GenericPool,
+    /// Memory of generic sandboxes, ready or being made.
+    used_generic_mb: u64,
+    /// The generic pool's target when it was last refilled (for stats, which have no clock).
+    generic_target: u32,
     actions: VecDeque<PoolAction>,
 }
 
@@ -53,6 +60,7 @@ impl SandboxPool {
     pub fn new(config: PoolConfig) -> Self {
         SandboxPool {
             policy: new_policy(&config.keepalive),
+            generic: generic::GenericPool::new(config.generic.clone()),
             config,
             next_id: 1,
             slots: HashMap::new(),
@@ -64,6 +72,8 @@ impl SandboxPool {
             prewarms: BTreeSet::new(),
             used_running_mb: 0,
             used_warm_mb: 0,
+            used_generic_mb: 0,
+            generic_target: 0,
             actions: VecDeque::new(),
         }
     }
@@ -79,7 +89,7 @@ impl SandboxPool {
     pub fn free_mb(&self) -> u64 {
         self.config
             .memory_budget_mb
-            .saturating_sub(self.used_running_mb + self.used_warm_mb)
+            .saturating_sub(self.used_running_mb + self.used_warm_mb + self.used_generic_mb)
     }
 
     /// Memory held by starting and busy sandboxes: it comes back when they finish.
@@ -160,19 +170,92 @@ impl SandboxPool {
             return Acquire::Warm(id);
         }
         let reason = self.cold_reason(now, fid);
-        match self.reserve(now, fid, memory_mb, false) {
+        // The generic sandbox's memory becomes part of the function's reservation.
+        let generic = self.generic.take(now);
+        if generic.is_some() {
+            self.used_generic_mb -= self.generic.config.memory_mb;
+        }
+        let acquired = match self.reserve(now, fid, memory_mb, false) {
             Ok(sandbox) => {
                 if let Some(e) = self.functions.get_mut(&fid) {
                     e.freq += 1;
                     e.last_clock = self.policy.clock();
                 }
-                Acquire::Cold { sandbox, reason }
+                Acquire::Cold {
+                    sandbox,
+                    reason,
+                    generic,
+                }
             }
-            Err(free_mb) => Acquire::NoMemory {
-                needed_mb: memory_mb,
-                free_mb,
-            },
+            Err(free_mb) => {
+                if let Some(g) = generic {
+                    self.generic.put_back(g);
+                    self.used_generic_mb += self.generic.config.memory_mb;
+                }
+                Acquire::NoMemory {
+                    needed_mb: memory_mb,
+                    free_mb,
+                }
+            }
+        };
+        self.refill_generic(now);
+        acquired
+    }
+
+    /// Brings the generic pool to its target: destroys ready ones beyond it, and starts new
+    /// ones with free memory only (a refill never evicts).
+    fn refill_generic(&mut self, now: Micros) {
+        if !self.generic.config.enabled() && self.generic.held() == 0 {
+            return;
         }
+        self.generic.prune(now);
+        self.generic_target = self.generic.target(now);
+        while let Some(id) = self.generic.surplus(now) {
+            self.used_generic_mb -= self.generic.config.memory_mb;
+            self.actions.push_back(PoolAction::Destroy {
+                sandbox: id,
+                reason: DestroyReason::Expired,
+            });
+        }
+        let memory_mb = self.generic.config.memory_mb;
+        for _ in 0..self.generic.deficit(now) {
+            if self.free_mb() < memory_mb {
+                self.generic.back_off(now);
+                break;
+            }
+            let sandbox = SandboxId(self.next_id);
+            self.next_id += 1;
+            self.used_generic_mb += memory_mb;
+            self.generic.creating(sandbox);
+            self.actions
+                .push_back(PoolAction::CreateGeneric { sandbox });
+        }
+    }
+
+    /// A generic sandbox is ready to be specialized.
+    pub fn on_generic_ready(&mut self, now: Micros, id: SandboxId) {
+        if self.generic.on_ready(id) {
+            self.refill_generic(now);
+        }
+    }
+
+    /// A generic sandbox failed to start: its memory is released; the driver cleans up what
+    /// exists of it, and the pool waits a while before trying again.
+    pub fn on_generic_failed(&mut self, now: Micros, id: SandboxId) {
+        if self.generic.on_failed(now, id) {
+            self.used_generic_mb -= self.generic.config.memory_mb;
+        }
+    }
+
+    /// The function a (non-generic) sandbox belongs to.
+    pub fn function_of(&self, id: SandboxId) -> Option<Arc<str>> {
+        let slot = self.slots.get(&id)?;
+        self.names.get(slot.function.0 as usize).cloned()
+    }
+
+    /// Whether `id` is a generic sandbox (ready or being made).
+    pub fn is_generic(&self, id: SandboxId) -> bool {
+        self.generic.holds(id)
     }
 
     fn cold_reason(&self, now: Micros, fid: FnId) -> ColdReason {
@@ -473,6 +556,7 @@ impl SandboxPool {
             self.start_policy_prewarm(now, at, fid);
         }
         while self.free_mb() < self.config.free_buffer_mb && self.evict_one(now) {}
+        self.refill_generic(now);
     }
 
     /// Starts a scheduled pre-warm unless the function is gone, rescheduled, or already has a
@@ -497,10 +581,13 @@ impl SandboxPool {
     pub fn next_timeout(&self) -> Option<Micros> {
         let expiry = self.expiry.first().map(|(d, _)| *d);
         let prewarm = self.prewarms.first().map(|(t, _)| *t);
-        match (expiry, prewarm) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        // Below its floor (at start-up): at once.
+        let generic = if self.generic.wants_refill() {
+            Some(0)
+        } else {
+            self.generic.next_change()
+        };
+        [expiry, prewarm, generic].into_iter().flatten().min()
     }
 
     /// The function was updated or deleted: its idle sandboxes go now, busy and starting ones
@@ -543,6 +630,13 @@ impl SandboxPool {
             self.retire(&name);
         }
         self.prewarms.clear();
+        for id in self.generic.drain() {
+            self.used_generic_mb -= self.generic.config.memory_mb;
+            self.actions.push_back(PoolAction::Destroy {
+                sandbox: id,
+                reason: DestroyReason::Shutdown,
+            });
+        }
         for action in self.actions.iter_mut() {
             if let PoolAction::Destroy { reason, .. } = action {
                 *reason = DestroyReason::Shutdown;
@@ -579,6 +673,8 @@ impl SandboxPool {
             memory_budget_mb: self.config.memory_budget_mb,
             memory_running_mb: self.used_running_mb,
             memory_warm_mb: self.used_warm_mb,
+            memory_generic_mb: self.used_generic_mb,
+            generic: self.generic.stats(self.generic_target),
             functions,
         }
     }
@@ -649,9 +745,18 @@ impl SandboxPool {
                 self.used_running_mb, self.used_warm_mb
             ));
         }
-        if running + warm > self.config.memory_budget_mb {
+        let generic = self.generic.held() * self.generic.config.memory_mb;
+        if generic != self.used_generic_mb {
             return Err(format!(
-                "over budget: {running} + {warm} > {}",
+                "generic memory: {} held × {} MiB, kept {}",
+                self.generic.held(),
+                self.generic.config.memory_mb,
+                self.used_generic_mb
+            ));
+        }
+        if running + warm + generic > self.config.memory_budget_mb {
+            return Err(format!(
+                "over budget: {running} + {warm} + {generic} > {}",
                 self.config.memory_budget_mb
             ));
         }

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::time::{ms, secs};
+use generic::GenericConfig;
 
 fn pool(budget: u64, buffer: u64) -> SandboxPool {
     SandboxPool::new(PoolConfig {
@@ -11,6 +12,7 @@ fn pool(budget: u64, buffer: u64) -> SandboxPool {
             ttl: secs(10),
             ..KeepAliveConfig::default()
         },
+        generic: GenericConfig::OFF,
     })
 }
 
@@ -19,6 +21,7 @@ fn pool_with(kind: KeepAliveKind, budget: u64) -> SandboxPool {
         memory_budget_mb: budget,
         free_buffer_mb: 0,
         keepalive: KeepAliveConfig::new(kind),
+        generic: GenericConfig::OFF,
     })
 }
 
@@ -52,7 +55,9 @@ fn evicted(actions: &[PoolAction]) -> Vec<SandboxId> {
 
 fn cold(a: Acquire) -> (SandboxId, ColdReason) {
     match a {
-        Acquire::Cold { sandbox, reason } => (sandbox, reason),
+        Acquire::Cold {
+            sandbox, reason, ..
+        } => (sandbox, reason),
         other => panic!("expected a cold start, got {other:?}"),
     }
 }
@@ -432,4 +437,191 @@ fn hist_uses_the_generic_ttl_until_the_function_is_predictable() {
             reason: DestroyReason::Expired
         }]
     );
+}
+
+fn generic_pool(budget: u64, min: u32, max: u32) -> SandboxPool {
+    SandboxPool::new(PoolConfig {
+        memory_budget_mb: budget,
+        free_buffer_mb: 0,
+        keepalive: KeepAliveConfig {
+            ttl: secs(600),
+            ..KeepAliveConfig::default()
+        },
+        generic: GenericConfig {
+            max,
+            min,
+            memory_mb: 32,
+            window_us: secs(10),
+        },
+    })
+}
+
+fn created(actions: &[PoolAction]) -> Vec<SandboxId> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            PoolAction::CreateGeneric { sandbox } => Some(*sandbox),
+            _ => None,
+        })
+        .collect()
+}
+
+fn destroyed(actions: &[PoolAction]) -> Vec<SandboxId> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            PoolAction::Destroy { sandbox, .. } => Some(*sandbox),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Fills the pool to its floor at start-up and makes every creation ready.
+fn fill(p: &mut SandboxPool, now: Micros) -> Vec<SandboxId> {
+    assert_eq!(
+        p.next_timeout(),
+        Some(0),
+        "below its floor: a timer at once"
+    );
+    p.on_timeout(now);
+    let ids = created(&drain(p));
+    for id in &ids {
+        p.on_generic_ready(now, *id);
+    }
+    ids
+}
+
+#[test]
+fn a_cold_start_specializes_a_ready_generic_sandbox_and_the_pool_refills() {
+    let mut p = generic_pool(1024, 1, 4);
+    let g = fill(&mut p, 0);
+    assert_eq!(g.len(), 1);
+    assert_eq!(p.stats().memory_generic_mb, 32);
+    let (sandbox, generic) = match p.acquire(ms(1), "f", 128) {
+        Acquire::Cold {
+            sandbox, generic, ..
+        } => (sandbox, generic),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(generic, Some(g[0]));
+    assert_ne!(
+        sandbox, g[0],
+        "the specialized sandbox is the function's, under a new id"
+    );
+    // The generic's memory became part of the function's reservation; one more is being made.
+    let s = p.stats();
+    assert_eq!((s.memory_running_mb, s.memory_generic_mb), (128, 32));
+    let again = created(&drain(&mut p));
+    assert_eq!(again.len(), 1);
+    assert!(!p.is_generic(sandbox) && p.is_generic(again[0]));
+    // A second concurrent cold start finds none ready yet: from nothing.
+    match p.acquire(ms(2), "f", 128) {
+        Acquire::Cold { generic: None, .. } => {}
+        other => panic!("{other:?}"),
+    }
+    let s = p.stats().generic;
+    assert_eq!((s.taken, s.missed, s.target), (1, 1, 2));
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn the_pool_grows_with_recent_cold_starts_and_shrinks_to_its_floor() {
+    let mut p = generic_pool(4096, 1, 3);
+    fill(&mut p, 0);
+    for i in 0..5 {
+        let _ = p.acquire(ms(1 + i), &format!("f{i}"), 64);
+    }
+    let made = created(&drain(&mut p));
+    // Five cold starts in the window, capped at three held.
+    assert_eq!(p.stats().generic.target, 3);
+    assert_eq!(made.len(), 3);
+    for id in &made {
+        p.on_generic_ready(ms(50), *id);
+    }
+    assert!(drain(&mut p).is_empty());
+    // Once the cold starts leave the window, the pool shrinks back to one.
+    let t = p.next_timeout().expect("the target shrinks later");
+    assert!(t > secs(10) && t <= secs(10) + ms(10), "{t}");
+    p.on_timeout(secs(11));
+    let gone = destroyed(&drain(&mut p));
+    assert_eq!(gone.len(), 2);
+    assert!(gone.iter().all(|g| made.contains(g)));
+    assert_eq!(p.stats().generic.ready, 1);
+    assert_eq!(p.stats().memory_generic_mb, 32);
+    assert_eq!(p.next_timeout(), None, "nothing left to do");
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn a_refill_never_evicts_and_backs_off_when_memory_is_short() {
+    let mut p = generic_pool(256, 1, 2);
+    // `a` runs and stays warm (128 MiB); the pool makes one generic sandbox (32) meanwhile.
+    run_cold(&mut p, "a", 128, 10, 0, ms(1));
+    let g = created(&drain(&mut p));
+    assert_eq!(g.len(), 1);
+    p.on_generic_ready(ms(1), g[0]);
+    // `b` specializes it (96): two cold starts lately, so the pool aims at two, but only 32
+    // MiB are free and `a`'s warm sandbox is not evicted for a refill.
+    match p.acquire(ms(2), "b", 96) {
+        Acquire::Cold { generic, .. } => assert_eq!(generic, Some(g[0])),
+        other => panic!("{other:?}"),
+    }
+    let actions = drain(&mut p);
+    assert_eq!(created(&actions).len(), 1);
+    assert!(evicted(&actions).is_empty());
+    assert_eq!(p.idle_count("a"), 1);
+    assert_eq!(p.free_mb(), 0);
+    // Backed off: no busy timer loop while memory is short.
+    let t = p.next_timeout().expect("a retry later");
+    assert!(t >= ms(2) + secs(1), "{t}");
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn a_failed_generic_start_frees_its_memory_and_waits_before_a_retry() {
+    let mut p = generic_pool(1024, 1, 2);
+    p.on_timeout(0);
+    let g = created(&drain(&mut p));
+    p.on_generic_failed(ms(5), g[0]);
+    assert_eq!(p.stats().memory_generic_mb, 0);
+    assert_eq!(p.stats().generic.failed, 1);
+    assert_eq!(p.next_timeout(), Some(ms(5) + secs(1)));
+    p.on_timeout(ms(500));
+    assert!(created(&drain(&mut p)).is_empty());
+    p.on_timeout(ms(5) + secs(1));
+    assert_eq!(created(&drain(&mut p)).len(), 1);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn no_memory_puts_the_generic_sandbox_back() {
+    let mut p = generic_pool(160, 1, 1);
+    let g = fill(&mut p, 0);
+    // 128 + the generic's 32 fit; 200 never does.
+    match p.acquire(ms(1), "big", 200) {
+        Acquire::NoMemory { .. } => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(p.stats().generic.ready, 1);
+    assert_eq!(p.stats().memory_generic_mb, 32);
+    match p.acquire(ms(2), "f", 128) {
+        Acquire::Cold { generic, .. } => assert_eq!(generic, Some(g[0])),
+        other => panic!("{other:?}"),
+    }
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn shutdown_destroys_generic_sandboxes_ready_and_in_the_making() {
+    let mut p = generic_pool(1024, 2, 2);
+    p.on_timeout(0);
+    let g = created(&drain(&mut p));
+    assert_eq!(g.len(), 2);
+    p.on_generic_ready(ms(1), g[0]);
+    p.shutdown();
+    assert_eq!(destroyed(&drain(&mut p)), vec![g[0]]);
+    p.on_generic_ready(ms(2), g[1]);
+    assert_eq!(destroyed(&drain(&mut p)), vec![g[1]]);
+    assert_eq!(p.stats().memory_generic_mb, 0);
+    p.check_invariants().unwrap();
 }

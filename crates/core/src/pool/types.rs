@@ -1,5 +1,6 @@
 //! The pool's vocabulary: identities, configuration, decisions, actions and statistics.
 
+use super::generic::{GenericConfig, GenericStats};
 use crate::policy::keepalive::KeepAliveConfig;
 use crate::time::Micros;
 use serde::Serialize;
@@ -24,6 +25,8 @@ pub struct PoolConfig {
     /// rarely has to evict on the invocation path.
     pub free_buffer_mb: u64,
     pub keepalive: KeepAliveConfig,
+    /// Pre-made generic sandboxes that cold starts specialize ([`super::generic`]).
+    pub generic: GenericConfig,
 }
 
 /// Why an invocation had to start a new sandbox.
@@ -70,10 +73,12 @@ impl ColdReason {
 pub enum Acquire {
     /// Run on this idle sandbox.
     Warm(SandboxId),
-    /// Start this new sandbox (its memory is reserved) and run on it.
+    /// Start this new sandbox (its memory is reserved) and run on it: by specializing the
+    /// ready generic sandbox `generic` when there is one, from nothing otherwise.
     Cold {
         sandbox: SandboxId,
         reason: ColdReason,
+        generic: Option<SandboxId>,
     },
     /// Not enough memory even after evicting every idle sandbox.
     NoMemory { needed_mb: u64, free_mb: u64 },
@@ -118,6 +123,9 @@ pub enum PoolAction {
         sandbox: SandboxId,
         function: Arc<str>,
     },
+    /// Make generic sandbox `sandbox` (its memory is reserved). Report
+    /// [`SandboxPool::on_generic_ready`] or [`SandboxPool::on_generic_failed`].
+    CreateGeneric { sandbox: SandboxId },
 }
 
 /// Per-function counts for status reports.
@@ -136,5 +144,8 @@ pub struct PoolStats {
     pub memory_running_mb: u64,
     /// Memory of idle (warm) sandboxes.
     pub memory_warm_mb: u64,
+    /// Memory of generic sandboxes, ready or being made.
+    pub memory_generic_mb: u64,
+    pub generic: GenericStats,
     pub functions: Vec<(String, FunctionPoolStats)>,
 }

@@ -3,6 +3,7 @@
 //! An enum rather than a trait object: two backends, and the hot path stays free of dynamic
 //! dispatch and boxing.
 
+mod code_mount;
 pub mod freezer;
 pub mod oci;
 pub mod runc;
@@ -88,6 +89,52 @@ impl Backend {
         }
     }
 
+    /// Starts a generic sandbox for the pool that cold starts specialize (runc only).
+    pub async fn create_generic(
+        &self,
+        id: SandboxId,
+        memory_mb: u64,
+    ) -> Result<Sandbox, SandboxError> {
+        match self {
+            Backend::Runc(b) => b
+                .create_generic(id, memory_mb)
+                .await
+                .map(|s| Sandbox::Runc(Box::new(s))),
+            Backend::Sim(_) => Err(SandboxError::StartFailed(
+                "the sim backend has no generic sandboxes".into(),
+            )),
+        }
+    }
+
+    /// Makes a generic sandbox the sandbox of `spec` (its code, limits, env and handler). On
+    /// failure the sandbox is gone.
+    pub async fn specialize(
+        &self,
+        sandbox: Sandbox,
+        spec: &FunctionSpec,
+        code_dir: Option<&Path>,
+    ) -> Result<Sandbox, SandboxError> {
+        match (self, sandbox) {
+            (Backend::Runc(b), Sandbox::Runc(s)) => {
+                let Some(dir) = code_dir else {
+                    b.destroy(*s).await;
+                    return Err(SandboxError::StartFailed(
+                        "the function has no code directory".into(),
+                    ));
+                };
+                b.specialize(*s, spec, dir)
+                    .await
+                    .map(|s| Sandbox::Runc(Box::new(s)))
+            }
+            (_, other) => {
+                self.destroy(other).await;
+                Err(SandboxError::StartFailed(
+                    "this backend has no generic sandboxes".into(),
+                ))
+            }
+        }
+    }
+
     /// Runs one invocation. `Ok` means the sandbox answered (a handler error is an `Ok` reply
     /// with status 500); `Err` means the sandbox is broken.
     pub async fn invoke(
@@ -119,7 +166,7 @@ impl Backend {
     /// Host directory of a sandbox's code, if it has one (to know when old code can go).
     pub fn code_dir<'a>(&self, sandbox: &'a Sandbox) -> Option<&'a Path> {
         match sandbox {
-            Sandbox::Runc(s) => Some(s.code_dir()),
+            Sandbox::Runc(s) => s.code_dir(),
             Sandbox::Sim(_) => None,
         }
     }

@@ -38,6 +38,10 @@ pub struct OciParams<'a> {
     pub max_result_bytes: usize,
     /// Inodes (files, directories) of `/tmp`, and separately of `/dev/shm`.
     pub tmp_inodes: u64,
+    /// A generic sandbox (no function yet): the agent starts without a handler
+    /// (`HEARTH_GENERIC=1`, no user env), and `code_dir` is a shared mount point bound as a
+    /// slave, onto which the worker later mounts the function's code ([`super::code_mount`]).
+    pub generic: bool,
 }
 
 /// Where the function's code appears inside the sandbox.
@@ -227,22 +231,27 @@ fn env_list(p: &OciParams) -> Vec<String> {
         format!("PATH={SANDBOX_PATH}"),
         format!("HEARTH_SOCKET={AGENT_SOCKET}"),
         format!("HEARTH_CODE_DIR={CODE_MOUNT}"),
-        format!("HEARTH_HANDLER={}", p.handler),
+        if p.generic {
+            "HEARTH_GENERIC=1".to_string()
+        } else {
+            format!("HEARTH_HANDLER={}", p.handler)
+        },
         format!("HEARTH_MAX_RESULT_BYTES={}", p.max_result_bytes),
     ];
-    env.extend(
-        p.env
-            .iter()
-            .filter(|(k, v)| {
-                !k.is_empty()
-                    && !k.contains('=')
-                    && !k.contains('\0')
-                    && !v.contains('\0')
-                    && !reserved_env_key(k)
-            })
-            .map(|(k, v)| format!("{k}={v}")),
-    );
+    env.extend(user_env(p.env).map(|(k, v)| format!("{k}={v}")));
     env
+}
+
+/// The user's env pairs a sandbox gets: reserved keys (`PATH`, `HEARTH_*`) and malformed pairs
+/// are dropped. A generic sandbox gets them when it is specialized.
+pub fn user_env(env: &[(String, String)]) -> impl Iterator<Item = &(String, String)> {
+    env.iter().filter(|(k, v)| {
+        !k.is_empty()
+            && !k.contains('=')
+            && !k.contains('\0')
+            && !v.contains('\0')
+            && !reserved_env_key(k)
+    })
 }
 
 fn bind(dest: &str, src: &Path, writable: bool) -> Value {
@@ -284,7 +293,15 @@ fn mounts(p: &OciParams) -> Vec<Value> {
                "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]}),
         bind("/usr", Path::new("/usr"), false),
         bind("/etc", Path::new("/etc"), false),
-        bind(CODE_MOUNT, p.code_dir, false),
+        if p.generic {
+            let mut code = bind(CODE_MOUNT, p.code_dir, false);
+            if let Some(o) = code["options"].as_array_mut() {
+                o.push(json!("rslave"));
+            }
+            code
+        } else {
+            bind(CODE_MOUNT, p.code_dir, false)
+        },
         bind(AGENT_MOUNT, p.agent_dir, false),
         bind(RUN_MOUNT, p.run_dir, true),
         json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
@@ -305,11 +322,16 @@ fn resources(p: &OciParams) -> Value {
         // swap accounting (no memory.memsw.* files).
         res["memory"] = json!({"limit": p.memory_mb.saturating_mul(1024 * 1024)});
     }
-    if p.cpus > 0.0 && p.cpus.is_finite() {
-        let quota = ((p.cpus * CPU_PERIOD_US as f64).round() as i64).max(MIN_CPU_QUOTA_US);
+    if let Some(quota) = cpu_quota_us(p.cpus) {
         res["cpu"] = json!({"period": CPU_PERIOD_US, "quota": quota});
     }
     res
+}
+
+/// The CFS quota for `cpus` CPUs per [`CPU_PERIOD_US`]; `None` for no quota.
+pub fn cpu_quota_us(cpus: f64) -> Option<i64> {
+    (cpus > 0.0 && cpus.is_finite())
+        .then(|| ((cpus * CPU_PERIOD_US as f64).round() as i64).max(MIN_CPU_QUOTA_US))
 }
 
 /// The config.json value.
@@ -454,6 +476,7 @@ mod tests {
             max_result_bytes: 6 * 1024 * 1024,
             tmp_size_mb: 64,
             tmp_inodes: 4096,
+            generic: false,
         }
     }
 
@@ -550,6 +573,27 @@ mod tests {
         assert_eq!(proc["cwd"], "/code");
         assert_eq!(proc["rlimits"][0]["type"], "RLIMIT_NOFILE");
         assert_eq!(proc["rlimits"][0]["hard"], 1024);
+    }
+
+    #[test]
+    fn a_generic_sandbox_starts_without_a_function_and_binds_code_as_a_slave() {
+        let user = vec![("FOO".to_string(), "bar".to_string())];
+        let mut p = params(&user);
+        p.generic = true;
+        let spec = runtime_spec(&p);
+        let env: Vec<&str> = spec["process"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect();
+        assert!(env.contains(&"HEARTH_GENERIC=1"));
+        assert!(!env.iter().any(|e| e.starts_with("HEARTH_HANDLER=")));
+        let code = options(mount(&spec, "/code"));
+        assert!(code.contains(&"rslave") && code.contains(&"ro"), "{code:?}");
+        // A function's sandbox keeps the host's mounts private to it.
+        let spec = runtime_spec(&params(&user));
+        assert!(!options(mount(&spec, "/code")).contains(&"rslave"));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //!   most two files of `log_file_bytes`;
 //! * `run/` is a tmpfs of `run_size_mb` and `run_inodes` mounted by the worker, not host disk.
 
+use super::code_mount;
 use super::freezer::{Freezer, IdleFreezer};
 use super::oci::{self, OciParams};
 use super::SandboxError;
@@ -72,7 +73,8 @@ pub struct RuncBackend {
 pub struct RuncSandbox {
     container: String,
     dir: PathBuf,
-    code_dir: PathBuf,
+    /// The function's code directory on the host; `None` while generic.
+    code_dir: Option<PathBuf>,
     cgroups_path: String,
     memory_mb: u64,
     conn: AgentConn,
@@ -110,10 +112,25 @@ impl LogCopier {
 }
 
 impl RuncSandbox {
-    pub fn code_dir(&self) -> &Path {
-        &self.code_dir
+    pub fn code_dir(&self) -> Option<&Path> {
+        self.code_dir.as_deref()
     }
 }
+
+/// What a new container is made for.
+#[derive(Clone, Copy)]
+enum Purpose<'a> {
+    /// A function's sandbox: its code bound at `/code`, its handler imported at start.
+    Function {
+        spec: &'a FunctionSpec,
+        code_dir: &'a Path,
+    },
+    /// A generic sandbox: the agent without a handler, `/code` an empty mount point.
+    Generic,
+}
+
+/// A generic sandbox's mount point for the code, in its bundle.
+const CODE_POINT: &str = "code";
 
 /// Keeps what a container name and cgroup path may hold.
 fn sanitize(id: &str) -> String {
@@ -196,12 +213,35 @@ impl RuncBackend {
         c
     }
 
+    /// Starts a sandbox for `spec` with its code and waits until its handler is imported.
     pub async fn create(
         &self,
         id: SandboxId,
         spec: &FunctionSpec,
         code_dir: &Path,
     ) -> Result<RuncSandbox, SandboxError> {
+        self.make(id, Purpose::Function { spec, code_dir }).await
+    }
+
+    /// Starts a generic sandbox (memory limit `memory_mb`) and waits until its agent listens.
+    pub async fn create_generic(
+        &self,
+        id: SandboxId,
+        memory_mb: u64,
+    ) -> Result<RuncSandbox, SandboxError> {
+        let mut sb = self.make(id, Purpose::Generic).await?;
+        sb.memory_mb = memory_mb;
+        // The limit is set here rather than in the spec: `make` has no function to take it from.
+        if let Err(e) = set_limits(&sb.cgroups_path, memory_mb, 0.0) {
+            self.destroy(sb).await;
+            return Err(SandboxError::StartFailed(format!(
+                "limiting the sandbox: {e}"
+            )));
+        }
+        Ok(sb)
+    }
+
+    async fn make(&self, id: SandboxId, purpose: Purpose<'_>) -> Result<RuncSandbox, SandboxError> {
         let container = format!("{}{}", self.prefix, id.0);
         // Short directory names keep the socket path under the 108-byte AF_UNIX limit.
         let dir = self.sandboxes_dir.join(id.0.to_string());
@@ -209,7 +249,7 @@ impl RuncBackend {
         let started = Instant::now();
         self.freeze_anchor();
         let prepared = self
-            .write_bundle(&container, &dir, spec, code_dir, &cgroups_path)
+            .write_bundle(&container, &dir, purpose, &cgroups_path)
             .and_then(|()| start_log_copier(&dir, self.cfg.log_file_bytes));
         let (log_pipe, mut log) = match prepared {
             Ok(p) => p,
@@ -237,12 +277,18 @@ impl RuncBackend {
                 match Freezer::open_frozen(&oci::freezer_state_path(&cgroups_path)) {
                     Ok(freezer) => {
                         self.idle.track(&freezer);
+                        let (code_dir, memory_mb) = match purpose {
+                            Purpose::Function { spec, code_dir } => {
+                                (Some(code_dir.to_path_buf()), spec.memory_mb)
+                            }
+                            Purpose::Generic => (None, 0),
+                        };
                         return Ok(RuncSandbox {
                             container,
                             dir,
-                            code_dir: code_dir.to_path_buf(),
+                            code_dir,
                             cgroups_path,
-                            memory_mb: spec.memory_mb,
+                            memory_mb,
                             conn,
                             freezer,
                             log,
@@ -253,18 +299,79 @@ impl RuncBackend {
             }
             Ok(r) => init_error(&r.body),
             Err(e) => {
-                self.diagnose(
-                    &cgroups_path,
-                    spec.memory_mb,
-                    &dir,
-                    &mut log,
-                    &e.to_string(),
-                )
-                .await
+                let memory_mb = match purpose {
+                    Purpose::Function { spec, .. } => spec.memory_mb,
+                    Purpose::Generic => 0,
+                };
+                self.diagnose(&cgroups_path, memory_mb, &dir, &mut log, &e.to_string())
+                    .await
             }
         };
         self.remove(&container, &dir, &mut log).await;
         Err(failure)
+    }
+
+    /// Makes a generic sandbox `sb` the sandbox of `spec`: mounts its code at `/code`, sets its
+    /// memory and CPU limits, and has the agent import the handler (with the function's env).
+    /// On failure the sandbox is destroyed.
+    pub async fn specialize(
+        &self,
+        mut sb: RuncSandbox,
+        spec: &FunctionSpec,
+        code_dir: &Path,
+    ) -> Result<RuncSandbox, SandboxError> {
+        match self.specialize_in_place(&mut sb, spec, code_dir).await {
+            Ok(()) => Ok(sb),
+            Err(e) => {
+                self.destroy(sb).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn specialize_in_place(
+        &self,
+        sb: &mut RuncSandbox,
+        spec: &FunctionSpec,
+        code_dir: &Path,
+    ) -> Result<(), SandboxError> {
+        if sb.code_dir.is_some() {
+            return Err(SandboxError::StartFailed(
+                "the sandbox already belongs to a function".into(),
+            ));
+        }
+        let fail = |what: &str, e: std::io::Error| {
+            SandboxError::StartFailed(format!("specializing the sandbox ({what}): {e}"))
+        };
+        code_mount::mount_code(code_dir, &sb.dir.join(CODE_POINT)).map_err(|e| fail("code", e))?;
+        sb.code_dir = Some(code_dir.to_path_buf());
+        set_limits(&sb.cgroups_path, spec.memory_mb, spec.cpus).map_err(|e| fail("limits", e))?;
+        sb.memory_mb = spec.memory_mb;
+        let env: Vec<(String, String)> = spec
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let env: Vec<(String, String)> = oci::user_env(&env).cloned().collect();
+        sb.freezer
+            .begin()
+            .map_err(|e| SandboxError::StartFailed(format!("thawing the sandbox: {e}")))?;
+        match sb.conn.load(&spec.handler, oci::CODE_MOUNT, &env).await {
+            Ok(r) if r.status == 200 => self
+                .idle
+                .invocation_ended(&sb.freezer)
+                .map_err(|e| SandboxError::StartFailed(format!("freezing the sandbox: {e}"))),
+            Ok(r) => Err(init_error(&r.body)),
+            Err(e) => Err(self
+                .diagnose(
+                    &sb.cgroups_path,
+                    sb.memory_mb,
+                    &sb.dir,
+                    &mut sb.log,
+                    &e.to_string(),
+                )
+                .await),
+        }
     }
 
     /// Creates and freezes [`FREEZER_ANCHOR`] once (again after [`Self::cleanup_all`]). Only
@@ -299,8 +406,7 @@ impl RuncBackend {
         &self,
         container: &str,
         dir: &Path,
-        spec: &FunctionSpec,
-        code_dir: &Path,
+        purpose: Purpose<'_>,
         cgroups_path: &str,
     ) -> std::io::Result<()> {
         let run_dir = dir.join("run");
@@ -308,27 +414,46 @@ impl RuncBackend {
         private(dir)?;
         private(&run_dir)?;
         mount_run_tmpfs(&run_dir, &self.cfg)?;
-        let env: Vec<(String, String)> = spec
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let point = dir.join(CODE_POINT);
+        let (code_dir, handler, env, memory_mb, cpus) = match purpose {
+            Purpose::Function { spec, code_dir } => {
+                let env: Vec<(String, String)> = spec
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                (
+                    code_dir,
+                    spec.handler.as_str(),
+                    env,
+                    spec.memory_mb,
+                    spec.cpus,
+                )
+            }
+            Purpose::Generic => {
+                // Readable by the sandbox user: it becomes the sandbox's `/code` (and cwd).
+                std::fs::DirBuilder::new().mode(0o755).create(&point)?;
+                code_mount::prepare_mount_point(&point)?;
+                (point.as_path(), "", Vec::new(), 0, 0.0)
+            }
+        };
         let config = oci::runtime_spec(&OciParams {
             rootfs: &self.rootfs,
             code_dir,
             agent_dir: &self.agent_dir,
             run_dir: &run_dir,
             hostname: container,
-            handler: &spec.handler,
+            handler,
             env: &env,
-            memory_mb: spec.memory_mb,
-            cpus: spec.cpus,
+            memory_mb,
+            cpus,
             uid: self.cfg.uid,
             gid: self.cfg.gid,
             cgroups_path,
             tmp_size_mb: self.cfg.tmp_size_mb,
             max_result_bytes: self.max_result_bytes,
             tmp_inodes: self.cfg.tmp_inodes,
+            generic: matches!(purpose, Purpose::Generic),
         });
         use std::io::Write;
         private_file(&dir.join("config.json"))?.write_all(config.to_string().as_bytes())
@@ -657,6 +782,7 @@ fn mount_run_tmpfs(run_dir: &Path, cfg: &RuncConfig) -> std::io::Result<()> {
 fn discard_bundle(dir: &Path) {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
+    code_mount::unmount_all(&dir.join(CODE_POINT));
     if let Ok(run) = CString::new(dir.join("run").as_os_str().as_bytes()) {
         // SAFETY: `run` is a NUL-terminated path that outlives the call. EINVAL (not a mount
         // point) and ENOENT are the normal answers when nothing is mounted.
@@ -781,4 +907,23 @@ fn init_error(body: &[u8]) -> SandboxError {
         message: field("message"),
         traceback: field("traceback"),
     }
+}
+
+/// Sets a sandbox's memory limit (0: none) and CPU quota (0: none) in its cgroups (v1). A
+/// generic sandbox gets its function's limits this way when it is specialized.
+fn set_limits(cgroups_path: &str, memory_mb: u64, cpus: f64) -> std::io::Result<()> {
+    let memory = oci::cgroup_v1_dir("memory", cgroups_path);
+    let limit = if memory_mb == 0 {
+        "-1".to_string()
+    } else {
+        memory_mb.saturating_mul(1024 * 1024).to_string()
+    };
+    std::fs::write(memory.join("memory.limit_in_bytes"), limit)?;
+    let cpu = oci::cgroup_v1_dir("cpu", cgroups_path);
+    let quota = oci::cpu_quota_us(cpus).unwrap_or(-1);
+    std::fs::write(
+        cpu.join("cpu.cfs_period_us"),
+        oci::CPU_PERIOD_US.to_string(),
+    )?;
+    std::fs::write(cpu.join("cpu.cfs_quota_us"), quota.to_string())
 }
