@@ -1,8 +1,10 @@
-"""Hearth in-sandbox agent: imports one handler and serves it over HTTP/1.1 on a Unix socket.
+"""Hearth in-sandbox agent: runs one handler and serves it over length-prefixed frames on a Unix socket.
 
 Run as ``python3 -I -S hearth_agent.py`` (standard library only, no site-packages).
-Configuration: HEARTH_SOCKET, HEARTH_CODE_DIR, HEARTH_HANDLER (or --socket, --code-dir,
---handler). Protocol: GET /health, POST /invoke; see runtime/python/README.md.
+Configuration: HEARTH_SOCKET, HEARTH_CODE_DIR, HEARTH_HANDLER, HEARTH_GENERIC (or --socket,
+--code-dir, --handler, --generic). Protocol: 8-byte request header (u32 BE length, u8 op, 3 zero
+bytes), 16-byte response header (u32 BE length, u16 status, u16 flags, u64 exec_us); ops H
+(health), I (invoke), L (load, generic mode only); see runtime/python/README.md.
 """
 
 import importlib
@@ -10,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import sys
 from time import perf_counter_ns
 
@@ -17,8 +20,9 @@ DEFAULT_SOCKET = "/hearth/run/agent.sock"
 DEFAULT_CODE_DIR = "/code"
 DEFAULT_HANDLER = "main.main"
 
-MAX_HEAD = 64 * 1024  # request line + headers
-RECV_SIZE = 256 * 1024
+RECV_SIZE = 256 * 1024  # preallocated receive buffer; larger payloads get their own buffer
+MAX_PAYLOAD = 256 * 1024 * 1024  # sanity limit on an announced request payload
+SEND_JOIN_MAX = 16 * 1024  # measured: joining header+body is faster below ~16 KiB, sendmsg above
 TRACEBACK_LINES = 8
 MAX_MESSAGE = 2048  # characters of an error message or traceback (the worker caps error answers)
 # The largest result answered (HEARTH_MAX_RESULT_BYTES, set by the worker; 0: no limit). A larger
@@ -28,23 +32,12 @@ try:
 except ValueError:
     MAX_RESULT = 0
 
-_REASONS = {
-    100: b"Continue",
-    200: b"OK",
-    400: b"Bad Request",
-    404: b"Not Found",
-    405: b"Method Not Allowed",
-    413: b"Payload Too Large",
-    431: b"Request Header Fields Too Large",
-    500: b"Internal Server Error",
-    505: b"HTTP Version Not Supported",
-}
-_JSON_HDRS = b"\r\nContent-Type: application/json\r\nContent-Length: "
-# Precomputed response prefixes: status line + constant headers, up to the Content-Length value.
-_PREFIX = {code: b"HTTP/1.1 %d %s%s" % (code, reason, _JSON_HDRS) for code, reason in _REASONS.items()}
-_OK_PREFIX = _PREFIX[200]
-_CLOSE_HDR = b"Connection: close\r\n"
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+REQ_HDR = struct.Struct(">IB3x")  # payload length, op, 3 reserved bytes
+RESP_HDR = struct.Struct(">IHHQ")  # body length, status, flags, exec_us
+FLAG_EXEC_US = 1
+OP_HEALTH = ord("H")
+OP_INVOKE = ord("I")
+OP_LOAD = ord("L")
 
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 _decode = json.JSONDecoder().decode  # str -> value; same errors as json.loads
@@ -59,13 +52,17 @@ def _parse_args(argv):
         "socket": os.environ.get("HEARTH_SOCKET") or DEFAULT_SOCKET,
         "code_dir": os.environ.get("HEARTH_CODE_DIR") or DEFAULT_CODE_DIR,
         "handler": os.environ.get("HEARTH_HANDLER") or DEFAULT_HANDLER,
+        "generic": (os.environ.get("HEARTH_GENERIC") or "").lower() in ("1", "true", "yes"),
     }
     flags = {"--socket": "socket", "--code-dir": "code_dir", "--handler": "handler"}
     i = 0
     while i < len(argv):
         arg = argv[i]
         name, eq, value = arg.partition("=")
-        if name in flags and eq:
+        if arg == "--generic":
+            opts["generic"] = True
+            i += 1
+        elif name in flags and eq:
             opts[flags[name]] = value
             i += 1
         elif arg in flags and i + 1 < len(argv):
@@ -74,8 +71,8 @@ def _parse_args(argv):
         else:
             sys.stderr.write(
                 "hearth_agent: unknown or incomplete argument %r\n"
-                "usage: hearth_agent.py [--socket PATH] [--code-dir DIR] [--handler module.function]\n"
-                % arg
+                "usage: hearth_agent.py [--socket PATH] [--code-dir DIR] "
+                "[--handler module.function | --generic]\n" % arg
             )
             sys.exit(2)
     return opts
@@ -102,6 +99,7 @@ def _last_traceback_lines():
 def load_handler(code_dir, spec):
     """Import ``module.function`` from code_dir. Returns (handler, init_us, init_error_body)."""
     sys.path.insert(0, code_dir)
+    importlib.invalidate_caches()  # code_dir may have been mounted after we started
     t0 = perf_counter_ns()
     try:
         module_name, dot, func_name = spec.rpartition(".")
@@ -124,29 +122,56 @@ def load_handler(code_dir, spec):
     return handler, init_us, None
 
 
-# --------------------------------------------------------------------------------------------
-# HTTP
-
-
-def _response(status, body, extra=b"", close=False):
-    return b"%s%d\r\n%s%s\r\n%s" % (
-        _PREFIX[status],
-        len(body),
-        extra,
-        _CLOSE_HDR if close else b"",
-        body,
+def _env_key_allowed(key):
+    return (
+        bool(key)
+        and "=" not in key
+        and "\0" not in key
+        and key != "PATH"
+        and not key.startswith("HEARTH_")
     )
 
 
-def _request_error(status, message, close=False, extra=b""):
-    type_name = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed"}.get(status, "BadRequest")
-    return _response(status, _error_body(type_name, message, "request"), extra, close)
+def _parse_load(payload):
+    """The load request as (handler, code_dir, env pairs), or an error message (a str)."""
+    try:
+        doc = _decode(payload.decode())
+    except Exception as exc:
+        return "load payload is not valid JSON: %s" % exc
+    if not isinstance(doc, dict):
+        return "load payload must be a JSON object"
+    handler = doc.get("handler")
+    code_dir = doc.get("code_dir", DEFAULT_CODE_DIR)
+    env = doc.get("env", {})
+    if not isinstance(handler, str) or not handler:
+        return "load payload needs \"handler\": \"module.function\""
+    if not isinstance(code_dir, str) or not code_dir or "\0" in code_dir:
+        return "load payload's \"code_dir\" must be a non-empty string"
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        return "load payload's \"env\" must be an object of strings"
+    return handler, code_dir, env
+
+
+# --------------------------------------------------------------------------------------------
+# frames
 
 
 class Agent:
-    def __init__(self, handler, init_us, init_error):
+    def __init__(self, handler, init_us, init_error, generic=False):
+        self.generic = generic
+        self._rbuf = bytearray(RECV_SIZE)
+        self._rmv = memoryview(self._rbuf)
+        if generic:
+            self.handler = None
+            self.init_error = None
+            self.health_status = 200
+            self.health_body = b'{"status":"generic","pid":%d}' % os.getpid()
+        else:
+            self._loaded(handler, init_us, init_error)
+
+    def _loaded(self, handler, init_us, init_error):
+        self.generic = False
         self.handler = handler
-        self.init_us = init_us
         self.init_error = init_error
         if init_error is None:
             self.health_status = 200
@@ -154,153 +179,182 @@ class Agent:
         else:
             self.health_status = 500
             self.health_body = init_error
-        self._rbuf = bytearray(RECV_SIZE)
-        self._rmv = memoryview(self._rbuf)
 
-    # One connection: serve requests until the peer closes it (or asks to close).
+    def load(self, payload):
+        """Specializes a generic agent: env, chdir, sys.path, import. Returns (status, body)."""
+        if not self.generic:
+            return 409, _error_body("AlreadyLoaded", "a handler is already loaded", "request")
+        parsed = _parse_load(payload)
+        if isinstance(parsed, str):
+            return 400, _error_body("BadRequest", parsed, "request")
+        handler_spec, code_dir, env = parsed
+        environ = os.environ
+        for key, value in env.items():
+            if _env_key_allowed(key) and "\0" not in value:
+                try:
+                    environ[key] = value
+                except (ValueError, OSError):  # not encodable (lone surrogates), too long
+                    pass
+        try:
+            # The code is mounted over code_dir after we started: the old cwd is the covered one.
+            os.chdir(code_dir)
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc)
+            body = _error_body(type(exc).__name__, "cannot enter code_dir: %s" % reason, "init", "")
+            self._loaded(None, 0, body)
+        else:
+            self._loaded(*load_handler(code_dir, handler_spec))
+        if self.init_error is not None:
+            sys.stderr.write("hearth_agent: handler init failed: %s\n" % self.init_error.decode())
+        return self.health_status, self.health_body
+
+    # One connection: serve frames until the peer closes it.
     def serve_connection(self, conn):
         recv_into = conn.recv_into
         sendall = conn.sendall
-        rbuf = self._rbuf
-        rmv = self._rmv
-        buf = bytearray()
-        while True:
-            # ---- head
-            idx = buf.find(b"\r\n\r\n")
-            while idx < 0:
-                if len(buf) > MAX_HEAD:
-                    sendall(_request_error(431, "request head larger than %d bytes" % MAX_HEAD, True))
-                    return
-                n = recv_into(rbuf)
-                if not n:
-                    return
-                start = len(buf) - 3
-                buf += rmv[:n]
-                idx = buf.find(b"\r\n\r\n", start if start > 0 else 0)
-            if idx == 0:  # stray CRLF between requests
-                del buf[:2]
-                continue
-            lines = bytes(buf[:idx]).split(b"\r\n")
-            request_line = lines[0]
-            if not request_line:  # leading empty line(s) before the request line
-                while lines and not lines[0]:
-                    del lines[0]
-                if not lines:  # unreachable (idx would be 0), but never spin on it
-                    del buf[: idx + 4]
-                    continue
-                request_line = lines[0]
-            method, _, rest = request_line.partition(b" ")
-            target, _, version = rest.partition(b" ")
-            if version[:7] != b"HTTP/1.":
-                if version[:5] == b"HTTP/":
-                    sendall(_request_error(505, "only HTTP/1.x is supported", True))
-                else:
-                    sendall(_request_error(400, "malformed request line", True))
-                return
-            close = version == b"HTTP/1.0"
-            clen = 0
-            expect_continue = False
-            for line in lines[1:]:
-                colon = line.find(b":")
-                if colon <= 0:
-                    sendall(_request_error(400, "malformed header line", True))
-                    return
-                name = line[:colon].lower()
-                if name == b"content-length":
-                    value = line[colon + 1 :].strip()
-                    if not value.isdigit():
-                        sendall(_request_error(400, "invalid Content-Length", True))
-                        return
-                    clen = int(value)
-                elif name == b"connection":
-                    value = line[colon + 1 :].strip().lower()
-                    if value == b"close":
-                        close = True
-                    elif value == b"keep-alive":
-                        close = False
-                elif name == b"transfer-encoding":
-                    sendall(_request_error(400, "chunked/transfer-encoded bodies are not supported", True))
-                    return
-                elif name == b"expect":
-                    expect_continue = line[colon + 1 :].strip().lower() == b"100-continue"
+        sendmsg = conn.sendmsg
+        unpack_from = REQ_HDR.unpack_from
+        pack = RESP_HDR.pack
+        buf = self._rbuf
+        mv = self._rmv
+        cap = len(buf)
+        start = end = 0  # unconsumed bytes are buf[start:end]
 
-            # ---- body
-            body_start = idx + 4
-            need = body_start + clen
-            have = len(buf)
-            if have < need:
-                if expect_continue:
-                    sendall(_CONTINUE)
-                buf += bytes(need - have)
-                with memoryview(buf) as mv:
-                    while have < need:
-                        n = recv_into(mv[have:need])
+        def send(status, body, exec_us=None):
+            size = len(body)
+            if exec_us is None:
+                hdr = pack(size, status, 0, 0)
+            else:
+                hdr = pack(size, status, FLAG_EXEC_US, exec_us)
+            if size <= SEND_JOIN_MAX:
+                sendall(hdr + body)
+                return
+            sent = sendmsg((hdr, body))
+            if sent < 16:
+                sendall(hdr[sent:])
+                sent = 16
+            if sent < 16 + size:
+                with memoryview(body) as bv:
+                    sendall(bv[sent - 16 :])
+
+        while True:
+            # ---- header
+            if end - start < 8:
+                if start == end:
+                    start = end = 0
+                elif start + 8 > cap:
+                    buf[: end - start] = buf[start:end]
+                    end -= start
+                    start = 0
+                while end - start < 8:
+                    n = recv_into(mv[end:] if end else buf)
+                    if not n:
+                        return
+                    end += n
+            length, op = unpack_from(buf, start)
+            start += 8
+
+            if length > MAX_PAYLOAD:
+                send(413, _error_body(
+                    "PayloadTooLarge",
+                    "request payload of %d bytes is over the limit of %d bytes" % (length, MAX_PAYLOAD),
+                    "request",
+                ))
+                return
+            if op != OP_INVOKE and op != OP_LOAD and op != OP_HEALTH:
+                # ---- unknown op: skip its payload, answer 400, keep the connection
+                skip = min(length, end - start)
+                start += skip
+                length -= skip
+                if start == end:
+                    start = end = 0
+                while length:
+                    n = recv_into(mv, min(length, cap))
+                    if not n:
+                        return
+                    length -= n
+                send(400, _error_body("BadRequest", "unknown op %d" % op, "request"))
+                continue
+
+            # ---- payload
+            stop = start + length
+            if stop <= end:
+                payload = buf[start:stop] if length else b""
+                start = stop
+            elif length <= cap:
+                if stop > cap:  # make room: move the partial payload to the front
+                    buf[: end - start] = buf[start:end]
+                    end -= start
+                    start = 0
+                    stop = length
+                while end < stop:
+                    n = recv_into(mv[end:])
+                    if not n:
+                        return
+                    end += n
+                payload = buf[start:stop]
+                start = stop
+            else:
+                payload = bytearray(length)
+                have = end - start
+                payload[:have] = buf[start:end]
+                start = end = 0
+                with memoryview(payload) as pv:
+                    while have < length:
+                        n = recv_into(pv[have:])
                         if not n:
                             return
                         have += n
-            body = buf[body_start:need] if clen else b""
-            del buf[:need]
 
             # ---- dispatch
-            qmark = target.find(b"?")
-            if qmark >= 0:
-                target = target[:qmark]
-            if target == b"/invoke":
-                if method == b"POST":
-                    sendall(self.invoke(body, close))
+            if op == OP_INVOKE:
+                handler = self.handler
+                if handler is None:
+                    if self.generic:
+                        send(503, _error_body("NotLoaded", "no handler is loaded yet", "request"))
+                    else:
+                        send(500, self.init_error)
+                    continue
+                if payload:
+                    try:
+                        args = _decode(payload.decode())
+                    except Exception as exc:  # ValueError, UnicodeDecodeError, RecursionError
+                        send(400, _error_body("BadRequest", "arguments are not valid JSON: %s" % exc, "request"))
+                        continue
                 else:
-                    sendall(_request_error(405, "use POST for /invoke", close, b"Allow: POST\r\n"))
-            elif target == b"/health":
-                if method == b"GET":
-                    sendall(_response(self.health_status, self.health_body, b"", close))
+                    args = {}
+                t0 = perf_counter_ns()
+                try:
+                    result = handler(args)
+                except BaseException as exc:  # SystemExit/KeyboardInterrupt must not kill us
+                    exec_us = (perf_counter_ns() - t0) // 1000
+                    send(500, _error_body(type(exc).__name__, str(exc), "exec", _last_traceback_lines()), exec_us)
+                    continue
+                exec_us = (perf_counter_ns() - t0) // 1000
+                try:
+                    out = _encode(result).encode()
+                except Exception as exc:  # TypeError, ValueError (NaN, cycles), RecursionError
+                    err = _error_body("TypeError", "handler result is not JSON-serializable: %s" % exc, "result")
+                    send(500, err, exec_us)
+                    continue
+                if MAX_RESULT and len(out) > MAX_RESULT:
+                    err = _error_body(
+                        "ResultTooLarge",
+                        "the result is %d bytes, over the limit of %d bytes (max_result_bytes)"
+                        % (len(out), MAX_RESULT),
+                        "result",
+                    )
+                    send(413, err, exec_us)
+                    continue
+                size = len(out)
+                if size <= SEND_JOIN_MAX:
+                    sendall(pack(size, 200, FLAG_EXEC_US, exec_us) + out)
                 else:
-                    sendall(_request_error(405, "use GET for /health", close, b"Allow: GET\r\n"))
+                    send(200, out, exec_us)
+            elif op == OP_HEALTH:
+                send(self.health_status, self.health_body)
             else:
-                sendall(_request_error(404, "no such path: %s" % target.decode("latin-1"), close))
-            if close:
-                return
-
-    def invoke(self, body, close):
-        if self.init_error is not None:
-            return _response(500, self.init_error, b"", close)
-        if body:
-            try:
-                args = _decode(body.decode())
-            except Exception as exc:  # ValueError, UnicodeDecodeError, RecursionError
-                return _request_error(400, "arguments are not valid JSON: %s" % exc, close)
-        else:
-            args = {}
-        handler = self.handler
-        t0 = perf_counter_ns()
-        try:
-            result = handler(args)
-        except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler must not kill us
-            exec_us = (perf_counter_ns() - t0) // 1000
-            err = _error_body(type(exc).__name__, str(exc), "exec", _last_traceback_lines())
-            return _response(500, err, b"X-Exec-Us: %d\r\n" % exec_us, close)
-        exec_us = (perf_counter_ns() - t0) // 1000
-        try:
-            out = _encode(result).encode()
-        except Exception as exc:  # TypeError, ValueError (NaN, circular reference), RecursionError
-            err = _error_body(
-                "TypeError", "handler result is not JSON-serializable: %s" % exc, "result"
-            )
-            return _response(500, err, b"X-Exec-Us: %d\r\n" % exec_us, close)
-        if MAX_RESULT and len(out) > MAX_RESULT:
-            err = _error_body(
-                "ResultTooLarge",
-                "the result is %d bytes, over the limit of %d bytes (max_result_bytes)"
-                % (len(out), MAX_RESULT),
-                "result",
-            )
-            return _response(413, err, b"X-Exec-Us: %d\r\n" % exec_us, close)
-        return b"%s%d\r\nX-Exec-Us: %d\r\n%s\r\n%s" % (
-            _OK_PREFIX,
-            len(out),
-            exec_us,
-            _CLOSE_HDR if close else b"",
-            out,
-        )
+                send(*self.load(payload))
 
     def serve_forever(self, srv):
         while True:
@@ -350,8 +404,12 @@ def main(argv=None):
     sys.dont_write_bytecode = True  # code dir is read-only in a sandbox
     opts = _parse_args(sys.argv[1:] if argv is None else argv)
 
-    handler, init_us, init_error = load_handler(opts["code_dir"], opts["handler"])
-    agent = Agent(handler, init_us, init_error)
+    if opts["generic"]:
+        agent = Agent(None, 0, None, generic=True)
+        init_error = None
+    else:
+        handler, init_us, init_error = load_handler(opts["code_dir"], opts["handler"])
+        agent = Agent(handler, init_us, init_error)
 
     path = opts["socket"]
     try:

@@ -1,10 +1,11 @@
-"""Tests for runtime/python/hearth_agent.py: start the agent as a subprocess, talk raw HTTP/1.1."""
+"""Tests for runtime/python/hearth_agent.py: start the agent as a subprocess, speak raw frames."""
 
 import json
 import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -49,8 +50,17 @@ not_callable = 42
 '''
 
 
+REQ_HDR = struct.Struct(">IB3x")
+RESP_HDR = struct.Struct(">IHHQ")
+
+
+def frame(op, payload=b""):
+    """A request frame: u32 BE payload length, op byte, 3 zero bytes, payload."""
+    return REQ_HDR.pack(len(payload), ord(op)) + payload
+
+
 class Client:
-    """Tiny HTTP/1.1 client over a Unix socket, with a receive buffer (pipelining-safe)."""
+    """Tiny frame client over a Unix socket, with a receive buffer (pipelining-safe)."""
 
     def __init__(self, path, timeout=10.0):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -64,15 +74,6 @@ class Client:
     def send_raw(self, data):
         self.sock.sendall(data)
 
-    @staticmethod
-    def build(method, path, body=None, headers=None):
-        lines = ["%s %s HTTP/1.1" % (method, path), "Host: agent"]
-        if body is not None:
-            lines.append("Content-Length: %d" % len(body))
-        for k, v in (headers or {}).items():
-            lines.append("%s: %s" % (k, v))
-        return ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
-
     def _fill(self):
         chunk = self.sock.recv(1 << 20)
         if not chunk:
@@ -80,35 +81,41 @@ class Client:
         self.buf += chunk
 
     def read_response(self):
-        while b"\r\n\r\n" not in self.buf:
+        """(status, exec_us or None, body) of the next response frame."""
+        while len(self.buf) < 16:
             self._fill()
-        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        version, status, _reason = lines[0].split(" ", 2)
-        assert version == "HTTP/1.1"
-        headers = {}
-        for line in lines[1:]:
-            k, _, v = line.partition(":")
-            headers[k.strip().lower()] = v.strip()
-        n = int(headers["content-length"])
+        n, status, flags, exec_us = RESP_HDR.unpack(self.buf[:16])
+        assert flags & ~1 == 0
+        if not flags & 1:
+            assert exec_us == 0
+        self.buf = self.buf[16:]
         while len(self.buf) < n:
             self._fill()
         body, self.buf = self.buf[:n], self.buf[n:]
-        return int(status), headers, body
+        return status, (exec_us if flags & 1 else None), body
 
-    def request(self, method, path, body=None, headers=None):
-        self.send_raw(self.build(method, path, body, headers))
+    def request(self, op, payload=b""):
+        self.send_raw(frame(op, payload))
         return self.read_response()
 
+    def health(self):
+        return self.request("H")
+
     def invoke(self, args=None, raw=None):
-        body = raw if raw is not None else json.dumps(args).encode()
-        return self.request("POST", "/invoke", body)
+        return self.request("I", raw if raw is not None else json.dumps(args).encode())
+
+    def load(self, handler="main.main", code_dir=None, env=None, raw=None):
+        if raw is None:
+            doc = {"handler": handler, "code_dir": code_dir, "env": env or {}}
+            raw = json.dumps(doc).encode()
+        return self.request("L", raw)
 
 
 class Agent:
-    def __init__(self, proc, sock_path):
+    def __init__(self, proc, sock_path, code_dir):
         self.proc = proc
         self.sock_path = sock_path
+        self.code_dir = code_dir
 
     def client(self):
         return Client(self.sock_path)
@@ -140,7 +147,7 @@ def workdir():
 def start_agent(workdir):
     procs = []
 
-    def start(handler="main.main", code=HANDLERS, files=None, python=sys.executable, env=None):
+    def start(handler="main.main", code=HANDLERS, files=None, python=sys.executable, env=None, generic=False):
         code_dir = os.path.join(workdir, "code")
         os.makedirs(code_dir, exist_ok=True)
         for name, text in ({"main.py": code} if files is None else files).items():
@@ -149,16 +156,24 @@ def start_agent(workdir):
             with open(path, "w") as f:
                 f.write(textwrap.dedent(text))
         sock_path = os.path.join(workdir, "a.sock")
+        if generic:  # like a pre-made sandbox: started elsewhere, told its code dir by load
+            args = ["--generic"]
+            cwd = os.path.join(workdir, "elsewhere")
+            os.makedirs(cwd, exist_ok=True)
+        else:
+            args = ["--code-dir", code_dir, "--handler", handler]
+            cwd = None
         proc = subprocess.Popen(
-            [python, "-I", "-S", AGENT, "--socket", sock_path, "--code-dir", code_dir, "--handler", handler],
+            [python, "-I", "-S", AGENT, "--socket", sock_path] + args,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            cwd=cwd,
             env=None if env is None else {**os.environ, **env},
         )
         procs.append(proc)
         _wait_for_socket(proc, sock_path)
-        return Agent(proc, sock_path)
+        return Agent(proc, sock_path, code_dir)
 
     yield start
     for proc in procs:
@@ -169,15 +184,15 @@ def start_agent(workdir):
         proc.stderr.close()
 
 
+
 # ---------------------------------------------------------------------------------------------
+# boot mode (handler imported at start)
 
 
 def test_health_reports_init_us_and_pid(start_agent):
     agent = start_agent()
-    c = agent.client()
-    status, headers, body = c.request("GET", "/health")
-    assert status == 200
-    assert headers["content-type"] == "application/json"
+    status, exec_us, body = agent.client().health()
+    assert status == 200 and exec_us is None
     doc = json.loads(body)
     assert doc["status"] == "ok"
     assert isinstance(doc["init_us"], int) and doc["init_us"] >= 0
@@ -187,16 +202,15 @@ def test_health_reports_init_us_and_pid(start_agent):
 
 def test_init_us_measures_slow_import(start_agent):
     agent = start_agent(code="import time\ntime.sleep(0.05)\ndef main(args):\n    return {}\n")
-    _, _, body = agent.client().request("GET", "/health")
+    _, _, body = agent.client().health()
     assert json.loads(body)["init_us"] >= 50000
 
 
 def test_invoke_returns_result_and_exec_us(start_agent):
     agent = start_agent()
-    status, headers, body = agent.client().invoke({"a": 1, "b": [1, 2, "x"]})
+    status, exec_us, body = agent.client().invoke({"a": 1, "b": [1, 2, "x"]})
     assert status == 200
-    assert headers["content-type"] == "application/json"
-    assert int(headers["x-exec-us"]) >= 0
+    assert isinstance(exec_us, int) and exec_us >= 0
     assert json.loads(body) == {"echo": {"a": 1, "b": [1, 2, "x"]}}
     assert body == b'{"echo":{"a":1,"b":[1,2,"x"]}}'  # compact separators
 
@@ -211,19 +225,15 @@ def test_invoke_accepts_any_json_value(start_agent):
 
 def test_exec_us_reflects_handler_time(start_agent):
     agent = start_agent(handler="main.sleepy")
-    status, headers, body = agent.client().invoke({"ms": 20})
+    status, exec_us, body = agent.client().invoke({"ms": 20})
     assert status == 200
-    assert int(headers["x-exec-us"]) >= 20000
+    assert exec_us >= 20000
     assert json.loads(body) == {"slept": True}
 
 
-def test_empty_body_means_empty_object(start_agent):
+def test_empty_payload_means_empty_object(start_agent):
     c = start_agent().client()
     status, _, body = c.invoke(raw=b"")
-    assert status == 200 and json.loads(body) == {"echo": {}}
-    # no Content-Length at all: also an empty body
-    c.send_raw(b"POST /invoke HTTP/1.1\r\nHost: a\r\n\r\n")
-    status, _, body = c.read_response()
     assert status == 200 and json.loads(body) == {"echo": {}}
 
 
@@ -233,8 +243,7 @@ def test_many_requests_on_one_connection(start_agent):
         status, _, body = c.invoke({"i": i})
         assert status == 200
         assert json.loads(body) == {"echo": {"i": i}}
-    status, _, _ = c.request("GET", "/health")
-    assert status == 200
+    assert c.health()[0] == 200
 
 
 def test_new_connection_after_close(start_agent):
@@ -246,24 +255,23 @@ def test_new_connection_after_close(start_agent):
         c.close()
 
 
-def test_connection_close_header(start_agent):
+def test_peer_closing_mid_frame_frees_the_agent_for_the_next_connection(start_agent):
     agent = start_agent()
     c = agent.client()
-    status, headers, _ = c.request("GET", "/health", headers={"Connection": "close"})
-    assert status == 200
-    assert headers["connection"] == "close"
-    assert c.sock.recv(10) == b""  # agent closed its end
+    c.send_raw(frame("I", b'{"a": 1}')[:11])  # header and part of the payload
     c.close()
-    # and it accepts the next connection
-    assert agent.client().request("GET", "/health")[0] == 200
+    c = agent.client()
+    c.send_raw(frame("I", b"x" * 100)[:5])  # part of a header
+    c.close()
+    assert agent.client().invoke({"next": 1})[0] == 200
 
 
 def test_handler_exception(start_agent):
     agent = start_agent(handler="main.boom")
     c = agent.client()
-    status, headers, body = c.invoke({})
+    status, exec_us, body = c.invoke({})
     assert status == 500
-    assert "x-exec-us" in headers
+    assert exec_us is not None
     err = json.loads(body)
     assert err["type"] == "ValueError"
     assert err["message"] == "kaboom 1"
@@ -272,7 +280,7 @@ def test_handler_exception(start_agent):
     assert "ValueError: kaboom 1" in err["traceback"]
     assert len(err["traceback"].splitlines()) <= 8
     # the agent keeps serving on the same connection
-    assert c.request("GET", "/health")[0] == 200
+    assert c.health()[0] == 200
 
 
 def test_handler_system_exit_does_not_kill_agent(start_agent):
@@ -281,15 +289,15 @@ def test_handler_system_exit_does_not_kill_agent(start_agent):
     status, _, body = c.invoke({})
     assert status == 500
     assert json.loads(body)["type"] == "SystemExit"
-    assert c.request("GET", "/health")[0] == 200
+    assert c.health()[0] == 200
     assert agent.proc.poll() is None
 
 
 def test_non_serializable_result(start_agent):
     c = start_agent(handler="main.unserializable").client()
-    status, headers, body = c.invoke({})
+    status, exec_us, body = c.invoke({})
     assert status == 500
-    assert "x-exec-us" in headers
+    assert exec_us is not None
     err = json.loads(body)
     assert err["type"] == "TypeError"
     assert err["phase"] == "result"
@@ -299,38 +307,45 @@ def test_non_serializable_result(start_agent):
 
 def test_malformed_json_is_400(start_agent):
     c = start_agent().client()
-    status, _, body = c.invoke(raw=b'{"a": ')
-    assert status == 400
+    status, exec_us, body = c.invoke(raw=b'{"a": ')
+    assert status == 400 and exec_us is None
     err = json.loads(body)
     assert err["type"] == "BadRequest"
     assert err["phase"] == "request"
     assert err["message"].startswith("arguments are not valid JSON: ")
     status, _, body = c.invoke(raw=b"\xff\xfe\x00garbage")
     assert status == 400
+    assert json.loads(body)["phase"] == "request"
     # connection still usable
     assert c.invoke({"ok": 1})[0] == 200
 
 
-def test_unknown_path_404_and_wrong_method_405(start_agent):
+def test_unknown_op_is_400_and_its_payload_is_skipped(start_agent):
     c = start_agent().client()
-    status, _, body = c.request("GET", "/nope")
-    assert status == 404
+    # the payload looks like a frame: if it were not skipped it would be answered
+    status, exec_us, body = c.request("Z", frame("H") + b"tail")
+    assert status == 400 and exec_us is None
     err = json.loads(body)
-    assert err["phase"] == "request" and "/nope" in err["message"]
-    status, headers, body = c.request("GET", "/invoke")
-    assert status == 405 and headers["allow"] == "POST"
-    assert json.loads(body)["phase"] == "request"
-    status, headers, _ = c.request("POST", "/health", b"{}")
-    assert status == 405 and headers["allow"] == "GET"
-    assert c.request("GET", "/health")[0] == 200
-
-
-def test_chunked_body_rejected(start_agent):
-    c = start_agent().client()
-    c.send_raw(b"POST /invoke HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
-    status, headers, body = c.read_response()
+    assert err["type"] == "BadRequest" and err["phase"] == "request"
+    status, _, body = c.invoke({"after": 1})
+    assert status == 200 and json.loads(body) == {"echo": {"after": 1}}
+    # a payload larger than the receive buffer is skipped as well
+    status, _, _ = c.request("x", b"y" * (600 * 1024))
     assert status == 400
-    assert json.loads(body)["phase"] == "request"
+    assert c.health()[0] == 200
+
+
+def test_oversized_length_is_413_and_closes(start_agent):
+    agent = start_agent()
+    c = agent.client()
+    c.send_raw(struct.pack(">IB3x", 256 * 1024 * 1024 + 1, ord("I")))
+    status, exec_us, body = c.read_response()
+    assert status == 413 and exec_us is None
+    err = json.loads(body)
+    assert err["type"] == "PayloadTooLarge" and err["phase"] == "request"
+    assert c.sock.recv(10) == b""  # the agent closed its end
+    # and it accepts the next connection
+    assert agent.client().health()[0] == 200
 
 
 @pytest.mark.parametrize(
@@ -348,17 +363,17 @@ def test_chunked_body_rejected(start_agent):
 def test_init_errors_reported_on_health_and_invoke(start_agent, files, handler, err_type):
     agent = start_agent(handler=handler, files=files)
     c = agent.client()
-    status, _, body = c.request("GET", "/health")
+    status, _, body = c.health()
     assert status == 500
     err = json.loads(body)
     assert err["type"] == err_type
     assert err["phase"] == "init"
     assert err["message"]
     assert "traceback" in err
-    status, _, body = c.invoke({})
-    assert status == 500
+    status, exec_us, body = c.invoke({})
+    assert status == 500 and exec_us is None
     assert json.loads(body) == err
-    assert c.request("GET", "/nope")[0] == 404
+    assert c.request("Q")[0] == 400
 
 
 def test_dotted_module_handler(start_agent):
@@ -372,7 +387,7 @@ def test_dotted_module_handler(start_agent):
     assert status == 200 and json.loads(body) == {"where": "pkg.sub.mod"}
 
 
-def test_large_body_round_trips(start_agent):
+def test_large_payload_round_trips(start_agent):
     c = start_agent().client()
     payload = {"blob": "x" * (1 << 20) + "end", "n": list(range(1000))}
     status, _, body = c.invoke(payload)
@@ -382,14 +397,25 @@ def test_large_body_round_trips(start_agent):
     assert c.invoke({"after": True})[0] == 200
 
 
+def test_payloads_around_the_receive_buffer_size(start_agent):
+    c = start_agent().client()
+    # a small frame first leaves the buffer's start offset, so the next ones wrap or compact
+    for size in [10, 256 * 1024 - 40, 256 * 1024 - 20, 256 * 1024 + 5, 100, 300 * 1024]:
+        blob = "z" * size
+        c.send_raw(frame("I", json.dumps({"b": blob}).encode()) + frame("H"))
+        status, _, body = c.read_response()
+        assert status == 200 and json.loads(body) == {"echo": {"b": blob}}
+        assert c.read_response()[0] == 200
+
+
 def test_result_over_the_limit_is_413_and_the_agent_keeps_serving(start_agent):
     c = start_agent(env={"HEARTH_MAX_RESULT_BYTES": "1000"}).client()
-    status, headers, body = c.invoke({"blob": "x" * 2000})
+    status, exec_us, body = c.invoke({"blob": "x" * 2000})
     assert status == 413
     err = json.loads(body)
     assert err["type"] == "ResultTooLarge" and err["phase"] == "result"
     assert "over the limit of 1000 bytes" in err["message"]
-    assert "x-exec-us" in headers
+    assert exec_us is not None
     status, _, body = c.invoke({"small": 1})
     assert status == 200 and json.loads(body) == {"echo": {"small": 1}}
 
@@ -405,9 +431,9 @@ def test_long_error_messages_are_truncated(start_agent):
 
 def test_request_split_across_sends(start_agent):
     c = start_agent().client()
-    raw = Client.build("POST", "/invoke", b'{"split": [1, 2, 3]}')
-    # split inside the request line, inside the \r\n\r\n, and inside the body
-    cut = [3, 10, len(raw) - 22, len(raw) - 20, len(raw) - 5]
+    raw = frame("I", b'{"split": [1, 2, 3]}')
+    # split inside the header, at its end, and inside the payload
+    cut = [3, 8, len(raw) - 5]
     pieces = [raw[a:b] for a, b in zip([0] + cut, cut + [len(raw)])]
     assert b"".join(pieces) == raw
     for piece in pieces:
@@ -415,34 +441,40 @@ def test_request_split_across_sends(start_agent):
         time.sleep(0.01)
     status, _, body = c.read_response()
     assert status == 200 and json.loads(body) == {"echo": {"split": [1, 2, 3]}}
-    # byte by byte
+    # byte by byte, the header too
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     for i in range(len(raw)):
         c.send_raw(raw[i : i + 1])
+        if i < 8:
+            time.sleep(0.002)
     status, _, body = c.read_response()
     assert status == 200 and json.loads(body) == {"echo": {"split": [1, 2, 3]}}
 
 
 def test_pipelined_requests_in_one_send(start_agent):
     c = start_agent().client()
-    raw = (
-        Client.build("POST", "/invoke", b'{"n": 1}')
-        + Client.build("GET", "/health")
-        + Client.build("POST", "/invoke", b'{"n": 2}')
-    )
-    c.send_raw(raw)
+    c.send_raw(frame("I", b'{"n": 1}') + frame("H") + frame("Z", b"?") + frame("I", b'{"n": 2}') + frame("I"))
     s1, _, b1 = c.read_response()
     s2, _, b2 = c.read_response()
-    s3, _, b3 = c.read_response()
+    s3, _, _ = c.read_response()
+    s4, _, b4 = c.read_response()
+    s5, _, b5 = c.read_response()
     assert (s1, json.loads(b1)) == (200, {"echo": {"n": 1}})
     assert s2 == 200 and json.loads(b2)["status"] == "ok"
-    assert (s3, json.loads(b3)) == (200, {"echo": {"n": 2}})
+    assert s3 == 400
+    assert (s4, json.loads(b4)) == (200, {"echo": {"n": 2}})
+    assert (s5, json.loads(b5)) == (200, {"echo": {}})
 
 
-def test_header_names_case_insensitive_and_query_ignored(start_agent):
+def test_load_on_a_booted_agent_is_409(start_agent):
     c = start_agent().client()
-    c.send_raw(b"POST /invoke?x=1 HTTP/1.1\r\ncOnTeNt-LeNgTh: 7\r\n\r\n{\"a\":1}")
-    status, _, body = c.read_response()
-    assert status == 200 and json.loads(body) == {"echo": {"a": 1}}
+    status, exec_us, body = c.load("main.noop", "/tmp")
+    assert status == 409 and exec_us is None
+    err = json.loads(body)
+    assert err["type"] == "AlreadyLoaded" and err["phase"] == "request"
+    # the original handler still serves
+    status, _, body = c.invoke({"k": 2})
+    assert status == 200 and json.loads(body) == {"echo": {"k": 2}}
 
 
 def test_handler_output_does_not_break_protocol(start_agent):
@@ -463,7 +495,7 @@ def test_handler_output_does_not_break_protocol(start_agent):
 def test_sigterm_exits_promptly(start_agent):
     agent = start_agent()
     c = agent.client()  # idle connection open: the agent is blocked in recv
-    assert c.request("GET", "/health")[0] == 200
+    assert c.health()[0] == 200
     t0 = time.monotonic()
     agent.proc.send_signal(signal.SIGTERM)
     rc = agent.proc.wait(timeout=5)
@@ -485,7 +517,7 @@ def test_stale_socket_file_is_replaced(start_agent, workdir):
     s.bind(stale)  # leaves a socket file nobody listens on
     s.close()
     agent = start_agent()
-    assert agent.client().request("GET", "/health")[0] == 200
+    assert agent.client().health()[0] == 200
     assert os.stat(stale).st_mode & 0o777 == 0o777
 
 
@@ -505,19 +537,19 @@ def test_bind_failure_exits_nonzero(workdir):
     assert "cannot listen" in proc.stderr
 
 
-def test_environment_configuration(workdir):
+def _run_env_agent(workdir, extra_env, check):
     code_dir = os.path.join(workdir, "code")
-    os.makedirs(code_dir)
+    os.makedirs(code_dir, exist_ok=True)
     with open(os.path.join(code_dir, "fn.py"), "w") as f:
         f.write("def handle(args):\n    return {'env': True}\n")
     sock_path = os.path.join(workdir, "e.sock")
     env = dict(os.environ, HEARTH_SOCKET=sock_path, HEARTH_CODE_DIR=code_dir, HEARTH_HANDLER="fn.handle")
+    env.update(extra_env)
     proc = subprocess.Popen([sys.executable, "-I", "-S", AGENT], env=env, stderr=subprocess.PIPE)
     try:
         _wait_for_socket(proc, sock_path)
         c = Client(sock_path)
-        status, _, body = c.invoke({})
-        assert status == 200 and json.loads(body) == {"env": True}
+        check(c, proc)
         c.close()
     finally:
         proc.kill()
@@ -525,17 +557,249 @@ def test_environment_configuration(workdir):
         proc.stderr.close()
 
 
+def test_environment_configuration(workdir):
+    def check(c, proc):
+        status, _, body = c.invoke({})
+        assert status == 200 and json.loads(body) == {"env": True}
+
+    _run_env_agent(workdir, {}, check)
+
+
+def test_hearth_generic_env_takes_precedence_over_hearth_handler(workdir):
+    def check(c, proc):
+        status, _, body = c.health()
+        assert status == 200 and json.loads(body) == {"status": "generic", "pid": proc.pid}
+        status, _, body = c.load("fn.handle", os.path.join(workdir, "code"))
+        assert status == 200 and json.loads(body)["status"] == "ok"
+        status, _, body = c.invoke({})
+        assert status == 200 and json.loads(body) == {"env": True}
+
+    _run_env_agent(workdir, {"HEARTH_GENERIC": "1"}, check)
+
+
+# ---------------------------------------------------------------------------------------------
+# generic mode: nothing imported at start, specialized by one load
+
+ENV_CODE = """
+import os
+AT_IMPORT = os.environ.get("GREETING")
+
+def main(args):
+    keys = ["GREETING", "EMPTY", "PATH", "HEARTH_SOCKET", "HEARTH_SECRET", "A=B", "NUL", "SURROGATE"]
+    return {"at_import": AT_IMPORT, "env": {k: os.environ.get(k) for k in keys}}
+
+def read_relative(args):
+    with open("data.txt") as f:
+        return {"data": f.read(), "cwd": os.getcwd()}
+"""
+
+
+def test_generic_health_and_invoke_before_load(start_agent):
+    agent = start_agent(generic=True)
+    c = agent.client()
+    status, exec_us, body = c.health()
+    assert status == 200 and exec_us is None
+    assert json.loads(body) == {"status": "generic", "pid": agent.proc.pid}
+    status, exec_us, body = c.invoke({})
+    assert status == 503 and exec_us is None
+    err = json.loads(body)
+    assert err["type"] == "NotLoaded" and err["phase"] == "request"
+
+
+def test_generic_imports_nothing_at_start(start_agent):
+    # a handler that would fail to import is not touched until load
+    agent = start_agent(generic=True, code="raise RuntimeError('imported too early')\n")
+    status, _, body = agent.client().health()
+    assert status == 200 and json.loads(body)["status"] == "generic"
+
+
+def test_generic_load_then_invoke(start_agent):
+    agent = start_agent(generic=True)
+    c = agent.client()
+    status, exec_us, body = c.load("main.main", agent.code_dir)
+    assert status == 200 and exec_us is None
+    doc = json.loads(body)
+    assert doc["status"] == "ok" and doc["pid"] == agent.proc.pid
+    assert isinstance(doc["init_us"], int) and doc["init_us"] >= 0
+    # health now answers exactly as load did
+    assert c.health() == (200, None, body)
+    status, exec_us, body = c.invoke({"x": [1]})
+    assert status == 200 and exec_us is not None
+    assert json.loads(body) == {"echo": {"x": [1]}}
+    # the loaded agent serves the next connection too (one connection at a time)
+    c.close()
+    assert agent.client().invoke({"y": 1})[0] == 200
+
+
+def test_second_load_is_409_and_the_connection_stays_usable(start_agent):
+    agent = start_agent(generic=True)
+    c = agent.client()
+    assert c.load("main.main", agent.code_dir)[0] == 200
+    status, _, body = c.load("main.noop", agent.code_dir)
+    assert status == 409
+    err = json.loads(body)
+    assert err["type"] == "AlreadyLoaded" and err["phase"] == "request"
+    status, _, body = c.invoke({"still": "main"})
+    assert status == 200 and json.loads(body) == {"echo": {"still": "main"}}
+
+
+@pytest.mark.parametrize(
+    "code,handler,err_type",
+    [
+        ("import does_not_exist_xyz\n", "main.main", "ModuleNotFoundError"),
+        ("def main(args):\n    return {\n", "main.main", "SyntaxError"),
+        (HANDLERS, "main.missing", "AttributeError"),
+    ],
+)
+def test_load_with_an_init_error_is_500_on_load_health_and_invoke(start_agent, code, handler, err_type):
+    agent = start_agent(generic=True, code=code)
+    c = agent.client()
+    status, exec_us, body = c.load(handler, agent.code_dir)
+    assert status == 500 and exec_us is None
+    err = json.loads(body)
+    assert err["type"] == err_type and err["phase"] == "init" and "traceback" in err
+    assert c.health() == (500, None, body)
+    status, _, ibody = c.invoke({})
+    assert status == 500 and json.loads(ibody) == err
+    # it is no longer generic: a retry is refused
+    assert c.load("main.main", agent.code_dir)[0] == 409
+
+
+def test_load_into_a_missing_code_dir_is_an_init_error(start_agent, workdir):
+    agent = start_agent(generic=True)
+    c = agent.client()
+    status, _, body = c.load("main.main", os.path.join(workdir, "nope"))
+    assert status == 500
+    err = json.loads(body)
+    assert err["phase"] == "init" and err["type"] == "FileNotFoundError"
+    assert c.invoke({})[0] == 500
+
+
+def test_load_into_an_unencodable_code_dir_is_an_init_error(start_agent):
+    agent = start_agent(generic=True)
+    c = agent.client()
+    status, _, body = c.load("main.main", "/tmp/\ud800")
+    assert status == 500 and json.loads(body)["phase"] == "init"
+    assert c.health()[0] == 500  # same connection, still answering
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"{not json",
+        b"\xff\xfe",
+        b"[1, 2]",
+        b'{"code_dir": "/code"}',
+        b'{"handler": 3, "code_dir": "/code"}',
+        b'{"handler": "", "code_dir": "/code"}',
+        b'{"handler": "main.main", "code_dir": 7}',
+        b'{"handler": "main.main", "code_dir": "/code", "env": ["A", "B"]}',
+        b'{"handler": "main.main", "code_dir": "/code", "env": {"A": 1}}',
+    ],
+)
+def test_malformed_load_is_400_and_the_agent_stays_generic(start_agent, raw):
+    agent = start_agent(generic=True)
+    c = agent.client()
+    status, _, body = c.load(raw=raw)
+    assert status == 400
+    err = json.loads(body)
+    assert err["type"] == "BadRequest" and err["phase"] == "request"
+    assert json.loads(c.health()[2])["status"] == "generic"
+    assert c.invoke({})[0] == 503
+    assert c.load("main.main", agent.code_dir)[0] == 200
+    assert c.invoke({"ok": 1})[0] == 200
+
+
+def test_load_sets_env_but_not_reserved_or_malformed_keys(start_agent):
+    agent = start_agent(generic=True, code=ENV_CODE, env={"HEARTH_SECRET": "kept", "PATH": "/usr/bin:/bin"})
+    c = agent.client()
+    env = {
+        "GREETING": "hello",
+        "EMPTY": "",
+        "PATH": "/evil",
+        "HEARTH_SOCKET": "/evil.sock",
+        "HEARTH_SECRET": "overridden",
+        "A=B": "x",
+        "": "empty key",
+        "NUL\u0000": "x",
+        "NUL": "bad\u0000value",
+        "SURROGATE\ud800": "x",
+        "SURROGATE": "\udfff",
+    }
+    assert c.load("main.main", agent.code_dir, env)[0] == 200
+    status, _, body = c.invoke({})
+    assert status == 200
+    doc = json.loads(body)
+    assert doc["at_import"] == "hello"  # set before the import runs
+    assert doc["env"] == {
+        "GREETING": "hello",
+        "EMPTY": "",
+        "PATH": "/usr/bin:/bin",
+        "HEARTH_SOCKET": None,  # the socket came from --socket; the key stays unset
+        "HEARTH_SECRET": "kept",
+        "A=B": None,
+        "NUL": None,
+        "SURROGATE": None,
+    }
+
+
+def test_load_changes_into_the_code_dir(start_agent):
+    agent = start_agent(generic=True, files={"main.py": ENV_CODE, "data.txt": "relative file"})
+    c = agent.client()
+    assert c.load("main.read_relative", agent.code_dir)[0] == 200
+    status, _, body = c.invoke({})
+    assert status == 200
+    doc = json.loads(body)
+    assert doc["data"] == "relative file"
+    assert os.path.realpath(doc["cwd"]) == os.path.realpath(agent.code_dir)
+
+
+def test_load_picks_up_code_that_appeared_after_start(start_agent, workdir):
+    # the sandbox's code is mounted after the agent started: nothing is cached from before
+    agent = start_agent(generic=True, files={})
+    c = agent.client()
+    assert c.health()[0] == 200
+    with open(os.path.join(agent.code_dir, "late.py"), "w") as f:
+        f.write("def main(args):\n    return {'late': True}\n")
+    assert c.load("late.main", agent.code_dir)[0] == 200
+    status, _, body = c.invoke({})
+    assert status == 200 and json.loads(body) == {"late": True}
+
+
+def test_generic_load_frames_split_and_pipelined(start_agent):
+    agent = start_agent(generic=True)
+    c = agent.client()
+    load = frame("L", json.dumps({"handler": "main.main", "code_dir": agent.code_dir, "env": {}}).encode())
+    raw = frame("H") + frame("I", b"{}") + load + frame("I", b'{"n": 3}') + load
+    for i in range(len(raw)):
+        c.send_raw(raw[i : i + 1])
+    statuses = [c.read_response() for _ in range(5)]
+    assert [s for s, _, _ in statuses] == [200, 503, 200, 200, 409]
+    assert json.loads(statuses[3][2]) == {"echo": {"n": 3}}
+
+
 @pytest.mark.skipif(not os.path.exists(DEBIAN_PYTHON), reason="no /usr/bin/python3")
 def test_debian_interpreter(start_agent):
     agent = start_agent(python=DEBIAN_PYTHON)
     c = agent.client()
-    status, _, body = c.request("GET", "/health")
+    status, _, body = c.health()
     assert status == 200 and json.loads(body)["status"] == "ok"
     for i in range(50):
-        status, headers, body = c.invoke({"i": i})
+        status, exec_us, body = c.invoke({"i": i})
         assert status == 200 and json.loads(body) == {"echo": {"i": i}}
-        assert "x-exec-us" in headers
+        assert exec_us is not None
     status, _, body = c.invoke({"blob": "y" * (1 << 20)})
     assert status == 200 and len(body) > 1 << 20
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.proc.wait(timeout=5) == 0
+
+
+@pytest.mark.skipif(not os.path.exists(DEBIAN_PYTHON), reason="no /usr/bin/python3")
+def test_debian_interpreter_generic(start_agent):
+    agent = start_agent(python=DEBIAN_PYTHON, generic=True)
+    c = agent.client()
+    assert json.loads(c.health()[2])["status"] == "generic"
+    assert c.load("main.main", agent.code_dir)[0] == 200
+    status, _, body = c.invoke({"d": 1})
+    assert status == 200 and json.loads(body) == {"echo": {"d": 1}}
