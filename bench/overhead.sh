@@ -44,7 +44,7 @@ PY
     done
 done
 if [ "$backend" = runc ]; then
-    "$H" bench cold --url "$url" -n 20 | tail -2
+    "$H" bench cold --url "$url" -n 20 | tail -n +2
 fi
 # Idle CPU: a warm sandbox exists, no traffic, 10 s of the worker's user+system time.
 sleep 2

@@ -189,6 +189,10 @@ class Agent:
             return 400, _error_body("BadRequest", parsed, "request")
         handler_spec, code_dir, env = parsed
         environ = os.environ
+        # The handler sees the environment of a sandbox made for it: nothing says it was generic.
+        environ.pop("HEARTH_GENERIC", None)
+        environ["HEARTH_HANDLER"] = handler_spec
+        environ["HEARTH_CODE_DIR"] = code_dir
         for key, value in env.items():
             if _env_key_allowed(key) and "\0" not in value:
                 try:

@@ -219,9 +219,22 @@ fn answer(r: &Response) -> Option<InvokeAnswer> {
     InvokeAnswer::parse(&r.body)
 }
 
+/// One measured cold start: how its sandbox was made (`generic` or `fresh`), its init and the
+/// client's end-to-end time, in µs.
+pub struct ColdSample {
+    pub path: String,
+    pub init_us: u64,
+    pub e2e_us: u64,
+}
+
+/// How long a round waits for a worker's generic pool to have a ready sandbox.
+const GENERIC_READY_WAIT: Duration = Duration::from_secs(10);
+
 /// Cold starts of a hello function: each round re-registers it (a new version is never served by
-/// an old sandbox) and invokes it once. Returns (init µs, client e2e µs), sorted.
-pub fn cold_starts(url: &str, rounds: usize) -> Result<(Vec<u64>, Vec<u64>), String> {
+/// an old sandbox) and invokes it once. Against a worker with a generic pool, each round first
+/// waits until a generic sandbox is ready (up to 10 s), so that the rounds measure the path a
+/// cold start takes on a worker at rest.
+pub fn cold_starts(url: &str, rounds: usize) -> Result<Vec<ColdSample>, String> {
     let mut c = Client::new(url).map_err(|e| e.to_string())?;
     let spec = json!({
         "code": {"files": {"main.py": "def main(args):\n    return {\"greeting\": \"Hello, \" + args.get(\"name\", \"world\") + \"!\"}\n"}},
@@ -229,7 +242,7 @@ pub fn cold_starts(url: &str, rounds: usize) -> Result<(Vec<u64>, Vec<u64>), Str
         "sim_cold_ms": 0,
     })
     .to_string();
-    let (mut init, mut e2e) = (Vec::new(), Vec::new());
+    let mut samples = Vec::new();
     for _ in 0..rounds {
         let r = c
             .put("/v1/functions/hearth-bench-hello", spec.as_bytes())
@@ -237,6 +250,7 @@ pub fn cold_starts(url: &str, rounds: usize) -> Result<(Vec<u64>, Vec<u64>), Str
         if r.status >= 300 {
             return Err(format!("registering: {} {}", r.status, r.text()));
         }
+        wait_for_generic(&mut c)?;
         let t = Instant::now();
         let r = c
             .post("/v1/functions/hearth-bench-hello/invoke", b"{}")
@@ -249,13 +263,32 @@ pub fn cold_starts(url: &str, rounds: usize) -> Result<(Vec<u64>, Vec<u64>), Str
                 r.text()
             ));
         };
-        init.push(a.timing.init);
-        e2e.push(us);
+        samples.push(ColdSample {
+            path: a.cold_path.map_or("fresh", |p| p.as_str()).to_string(),
+            init_us: a.timing.init,
+            e2e_us: us,
+        });
     }
     let _ = c.delete("/v1/functions/hearth-bench-hello");
-    init.sort_unstable();
-    e2e.sort_unstable();
-    Ok((init, e2e))
+    Ok(samples)
+}
+
+/// Waits until the worker's generic pool has a ready sandbox; returns at once if it has no
+/// pool (a controller, the sim backend, `generic_pool = 0`).
+fn wait_for_generic(c: &mut Client) -> Result<(), String> {
+    let deadline = Instant::now() + GENERIC_READY_WAIT;
+    loop {
+        let r = c.get("/v1/status").map_err(|e| e.to_string())?;
+        let status: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        let pool = &status["generic_pool"];
+        if !pool.is_object() || pool["ready"].as_u64().unwrap_or(0) > 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err("no generic sandbox became ready within 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Latency of accepting async invocations (the 202, after the record is durable): `n`

@@ -747,27 +747,46 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
             rounds,
             json: as_json,
         } => {
-            let (init, e2e) =
+            let samples =
                 bench::cold_starts(&url.url, rounds.max(1)).map_err(anyhow::Error::msg)?;
-            let j = json!({
-                "rounds": rounds,
-                "init_ms": {"p50": percentile(&init, 50.0) as f64 / 1000.0, "p99": percentile(&init, 99.0) as f64 / 1000.0},
-                "e2e_ms": {"p50": percentile(&e2e, 50.0) as f64 / 1000.0, "p99": percentile(&e2e, 99.0) as f64 / 1000.0},
-            });
+            let mut paths = serde_json::Map::new();
+            for path in ["generic", "fresh"] {
+                let of = |f: fn(&bench::ColdSample) -> u64| {
+                    let mut v: Vec<u64> =
+                        samples.iter().filter(|s| s.path == path).map(f).collect();
+                    v.sort_unstable();
+                    v
+                };
+                let (init, e2e) = (of(|s| s.init_us), of(|s| s.e2e_us));
+                if init.is_empty() {
+                    continue;
+                }
+                let ms = |v: &[u64], p: f64| percentile(v, p) as f64 / 1000.0;
+                paths.insert(
+                    path.to_string(),
+                    json!({
+                        "rounds": init.len(),
+                        "init_ms": {"p50": ms(&init, 50.0), "p99": ms(&init, 99.0)},
+                        "e2e_ms": {"p50": ms(&e2e, 50.0), "p99": ms(&e2e, 99.0)},
+                    }),
+                );
+            }
+            let j = json!({"rounds": rounds, "paths": paths});
             if as_json {
                 println!("{j}");
             } else {
                 println!("bench cold: {rounds} cold starts of a hello function");
-                println!(
-                    "init (sandbox + agent + import) ms  p50 {:>7.1}  p99 {:>7.1}",
-                    j["init_ms"]["p50"].as_f64().unwrap_or(0.0),
-                    j["init_ms"]["p99"].as_f64().unwrap_or(0.0)
-                );
-                println!(
-                    "client e2e ms                       p50 {:>7.1}  p99 {:>7.1}",
-                    j["e2e_ms"]["p50"].as_f64().unwrap_or(0.0),
-                    j["e2e_ms"]["p99"].as_f64().unwrap_or(0.0)
-                );
+                for (path, p) in &paths {
+                    let v = |k: &str, q: &str| p[k][q].as_f64().unwrap_or(0.0);
+                    println!(
+                        "{path:<8} ({:>3})  init ms p50 {:>7.1} p99 {:>7.1}   client e2e ms p50 {:>7.1} p99 {:>7.1}",
+                        p["rounds"],
+                        v("init_ms", "p50"),
+                        v("init_ms", "p99"),
+                        v("e2e_ms", "p50"),
+                        v("e2e_ms", "p99"),
+                    );
+                }
             }
             Ok(())
         }

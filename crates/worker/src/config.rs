@@ -442,9 +442,9 @@ impl WorkerConfig {
                 self.max_concurrent_creations
             ));
         }
-        if self.generic_pool > 64 || self.generic_pool_min > self.generic_pool {
+        if self.generic_pool > 64 || self.generic_pool_min > 64 {
             return bad(format!(
-                "generic_pool must be 0–64 and generic_pool_min at most generic_pool, got {} and {}",
+                "generic_pool and generic_pool_min must be between 0 and 64, got {} and {}",
                 self.generic_pool, self.generic_pool_min
             ));
         }
@@ -585,7 +585,8 @@ impl WorkerConfig {
         }
         GenericConfig {
             max: self.generic_pool,
-            min: self.generic_pool_min,
+            // A floor above the cap means "always full".
+            min: self.generic_pool_min.min(self.generic_pool),
             memory_mb: self.generic_memory_mb,
             window_us: self.generic_pool_window_s.saturating_mul(1_000_000),
         }
@@ -676,6 +677,45 @@ mod tests {
                 ..WorkerConfig::default()
             };
             assert!(c.check().unwrap_err().to_string().contains("runc."));
+        }
+    }
+
+    #[test]
+    fn the_generic_pool_is_runc_only_bounded_and_off_at_zero() {
+        let runc = WorkerConfig {
+            backend: BackendKind::Runc,
+            ..WorkerConfig::default()
+        };
+        let g = runc.generic_config();
+        assert_eq!((g.max, g.min, g.memory_mb), (4, 1, 64));
+        assert_eq!(g.window_us, 30_000_000);
+        let sim = WorkerConfig {
+            backend: BackendKind::Sim,
+            ..WorkerConfig::default()
+        };
+        assert!(!sim.generic_config().enabled());
+        // 0 turns it off whatever the floor says (HEARTH_GENERIC_POOL=0 alone must work).
+        let off = WorkerConfig {
+            generic_pool: 0,
+            ..runc.clone()
+        };
+        assert!(off.check().is_ok());
+        assert!(!off.generic_config().enabled());
+        for bad in [
+            WorkerConfig {
+                generic_pool: 65,
+                ..runc.clone()
+            },
+            WorkerConfig {
+                generic_memory_mb: 8,
+                ..runc.clone()
+            },
+            WorkerConfig {
+                generic_pool_window_s: 0,
+                ..runc.clone()
+            },
+        ] {
+            assert!(bad.check().unwrap_err().to_string().contains("generic_"));
         }
     }
 

@@ -585,7 +585,8 @@ import os
 AT_IMPORT = os.environ.get("GREETING")
 
 def main(args):
-    keys = ["GREETING", "EMPTY", "PATH", "HEARTH_SOCKET", "HEARTH_SECRET", "A=B", "NUL", "SURROGATE"]
+    keys = ["GREETING", "EMPTY", "PATH", "HEARTH_SOCKET", "HEARTH_SECRET", "A=B", "NUL", "SURROGATE",
+            "HEARTH_GENERIC", "HEARTH_HANDLER"]
     return {"at_import": AT_IMPORT, "env": {k: os.environ.get(k) for k in keys}}
 
 def read_relative(args):
@@ -712,7 +713,12 @@ def test_malformed_load_is_400_and_the_agent_stays_generic(start_agent, raw):
 
 
 def test_load_sets_env_but_not_reserved_or_malformed_keys(start_agent):
-    agent = start_agent(generic=True, code=ENV_CODE, env={"HEARTH_SECRET": "kept", "PATH": "/usr/bin:/bin"})
+    # Started as the worker starts a generic sandbox: HEARTH_GENERIC=1 in its environment.
+    agent = start_agent(
+        generic=True,
+        code=ENV_CODE,
+        env={"HEARTH_SECRET": "kept", "PATH": "/usr/bin:/bin", "HEARTH_GENERIC": "1"},
+    )
     c = agent.client()
     env = {
         "GREETING": "hello",
@@ -741,6 +747,9 @@ def test_load_sets_env_but_not_reserved_or_malformed_keys(start_agent):
         "A=B": None,
         "NUL": None,
         "SURROGATE": None,
+        # as in a sandbox made for the function: nothing says it was generic
+        "HEARTH_GENERIC": None,
+        "HEARTH_HANDLER": "main.main",
     }
 
 
