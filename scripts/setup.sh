@@ -15,6 +15,7 @@ command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || need_apt+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)  # bench/burst.sh cross-checks with a third-party load tool
 # The font of `hearth report`'s plots.
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -25,7 +25,8 @@ fn inline(src: &str) -> serde_json::Value {
 }
 
 /// Containers runc knows of in this worker's state root.
-fn containers(s: &Server) -> Vec<String> {
+/// Every runc container of the worker, ready generic sandboxes included.
+fn all_containers(s: &Server) -> Vec<String> {
     let out = std::process::Command::new("runc")
         .arg("--root")
         .arg(s.data_dir.join("runc"))
@@ -36,6 +37,20 @@ fn containers(s: &Server) -> Vec<String> {
         .lines()
         .map(str::to_string)
         .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// The containers that are functions' sandboxes: every container but the ready generic ones,
+/// whose bundle's code mount point is still empty (`hearth-<worker>-<id>` has its bundle in
+/// `sandboxes/<id>`).
+fn containers(s: &Server) -> Vec<String> {
+    all_containers(s)
+        .into_iter()
+        .filter(|name| {
+            let id = name.rsplit('-').next().unwrap_or_default();
+            let point = s.data_dir.join("sandboxes").join(id).join("code");
+            std::fs::read_dir(&point).map_or(true, |mut d| d.next().is_some())
+        })
         .collect()
 }
 
@@ -242,11 +257,26 @@ fn a_timeout_is_504_and_the_sandbox_is_killed() {
 }
 
 #[test]
-fn handlers_are_isolated() {
+fn handlers_are_isolated_in_sandboxes_created_for_them() {
+    if !runc_available() {
+        return;
+    }
+    let s = Server::start("runc", &[("HEARTH_GENERIC_POOL", "0")]);
+    handlers_are_isolated(&s, "fresh");
+}
+
+/// A function in a generic sandbox specialized for it is as confined as in one created for it,
+/// and finds nothing of the sandbox's generic life.
+#[test]
+fn handlers_are_isolated_in_specialized_generic_sandboxes() {
     if !runc_available() {
         return;
     }
     let s = Server::start("runc", &[]);
+    handlers_are_isolated(&s, "generic");
+}
+
+fn handlers_are_isolated(s: &Server, path: &str) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     s.put_fn("other", inline("def main(args):\n    return {}\n"));
@@ -276,6 +306,13 @@ def connect(port):
 def main(args):
     pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
     return {
+        "code_files": sorted(os.listdir("/code")),
+        "cwd": os.getcwd(),
+        "cwd_files": sorted(os.listdir(".")),
+        "tmp_files": sorted(os.listdir("/tmp")),
+        "run_files": sorted(os.listdir("/hearth/run")),
+        "generic_env": [k for k in os.environ if k == "HEARTH_GENERIC"],
+        "handler_env": os.environ.get("HEARTH_HANDLER"),
         "usr": attempt(lambda: write("/usr/hearth-probe")),
         "etc": attempt(lambda: write("/etc/hearth-probe")),
         "code": attempt(lambda: write("/code/probe")),
@@ -290,10 +327,24 @@ def main(args):
     }
 "#;
     s.put_fn("probe", inline(probe));
+    if path == "generic" {
+        s.wait_generic_ready();
+    }
     let args = json!({"port": port, "other": other_code, "host_pid": std::process::id()});
     let r = s.invoke("probe", &args.to_string());
     assert_eq!(r.status, 200, "{}", r.text());
-    let v = &r.json()["result"];
+    let answer = r.json();
+    assert_eq!(answer["cold_path"], path, "{answer}");
+    let v = &answer["result"];
+    // Its own code and nothing else, as its working directory; empty scratch space; the agent's
+    // socket alone in the run directory; an environment that says nothing of a generic life.
+    assert_eq!(v["code_files"], json!(["main.py"]), "{v}");
+    assert_eq!(v["cwd"], "/code", "{v}");
+    assert_eq!(v["cwd_files"], json!(["main.py"]), "{v}");
+    assert_eq!(v["tmp_files"], json!([]), "{v}");
+    assert_eq!(v["run_files"], json!(["agent.sock"]), "{v}");
+    assert_eq!(v["generic_env"], json!([]), "{v}");
+    assert_eq!(v["handler_env"], "main.main", "{v}");
     for k in ["usr", "etc", "code"] {
         let msg = v[k].as_str().unwrap();
         assert!(
@@ -450,7 +501,7 @@ fn sigterm_finishes_work_and_leaves_nothing_behind() {
     assert!(status.success(), "{}", s.log_text());
     let r = long.join().unwrap();
     assert_eq!(r.status, 200, "in-flight work finishes: {}", r.text());
-    assert!(containers(&s).is_empty(), "{:?}", containers(&s));
+    assert!(all_containers(&s).is_empty(), "{:?}", all_containers(&s));
     let left = leftovers(&s.data_dir, &worker);
     assert!(left.is_empty(), "left behind: {left:#?}");
 }

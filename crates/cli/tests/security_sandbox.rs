@@ -23,7 +23,8 @@ fn invoke_ok(s: &Server, name: &str, args: &str) -> Value {
     r.json()
 }
 
-/// The cgroup (in hierarchy `controller`) of the worker's only sandbox.
+/// The cgroup (in hierarchy `controller`) of the worker's only function sandbox (ready generic
+/// sandboxes aside).
 fn only_sandbox_cgroup(s: &Server, controller: &str) -> PathBuf {
     let worker: String = s.status()["worker"]
         .as_str()
@@ -40,9 +41,20 @@ fn only_sandbox_cgroup(s: &Server, controller: &str) -> PathBuf {
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.is_dir() && !p.ends_with("frozen-anchor"))
+        .filter(|p| {
+            // `hearth-<worker>-<id>`: its bundle is `sandboxes/<id>`.
+            let name = p.file_name().unwrap().to_string_lossy().to_string();
+            let id = name.rsplit('-').next().unwrap().to_string();
+            !is_ready_generic(&s.data_dir.join("sandboxes").join(id))
+        })
         .collect();
     assert_eq!(dirs.len(), 1, "one sandbox expected: {dirs:?}");
     dirs.into_iter().next().unwrap()
+}
+
+/// A ready generic sandbox (not yet a function's): its bundle's code mount point is empty.
+fn is_ready_generic(bundle: &Path) -> bool {
+    std::fs::read_dir(bundle.join("code")).is_ok_and(|mut d| d.next().is_none())
 }
 
 /// CPU nanoseconds the sandbox's tasks used.
@@ -73,12 +85,13 @@ fn idle_cpu_ms(s: &Server) -> u64 {
     (cpu_ns(&cg) - before) / 1_000_000
 }
 
-/// The bundle directory of the worker's only sandbox.
+/// The bundle directory of the worker's only function sandbox.
 fn only_bundle(s: &Server) -> PathBuf {
     let dirs: Vec<PathBuf> = std::fs::read_dir(s.data_dir.join("sandboxes"))
         .unwrap()
         .flatten()
         .map(|e| e.path())
+        .filter(|p| !is_ready_generic(p))
         .collect();
     assert_eq!(dirs.len(), 1, "one sandbox expected: {dirs:?}");
     dirs.into_iter().next().unwrap()
@@ -373,18 +386,21 @@ fn traces(data_dir: &Path, worker: &str) -> Vec<String> {
 }
 
 /// A runc worker `id` on `data` that ran function `f` once (so a sandbox of it lives, mounted
-/// and in its cgroups), killed with SIGKILL; the name of its cgroups.
+/// and in its cgroups) and has a ready generic sandbox (its code mount point shared), killed
+/// with SIGKILL; the name of its cgroups.
 fn killed_with_a_live_sandbox(data: &Path, id: &str) -> String {
     let mut s = Server::start_in("runc", data, &[("HEARTH_WORKER_ID", id)]);
     let src = "def main(args):\n    return {'ok': True}\n";
     assert_eq!(s.put_fn("f", inline(src, 64)).status, 201);
     invoke_ok(&s, "f", "{}");
+    s.wait_generic_ready();
     let cgroup_name = id.replace('-', "_");
     let before = traces(data, &cgroup_name);
     assert!(
         before.iter().any(|t| t.starts_with("mount:"))
-            && before.iter().any(|t| t.starts_with("container:")),
-        "the check sees the live sandbox: {before:#?}"
+            && before.iter().any(|t| t.starts_with("container:"))
+            && before.iter().any(|t| t.contains("/code ")),
+        "the check sees the live sandboxes: {before:#?}"
     );
     s.kill();
     cgroup_name
@@ -404,7 +420,11 @@ fn a_killed_workers_frozen_sandboxes_and_mounts_are_removed_on_restart() {
     let data = tmp.path().join("data");
     let id = format!("test-crash-{}", std::process::id());
     let cgroup_name = killed_with_a_live_sandbox(&data, &id);
-    let env = [("HEARTH_WORKER_ID", id.as_str())];
+    // No pool on the restarted worker: the check then sees only what the killed one left.
+    let env = [
+        ("HEARTH_WORKER_ID", id.as_str()),
+        ("HEARTH_GENERIC_POOL", "0"),
+    ];
     let s = Server::start_in("runc", &data, &env);
     let left = traces(&data, &cgroup_name);
     assert!(left.is_empty(), "left behind: {left:#?}");
@@ -426,7 +446,11 @@ fn a_worker_restarted_under_a_new_id_removes_the_old_ids_sandboxes() {
     let old_id = format!("test-old-{}", std::process::id());
     let old_cgroups = killed_with_a_live_sandbox(&data, &old_id);
     let new_id = format!("test-new-{}", std::process::id());
-    let s = Server::start_in("runc", &data, &[("HEARTH_WORKER_ID", new_id.as_str())]);
+    let env = [
+        ("HEARTH_WORKER_ID", new_id.as_str()),
+        ("HEARTH_GENERIC_POOL", "0"),
+    ];
+    let s = Server::start_in("runc", &data, &env);
     let left = traces(&data, &old_cgroups);
     assert!(left.is_empty(), "left behind: {left:#?}");
     for ctrl in ["freezer", "memory", "cpu", "pids"] {

@@ -270,6 +270,20 @@ impl Server {
     pub fn status(&self) -> Value {
         self.client().get("/v1/status").unwrap().json()
     }
+
+    /// Waits (up to 10 s) until the worker's generic pool has a ready sandbox, so that the next
+    /// cold start specializes one.
+    pub fn wait_generic_ready(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.status()["generic_pool"]["ready"].as_u64().unwrap_or(0) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no generic sandbox became ready: {}",
+                self.status()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
 }
 
 impl Drop for Server {
