@@ -506,6 +506,55 @@ fn sigterm_finishes_work_and_leaves_nothing_behind() {
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
+/// A worker stopped while it is making generic sandboxes (each cold start refills the pool in
+/// the background) waits for them before it removes its sandboxes: none outlives it.
+#[test]
+fn a_worker_stopped_while_refilling_its_generic_pool_leaves_nothing_behind() {
+    if !runc_available() {
+        return;
+    }
+    // One creation at a time: the pool's refills queue behind each other.
+    let env = [
+        ("HEARTH_GENERIC_POOL", "4"),
+        ("HEARTH_MAX_CONCURRENT_CREATIONS", "1"),
+    ];
+    let mut s = Server::start("runc", &env);
+    let worker = s.status()["worker"].as_str().unwrap().to_string();
+    for f in ["a", "b", "c", "d"] {
+        s.put_fn(f, inline("def main(args):\n    return {}\n"));
+        assert_eq!(s.invoke(f, "{}").status, 200);
+    }
+    // Four cold starts in a row: the pool is making sandboxes right now.
+    let status = s.terminate();
+    assert!(status.success(), "{}", s.log_text());
+    // A runc the worker started and did not wait for would finish its container by now.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(all_containers(&s).is_empty(), "{:?}", all_containers(&s));
+    let cgroup = format!(
+        ":/hearth/{}",
+        worker.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+    );
+    let stray: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|p| {
+            std::fs::read_to_string(p.path().join("cgroup")).is_ok_and(|c| c.contains(&cgroup))
+        })
+        // Killed sandboxes the host's init has not reaped yet are no stray work.
+        .filter(|p| {
+            std::fs::read_to_string(p.path().join("stat")).is_ok_and(|st| {
+                st.rsplit(')')
+                    .next()
+                    .is_some_and(|r| !r.trim_start().starts_with('Z'))
+            })
+        })
+        .map(|p| p.file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(stray.is_empty(), "processes left in {cgroup}: {stray:?}");
+    let left = leftovers(&s.data_dir, &worker);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
 #[test]
 fn deleting_a_function_while_it_runs_removes_its_sandboxes_after() {
     if !runc_available() {

@@ -96,7 +96,59 @@ pub struct Driver {
     code_users: DashMap<PathBuf, usize>,
     /// Turns to create a sandbox (None: no cap).
     creations: Option<tokio::sync::Semaphore>,
+    /// Sandbox creations under way, so that shutdown removes sandboxes only once none is
+    /// still coming into being (runc would finish one after the cleanup, and it would outlive
+    /// the worker).
+    in_creation: Arc<InCreation>,
 }
+
+/// Counts creations under way; wakes a waiter when the last one ends.
+#[derive(Default)]
+struct InCreation {
+    count: std::sync::atomic::AtomicUsize,
+    none: Notify,
+}
+
+/// One creation under way, for as long as it lives.
+struct Creating(Arc<InCreation>);
+
+impl InCreation {
+    fn begin(self: &Arc<Self>) -> Creating {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Creating(Arc::clone(self))
+    }
+
+    /// Waits until no creation is under way, at most `limit`.
+    async fn settle(&self, limit: Duration) {
+        let wait = async {
+            loop {
+                // Registered before the check: a wake-up between the two is not lost.
+                let none = self.none.notified();
+                if self.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                    return;
+                }
+                none.await;
+            }
+        };
+        let _ = tokio::time::timeout(limit, wait).await;
+    }
+}
+
+impl Drop for Creating {
+    fn drop(&mut self) {
+        if self
+            .0
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
+            self.0.none.notify_waiters();
+        }
+    }
+}
+
+/// How long shutdown waits for sandbox creations under way before it removes what exists.
+const CREATIONS_SETTLE: Duration = Duration::from_secs(10);
 
 impl Driver {
     /// Starts the driver and its lifecycle and timer tasks.
@@ -125,6 +177,7 @@ impl Driver {
             load,
             code_users: DashMap::new(),
             creations: creation_cap.map(|n| tokio::sync::Semaphore::new(n.max(1))),
+            in_creation: Arc::default(),
         });
         tokio::spawn(lifecycle(Arc::clone(&driver), rx));
         tokio::spawn(timers(Arc::downgrade(&driver), Arc::clone(&driver.timer)));
@@ -344,6 +397,7 @@ impl Driver {
 
     /// Creates a sandbox when a creation turn is free (the wait counts as start-up time).
     async fn create(&self, id: SandboxId, reg: &Registered) -> Result<Sandbox, SandboxError> {
+        let _creating = self.in_creation.begin();
         let _turn = match &self.creations {
             Some(s) => s.acquire().await.ok(),
             None => None,
@@ -400,6 +454,7 @@ impl Driver {
     async fn create_generic(&self, id: SandboxId) {
         let memory_mb = self.state.lock().engine.config().pool.generic.memory_mb;
         let made = {
+            let _creating = self.in_creation.begin();
             let _turn = match &self.creations {
                 Some(s) => s.acquire().await.ok(),
                 None => None,
@@ -478,6 +533,7 @@ impl Driver {
         if self.lifecycle.send(LifecycleMsg::Flush(tx)).is_ok() {
             let _ = rx.await;
         }
+        self.in_creation.settle(CREATIONS_SETTLE).await;
         self.backend.cleanup_all().await;
     }
 
@@ -680,7 +736,10 @@ async fn lifecycle(driver: Arc<Driver>, mut rx: mpsc::UnboundedReceiver<Lifecycl
             }
             LifecycleMsg::Prewarm { sandbox, function } => {
                 let d = Arc::clone(&driver);
+                // Counted from here: shutdown, flushing this task's messages, then waits for it.
+                let creating = driver.in_creation.begin();
                 tokio::spawn(async move {
+                    let _creating = creating;
                     match d.registry.get(&function) {
                         Some(reg) => {
                             if let Err(e) = d.create_prewarmed(sandbox, &reg).await {
@@ -693,7 +752,11 @@ async fn lifecycle(driver: Arc<Driver>, mut rx: mpsc::UnboundedReceiver<Lifecycl
             }
             LifecycleMsg::CreateGeneric(sandbox) => {
                 let d = Arc::clone(&driver);
-                tokio::spawn(async move { d.create_generic(sandbox).await });
+                let creating = driver.in_creation.begin();
+                tokio::spawn(async move {
+                    let _creating = creating;
+                    d.create_generic(sandbox).await
+                });
             }
             LifecycleMsg::Flush(done) => {
                 let _ = done.send(());
