@@ -4,14 +4,20 @@
 //! As in the thesis's keep-alive simulator, one server whose CPUs never contend (unlimited
 //! concurrency on more CPUs than ever run at once), so only caching decides: running sandboxes
 //! hold memory, idle ones stay or go by the policy. The trace plays at its real speed.
+//!
+//! One more row, `gdsf+generic`: the best caching policy with a pool of generic sandboxes
+//! (issue 13), whose cold starts pay their init minus the sandbox creation time when they find
+//! one ready; it shows what the pool saves in cost, as the policies differ in count.
 
 use super::metrics::RunMetrics;
 use super::plot::{self, Axis, LinePanel, Series};
 use super::runner::{run_all, Job};
 use super::{azure, describe, f, AzureSample, Options, Output, Table, AZURE_1350};
-use crate::config::{Routing, SimConfig};
+use crate::config::{Routing, SimConfig, GENERIC_CREATE_US};
 use crate::error::Result;
 use hearth_core::balance::BalanceKind;
+use hearth_core::pool::GenericConfig;
+use hearth_core::time::secs;
 use hearth_core::{KeepAliveConfig, KeepAliveKind, RegulatorConfig};
 use hearth_loadgen::make::{mapping::Mapping, select::Selection, Scaling};
 use plotters::prelude::SeriesLabelPosition;
@@ -44,7 +50,36 @@ fn memory_gb(quick: bool) -> Vec<u64> {
     }
 }
 
-fn config(kind: KeepAliveKind, memory_gb: u64) -> SimConfig {
+/// The generic pool of the `gdsf+generic` row: the worker's defaults (up to 4 kept, at least
+/// one, 64 MiB each, sized by the cold starts of the last 30 s).
+const GENERIC: GenericConfig = GenericConfig {
+    max: 4,
+    min: 1,
+    memory_mb: 64,
+    window_us: secs(30),
+};
+
+/// The policy the generic pool is shown with: the thesis's best.
+const GENERIC_WITH: KeepAliveKind = KeepAliveKind::Gdsf;
+
+/// The rows: each policy alone, then the best one with generic sandboxes.
+fn rows() -> Vec<(KeepAliveKind, bool)> {
+    KeepAliveKind::ALL
+        .iter()
+        .map(|k| (*k, false))
+        .chain(std::iter::once((GENERIC_WITH, true)))
+        .collect()
+}
+
+fn row_label(kind: KeepAliveKind, generic: bool) -> String {
+    if generic {
+        format!("{kind}+generic")
+    } else {
+        kind.to_string()
+    }
+}
+
+fn config(kind: KeepAliveKind, memory_gb: u64, generic: bool) -> SimConfig {
     SimConfig {
         workers: 1,
         cpus: UNCONTENDED_CPUS,
@@ -53,16 +88,23 @@ fn config(kind: KeepAliveKind, memory_gb: u64) -> SimConfig {
         regulator: RegulatorConfig::Fixed(u32::MAX),
         keepalive: KeepAliveConfig::new(kind),
         routing: Routing::seeded(BalanceKind::RoundRobin, 0),
+        generic: if generic { GENERIC } else { GenericConfig::OFF },
         ..SimConfig::default()
     }
 }
 
 pub(super) fn run(o: &Options) -> Result<Output> {
     let sizes = memory_gb(o.quick);
-    let mut md = String::from(
+    let mut md = format!(
         "# keepalive: cold-start overhead vs memory (thesis Fig. 3.4)\n\n\
          One server, no CPU contention, the trace at its real speed; TTL is OpenWhisk's 10 minutes.\n\
-         Overhead = Σ init time of cold starts ÷ Σ warm time of all completed invocations.\n\n",
+         Overhead = Σ init time of cold starts ÷ Σ warm time of all completed invocations.\n\
+         `gdsf+generic` is GDSF with generic sandboxes (at most {}, at least {}, {} MiB each): a \
+         cold start that finds one ready pays its init minus {} ms (making the sandbox).\n\n",
+        GENERIC.max,
+        GENERIC.min,
+        GENERIC.memory_mb,
+        GENERIC_CREATE_US / 1000,
     );
     let mut panels = Vec::new();
     let mut ratio_panels = Vec::new();
@@ -72,12 +114,13 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         let (workload, made) = azure(o, &sample)?;
         md.push_str(&format!("* {}\n", describe(name, &made, &workload)));
         let mut jobs = Vec::new();
-        for kind in KeepAliveKind::ALL {
+        let rows = rows();
+        for (kind, generic) in &rows {
             for gb in &sizes {
                 jobs.push(Job {
-                    label: format!("{name} {kind} {gb} GiB"),
+                    label: format!("{name} {} {gb} GiB", row_label(*kind, *generic)),
                     workload: &workload,
-                    config: config(kind, *gb),
+                    config: config(*kind, *gb, *generic),
                 });
             }
         }
@@ -91,8 +134,9 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         let mut series = Vec::new();
         let mut ratio_series = Vec::new();
         let mut json_rows = Vec::new();
-        for (k, kind) in KeepAliveKind::ALL.iter().enumerate() {
-            let mut row = vec![kind.to_string()];
+        for (k, (kind, generic)) in rows.iter().enumerate() {
+            let label = row_label(*kind, *generic);
+            let mut row = vec![label.clone()];
             let mut pts = Vec::new();
             let mut ratio_pts = Vec::new();
             for (s, gb) in sizes.iter().enumerate() {
@@ -110,22 +154,46 @@ pub(super) fn run(o: &Options) -> Result<Output> {
                 pts.push((*gb as f64, m.cold_overhead_pct()));
                 ratio_pts.push((*gb as f64, 100.0 * m.cold_ratio()));
                 json_rows.push(json!({
-                    "policy": kind.name(), "memory_gib": gb,
+                    "policy": kind.name(), "generic": generic, "memory_gib": gb,
                     "overhead_pct": m.cold_overhead_pct(), "cold_ratio": m.cold_ratio(),
                     "cold": m.cold(), "completed": m.completed(), "dropped": m.dropped(),
+                    "specialized": m.specialized(), "init_saved_s": m.init_saved_us() as f64 / 1e6,
+                    "init_s": m.init_us() as f64 / 1e6,
                 }));
             }
             table.row(row);
             series.push(Series {
-                label: kind.to_string(),
+                label: label.clone(),
                 points: pts,
             });
             ratio_series.push(Series {
-                label: kind.to_string(),
+                label,
                 points: ratio_pts,
             });
         }
         md.push_str(&format!("\n## {name}\n\n{}\n", table.markdown()));
+        let g = rows.len() - 1;
+        let saved: Vec<String> = sizes
+            .iter()
+            .enumerate()
+            .map(|(s, gb)| {
+                let m = at(g, s);
+                format!(
+                    "{gb} GiB: {} of {} cold starts ({} %) specialized one, saving {} s of init \
+                     ({} s paid)",
+                    m.specialized(),
+                    m.cold(),
+                    f(100.0 * m.specialized() as f64 / m.cold().max(1) as f64, 1),
+                    f(m.init_saved_us() as f64 / 1e6, 1),
+                    f(m.init_us() as f64 / 1e6, 0),
+                )
+            })
+            .collect();
+        md.push_str(&format!(
+            "`{}` — {}.\n",
+            row_label(rows[g].0, rows[g].1),
+            saved.join("; ")
+        ));
         panels.push(LinePanel {
             title: format!("{name} ({} functions)", workload.functions.len()),
             x: Axis::log("memory (GiB)"),

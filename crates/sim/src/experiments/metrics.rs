@@ -29,6 +29,11 @@ pub struct FunctionMetrics {
     pub sum_e2e_us: u64,
     /// Completed after the function's deadline (functions with one).
     pub missed_deadline: u64,
+    /// Cold starts that paid less than the function's init: they specialized a generic
+    /// sandbox (the only way the simulator shortens an init) …
+    pub specialized: u64,
+    /// … and the init time that saved them.
+    pub sum_init_saved_us: u64,
 }
 
 impl FunctionMetrics {
@@ -61,6 +66,9 @@ pub struct RunMetrics {
     warm_us: Vec<Micros>,
     #[serde(skip)]
     deadline_us: Vec<Option<Micros>>,
+    /// Full init time of each function (µs), to tell specialized cold starts apart.
+    #[serde(skip)]
+    init_us: Vec<Micros>,
     pub functions: Vec<FunctionMetrics>,
     /// The latest reported normalized load of each worker.
     #[serde(skip)]
@@ -75,6 +83,7 @@ impl RunMetrics {
         RunMetrics {
             warm_us: w.functions.iter().map(|f| f.warm_us).collect(),
             deadline_us: w.functions.iter().map(|f| f.deadline_us).collect(),
+            init_us: w.functions.iter().map(|f| f.init_us).collect(),
             functions: vec![FunctionMetrics::default(); w.functions.len()],
             latest_load: vec![0.0; workers],
             sum_load_variance: 0.0,
@@ -100,6 +109,21 @@ impl RunMetrics {
 
     pub fn cold(&self) -> u64 {
         self.total(|f| f.cold)
+    }
+
+    /// Cold starts that specialized a generic sandbox.
+    pub fn specialized(&self) -> u64 {
+        self.total(|f| f.specialized)
+    }
+
+    /// Init time generic sandboxes saved (µs).
+    pub fn init_saved_us(&self) -> u64 {
+        self.total(|f| f.sum_init_saved_us)
+    }
+
+    /// Init time cold starts paid (µs).
+    pub fn init_us(&self) -> u64 {
+        self.total(|f| f.sum_init_us)
     }
 
     pub fn cold_ratio(&self) -> f64 {
@@ -191,6 +215,7 @@ impl Sink for RunMetrics {
         let i = r.function as usize;
         let warm = self.warm_us[i];
         let deadline = self.deadline_us[i];
+        let full_init = self.init_us[i];
         let f = &mut self.functions[i];
         f.invocations += 1;
         match r.end {
@@ -204,6 +229,10 @@ impl Sink for RunMetrics {
                 f.cold += u64::from(cold.is_some());
                 f.sum_queue_us += queue_us;
                 f.sum_init_us += init_us;
+                if cold.is_some() && init_us < full_init {
+                    f.specialized += 1;
+                    f.sum_init_saved_us += full_init - init_us;
+                }
                 f.sum_exec_us += exec_us;
                 f.sum_e2e_us += r.e2e_us();
                 f.missed_deadline += u64::from(deadline.is_some_and(|d| r.e2e_us() > d));
@@ -272,6 +301,21 @@ mod tests {
     }
 
     #[test]
+    fn cold_starts_shorter_than_the_init_count_as_specialized() {
+        let mut w = workload();
+        w.functions[0].init_us = 50;
+        let mut m = RunMetrics::new(&w, 1);
+        m.record(&done(0, 150, 50, true)).unwrap();
+        m.record(&done(0, 110, 10, true)).unwrap();
+        m.record(&done(0, 100, 0, true)).unwrap();
+        m.record(&done(0, 100, 0, false)).unwrap();
+        assert_eq!(
+            (m.cold(), m.specialized(), m.init_saved_us()),
+            (3, 2, 40 + 50)
+        );
+    }
+
+    #[test]
     fn slowdowns_and_overheads_by_hand() {
         let mut m = RunMetrics::new(&workload(), 2);
         // a: 100 µs warm; ran 100 (×1) and 300 (×3, 200 of them init). b: 1000 warm, ran 2000.
@@ -293,6 +337,7 @@ mod tests {
         assert_eq!(per, [2.0, 2.0]);
         // 200 µs of init over 100 + 100 + 1000 µs of warm work.
         assert!((m.cold_overhead_pct() - 100.0 * 200.0 / 1200.0).abs() < 1e-9);
+        assert_eq!((m.specialized(), m.init_saved_us()), (0, 0));
         m.status(
             0,
             1,
