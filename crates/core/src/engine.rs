@@ -301,7 +301,7 @@ impl WorkerEngine {
             if let Some(run) = self.try_start(now, id, &function, a.memory_mb, now, false) {
                 return Some(EngineAction::Run(run));
             }
-            if self.pool.running_mb() == 0 {
+            if self.pool.returning_mb() == 0 {
                 return reject(self.no_memory(a.memory_mb));
             }
         }
@@ -456,7 +456,7 @@ impl WorkerEngine {
                     self.actions.push_back(EngineAction::Run(run));
                 }
                 // Running invocations will free memory: wait for them, in order.
-                None if self.pool.running_mb() > 0 => break,
+                None if self.pool.returning_mb() > 0 => break,
                 None => {
                     self.unqueue(seq);
                     let reason = self.no_memory(memory_mb);
@@ -594,10 +594,11 @@ impl WorkerEngine {
         self.dispatch(now);
     }
 
-    /// A generic sandbox is ready to be specialized.
+    /// A generic sandbox is ready to be specialized (an invocation waiting for memory may now
+    /// take it).
     pub fn on_generic_ready(&mut self, now: Micros, sandbox: SandboxId) {
         self.pool.on_generic_ready(now, sandbox);
-        self.absorb_pool_actions();
+        self.dispatch(now);
     }
 
     /// A generic sandbox failed to start (the driver cleaned up what existed of it).

@@ -158,25 +158,39 @@ fn a_tight_budget_drops_nothing_more_with_the_pool() {
 }
 
 #[test]
-fn a_generic_sandbox_being_made_reserves_its_memory_even_from_a_lone_cold_start() {
-    // The edge where the pool does cost an invocation: 192 MiB, one function of 160 MiB, a
-    // generic sandbox of 64 MiB being made (from t = 0 until 40 ms) when the invocation arrives
-    // at 10 ms. Without the pool it runs; with it only 128 MiB are free, nothing is idle to
-    // evict and nothing runs to free memory, so the worker refuses it for memory. The pool's
-    // memory is only ever handed over by specializing a *ready* generic sandbox: neither a
-    // sandbox still being made nor the ready ones beyond the one taken are reclaimed.
+fn a_generic_sandbox_being_made_never_costs_an_invocation_its_memory() {
+    // 192 MiB, one function of 160 MiB, a generic sandbox of 64 MiB being made (from t = 0
+    // until 40 ms) when the invocation arrives at 10 ms: only 128 MiB are free and nothing runs,
+    // but the generic sandbox's memory comes back, so the invocation waits for it (it was
+    // refused for memory before) and then specializes it.
     let w = workload(vec![function("big", 10, 100, 160)], &[(ms(10), 0)]);
     let (off, _) = run(&w, &cluster(192, GenericConfig::OFF));
     assert_eq!((off.completed, off.dropped), (1, 0));
     let (on, on_records) = run(&w, &cluster(192, POOL));
-    assert_eq!((on.completed, on.dropped), (0, 1), "{on_records:?}");
-    assert!(matches!(
-        on_records[0].end,
-        End::Dropped(Refusal::Worker(Reject::NoMemory { .. }))
-    ));
-    // Once the generic sandbox is ready, the same invocation specializes it and fits.
+    assert_eq!((on.completed, on.dropped), (1, 0), "{on_records:?}");
+    assert_eq!(init_of(&on_records[0]), Some(ms(60)));
+    // Once the generic sandbox is ready, the same invocation specializes it at once.
     let w = workload(vec![function("big", 10, 100, 160)], &[(ms(50), 0)]);
     let (on, on_records) = run(&w, &cluster(192, POOL));
     assert_eq!((on.completed, on.dropped), (1, 0));
     assert_eq!(init_of(&on_records[0]), Some(ms(60)));
+}
+
+/// Ready generic sandboxes beyond the one a cold start takes are reclaimed for its memory before
+/// any warm sandbox is evicted: they are remade for the price of a creation.
+#[test]
+fn ready_generic_sandboxes_give_way_to_a_cold_start_that_needs_their_memory() {
+    // 320 MiB; three ready generic sandboxes (three cold starts of small functions raised the
+    // target), then a function of 256 MiB: it takes one and reclaims the others.
+    let w = workload(
+        vec![
+            function("a", 10, 100, 16),
+            function("b", 10, 100, 16),
+            function("c", 10, 100, 16),
+            function("big", 10, 100, 256),
+        ],
+        &[(ms(0), 0), (ms(1), 1), (ms(2), 2), (ms(2_000), 3)],
+    );
+    let (on, records) = run(&w, &cluster(320, POOL));
+    assert_eq!((on.completed, on.dropped), (4, 0), "{records:?}");
 }

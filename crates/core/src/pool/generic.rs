@@ -226,6 +226,19 @@ impl GenericPool {
         }
     }
 
+    pub fn ready_count(&self) -> u64 {
+        self.ready.len() as u64
+    }
+
+    pub fn creating_count(&self) -> u64 {
+        self.creating.len() as u64
+    }
+
+    /// A ready sandbox to destroy for memory (the oldest), not counted as taken.
+    pub fn pop_ready(&mut self) -> Option<SandboxId> {
+        self.ready.pop_front()
+    }
+
     /// Whether `id` is a generic sandbox ready or being made.
     pub fn holds(&self, id: SandboxId) -> bool {
         self.creating.contains(&id) || self.ready.contains(&id)

@@ -97,6 +97,13 @@ impl SandboxPool {
         self.used_running_mb
     }
 
+    /// Memory that comes back without anyone giving it up: starting and busy sandboxes, and
+    /// generic sandboxes being made (a ready one can be reclaimed). An invocation short of
+    /// memory waits for it rather than being refused.
+    pub fn returning_mb(&self) -> u64 {
+        self.used_running_mb + self.generic.creating_count() * self.generic.config.memory_mb
+    }
+
     fn intern(&mut self, name: &str) -> FnId {
         if let Some(id) = self.ids.get(name) {
             return *id;
@@ -291,8 +298,21 @@ impl SandboxPool {
     ) -> Result<SandboxId, u64> {
         let free = self.free_mb();
         if free < memory_mb {
-            if prewarm || free + self.used_warm_mb < memory_mb {
+            let ready_generic = self.generic.ready_count() * self.generic.config.memory_mb;
+            if prewarm || free + self.used_warm_mb + ready_generic < memory_mb {
                 return Err(free);
+            }
+            // Ready generic sandboxes first: remade in the background for the price of a
+            // creation, where an evicted warm sandbox costs its function a cold start.
+            while self.free_mb() < memory_mb {
+                let Some(g) = self.generic.pop_ready() else {
+                    break;
+                };
+                self.used_generic_mb -= self.generic.config.memory_mb;
+                self.actions.push_back(PoolAction::Destroy {
+                    sandbox: g,
+                    reason: DestroyReason::Evicted,
+                });
             }
             while self.free_mb() < memory_mb && self.evict_one(now) {}
         }
