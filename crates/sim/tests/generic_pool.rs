@@ -8,9 +8,9 @@ use common::{function, workload};
 use hearth_core::balance::BalanceKind;
 use hearth_core::pool::GenericConfig;
 use hearth_core::time::{ms, secs};
-use hearth_core::{Micros, Reject};
+use hearth_core::Micros;
 use hearth_sim::config::GENERIC_CREATE_US as GENERIC_CREATE;
-use hearth_sim::{simulate, Collect, End, Record, Refusal, SimConfig, SimStats};
+use hearth_sim::{simulate, Collect, End, Record, SimConfig, SimStats};
 
 /// The pool the keep-alive experiment and the worker's defaults use.
 const POOL: GenericConfig = GenericConfig {
