@@ -3,16 +3,16 @@
 //! An invocation that finds no idle sandbox of its function normally starts a new one. When
 //! the function's busy sandboxes are expected to free sooner than a cold start would take
 //! under the current load, waiting wins: the invocation is parked for the function, takes the
-//! first sandbox of it that frees, and starts a cold one only if none freed by its deadline
-//! (the expected wait plus one warm execution of slack). The busy sandboxes serve the waiters in
+//! first sandbox of it that frees, and starts a cold one only if none freed within the expected
+//! cold-start time (ski rental: waiting never costs more than twice the start). The busy sandboxes serve the waiters in
 //! turn: with n of them, the k-th waiter's expected wait is the (k mod n)-th earliest expected
 //! end among the function's running invocations (started at `s`, expected to run its warm time,
 //! or its cold time if it started cold) plus k div n warm runs; the cold start's cost is
 //! the function's measured cold time stretched by the creations already in progress per CPU.
 //! A function with no known cold-start cost is started, as before: there is nothing to weigh
-//! (a prewarm's start time counts as one). One never seen warm is expected to free at once,
-//! so its waiters give up after a millisecond: at worst a burst of a long function pays 1 ms
-//! per waiter, at best a burst of a short one starts no sandbox at all.
+//! (a prewarm's start time counts as one). One never seen warm is expected to free at once:
+//! at worst a burst of a long function pays one cold start's time per waiter before starting
+//! one, at best a burst of a short one starts no sandbox at all.
 
 use super::InvocationId;
 use crate::characteristics::Characteristics;
@@ -117,7 +117,11 @@ impl WarmWait {
             .saturating_add(rounds.saturating_mul(warm));
         let stretch = 1.0 + starting as f64 / f64::from(cpus.max(1));
         let cold = (chars.cold_us() as f64 * stretch) as Micros;
-        (wait.saturating_add(warm) < cold).then(|| now + wait + warm.max(1_000))
+        // Ski rental: a waiter gives up only once it has waited as long as a cold start would
+        // take, so waiting never costs more than twice the start it hoped to avoid, however
+        // wrong the estimate of when a sandbox frees (a function's exec time leaves out the
+        // platform's turnaround, which a loaded worker stretches).
+        (wait.saturating_add(warm) < cold).then(|| now + cold.max(wait + warm).max(1_000))
     }
 
     pub fn park(&mut self, function: &Arc<str>, w: Waiter) {
