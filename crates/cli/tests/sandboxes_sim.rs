@@ -84,3 +84,26 @@ fn with_warm_wait_a_call_waits_for_the_busy_sandbox_instead_of_starting_one() {
     assert_eq!(q["warm_waits_avoided"], 1, "{q}");
     assert_eq!(w.status()["functions"]["f"]["warm"], 1, "one sandbox only");
 }
+
+/// `warm_wait` is on by default; `false` brings back a start for every call that finds the
+/// function's sandboxes busy.
+#[test]
+fn warm_wait_is_on_by_default_and_can_be_switched_off() {
+    for (env, waits) in [(None, true), (Some("false"), false)] {
+        let mut settings = vec![("HEARTH_CONCURRENCY", "8")];
+        if let Some(v) = env {
+            settings.push(("HEARTH_WARM_WAIT", v));
+        }
+        let w = Server::start("sim", &settings);
+        let spec = json!({"sim_warm_ms": 300, "sim_cold_ms": 1000, "memory_mb": 64});
+        assert_eq!(w.put_fn("f", spec).status, 201);
+        assert_eq!(w.invoke("f", "{}").json()["cold"], true);
+        assert_eq!(w.invoke("f", "{}").json()["cold"], false);
+        let mut c = w.client();
+        let first = std::thread::spawn(move || c.post("/v1/functions/f/invoke", b"{}").unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let second = w.invoke("f", "{}").json();
+        assert_eq!(second["cold"], !waits, "warm_wait {env:?}: {second}");
+        assert_eq!(first.join().unwrap().status, 200);
+    }
+}

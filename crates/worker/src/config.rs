@@ -314,7 +314,7 @@ impl Default for WorkerConfig {
             generic_pool_min: 1,
             generic_memory_mb: 64,
             generic_pool_window_s: 30,
-            warm_wait: false,
+            warm_wait: true,
             async_retention_s: 600,
             async_retry_backoff_ms: 1000,
             async_max_records: 100_000,
