@@ -104,7 +104,7 @@ fn cold_then_warm_with_a_consistent_timing_breakdown() {
         "{m}"
     );
     assert!(
-        m.contains(r#"hearth_cold_starts_total{function="f",reason="new"} 1"#),
+        m.contains(r#"hearth_cold_starts_total{function="f",reason="new",path="fresh"} 1"#),
         "{m}"
     );
     assert!(

@@ -4,7 +4,7 @@
 mod common;
 
 use common::Server;
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[test]
 fn a_burst_of_cold_starts_takes_turns_at_the_creation_cap() {
@@ -59,27 +59,33 @@ fn the_creation_cap_is_range_checked() {
     assert!(err.contains("max_concurrent_creations"), "{err}");
 }
 
+/// Registers `f` (300 ms warm, 1 s more to start a sandbox), teaches the worker both times (a
+/// cold call, then a warm one), then makes one call busy on the only sandbox and sends a second
+/// 100 ms later; returns the second's answer.
+fn a_second_call_while_the_sandbox_is_busy(w: &Server) -> Value {
+    let spec = json!({"sim_warm_ms": 300, "sim_cold_ms": 1000, "memory_mb": 64});
+    assert_eq!(w.put_fn("f", spec).status, 201);
+    assert_eq!(w.invoke("f", "{}").json()["cold"], true);
+    assert_eq!(w.invoke("f", "{}").json()["cold"], false);
+    let mut c = w.client();
+    let first = std::thread::spawn(move || c.post("/v1/functions/f/invoke", b"{}").unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let second = w.invoke("f", "{}");
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(first.join().unwrap().status, 200);
+    second.json()
+}
+
 #[test]
 fn with_warm_wait_a_call_waits_for_the_busy_sandbox_instead_of_starting_one() {
     let w = Server::start(
         "sim",
         &[("HEARTH_WARM_WAIT", "true"), ("HEARTH_CONCURRENCY", "8")],
     );
-    // 300 ms warm, 1 s more to start a sandbox.
-    let spec = json!({"sim_warm_ms": 300, "sim_cold_ms": 1000, "memory_mb": 64});
-    assert_eq!(w.put_fn("f", spec).status, 201);
-    // Learn both times: a cold call, then a warm one.
-    assert_eq!(w.invoke("f", "{}").json()["cold"], true);
-    assert_eq!(w.invoke("f", "{}").json()["cold"], false);
-    // One call busy on the only sandbox; a second arrives: waiting (≤ 300 ms) beats a start.
-    let mut c = w.client();
-    let first = std::thread::spawn(move || c.post("/v1/functions/f/invoke", b"{}").unwrap());
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    let second = w.invoke("f", "{}");
-    assert_eq!(second.status, 200, "{}", second.text());
-    assert_eq!(second.json()["cold"], false, "{}", second.text());
-    assert!(second.json()["timing"]["queue"].as_u64().unwrap() > 0);
-    assert_eq!(first.join().unwrap().status, 200);
+    // Waiting (≤ 300 ms) beats a start (1 s).
+    let second = a_second_call_while_the_sandbox_is_busy(&w);
+    assert_eq!(second["cold"], false, "{second}");
+    assert!(second["timing"]["queue"].as_u64().unwrap() > 0);
     let q = &w.status()["queue"];
     assert_eq!(q["warm_waits_avoided"], 1, "{q}");
     assert_eq!(w.status()["functions"]["f"]["warm"], 1, "one sandbox only");
@@ -95,15 +101,7 @@ fn warm_wait_is_on_by_default_and_can_be_switched_off() {
             settings.push(("HEARTH_WARM_WAIT", v));
         }
         let w = Server::start("sim", &settings);
-        let spec = json!({"sim_warm_ms": 300, "sim_cold_ms": 1000, "memory_mb": 64});
-        assert_eq!(w.put_fn("f", spec).status, 201);
-        assert_eq!(w.invoke("f", "{}").json()["cold"], true);
-        assert_eq!(w.invoke("f", "{}").json()["cold"], false);
-        let mut c = w.client();
-        let first = std::thread::spawn(move || c.post("/v1/functions/f/invoke", b"{}").unwrap());
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        let second = w.invoke("f", "{}").json();
+        let second = a_second_call_while_the_sandbox_is_busy(&w);
         assert_eq!(second["cold"], !waits, "warm_wait {env:?}: {second}");
-        assert_eq!(first.join().unwrap().status, 200);
     }
 }

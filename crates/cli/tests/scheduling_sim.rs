@@ -194,7 +194,7 @@ fn gdsf_keeps_the_costly_small_function_and_says_why_the_other_was_cold() {
     assert_eq!(st["policies"]["keepalive"], "gdsf");
     let m = s.client().get("/metrics").unwrap().text();
     assert!(
-        m.contains(r#"hearth_cold_starts_total{function="cheap",reason="evicted"} 1"#),
+        m.contains(r#"hearth_cold_starts_total{function="cheap",reason="evicted",path="fresh"} 1"#),
         "{m}"
     );
     assert!(

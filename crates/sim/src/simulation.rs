@@ -291,28 +291,11 @@ impl<'a> Simulation<'a> {
                     let f = self.by_name.get(&function).copied().ok_or_else(|| {
                         SimError::Internal(format!("pre-warm of unknown function {function}"))
                     })?;
-                    self.starting += 1;
-                    let at = self.now + self.workload.function(f).init_us;
-                    let worker = w as u32;
-                    let generic = false;
-                    let ready = Kind::SandboxReady {
-                        worker,
-                        sandbox,
-                        generic,
-                    };
-                    self.events.push(at, ready);
+                    let took = self.workload.function(f).init_us;
+                    self.start_sandbox(w, sandbox, took, false);
                 }
                 EngineAction::CreateGeneric { sandbox } => {
-                    self.starting += 1;
-                    let at = self.now + self.config.generic_create_us;
-                    let worker = w as u32;
-                    let generic = true;
-                    let ready = Kind::SandboxReady {
-                        worker,
-                        sandbox,
-                        generic,
-                    };
-                    self.events.push(at, ready);
+                    self.start_sandbox(w, sandbox, self.config.generic_create_us, true);
                 }
             }
         }
@@ -551,6 +534,17 @@ impl<'a> Simulation<'a> {
         self.outstanding -= 1;
         self.stats.end_us = self.stats.end_us.max(r.end_us);
         self.sink.record(&r)
+    }
+
+    /// A sandbox (a pre-warm, or a generic one) starts now and is ready after `took`.
+    fn start_sandbox(&mut self, w: usize, sandbox: SandboxId, took: Micros, generic: bool) {
+        self.starting += 1;
+        let ready = Kind::SandboxReady {
+            worker: w as u32,
+            sandbox,
+            generic,
+        };
+        self.events.push(self.now + took, ready);
     }
 
     fn on_ready(&mut self, w: usize, sandbox: SandboxId, generic: bool) -> Result<()> {

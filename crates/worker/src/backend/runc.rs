@@ -362,15 +362,7 @@ impl RuncBackend {
                 .invocation_ended(&sb.freezer)
                 .map_err(|e| SandboxError::StartFailed(format!("freezing the sandbox: {e}"))),
             Ok(r) => Err(init_error(&r.body)),
-            Err(e) => Err(self
-                .diagnose(
-                    &sb.cgroups_path,
-                    sb.memory_mb,
-                    &sb.dir,
-                    &mut sb.log,
-                    &e.to_string(),
-                )
-                .await),
+            Err(e) => Err(self.diagnose_sandbox(sb, &e).await),
         }
     }
 
@@ -543,16 +535,15 @@ impl RuncBackend {
             }
             // The worker cut the read: the connection is unusable and the sandbox goes.
             Err(AgentError::TooLarge { limit, .. }) => Err(SandboxError::ResultTooLarge { limit }),
-            Err(e) => Err(self
-                .diagnose(
-                    &sb.cgroups_path,
-                    sb.memory_mb,
-                    &sb.dir,
-                    &mut sb.log,
-                    &e.to_string(),
-                )
-                .await),
+            Err(e) => Err(self.diagnose_sandbox(sb, &e).await),
         }
+    }
+
+    /// [`Self::diagnose`] for a sandbox whose agent connection failed with `err`.
+    async fn diagnose_sandbox(&self, sb: &mut RuncSandbox, err: &AgentError) -> SandboxError {
+        let (cgroups_path, memory_mb, dir) = (&sb.cgroups_path, sb.memory_mb, &sb.dir);
+        self.diagnose(cgroups_path, memory_mb, dir, &mut sb.log, &err.to_string())
+            .await
     }
 
     /// Tells an OOM kill from any other death of the agent.
