@@ -191,8 +191,11 @@ class Agent:
         environ = os.environ
         # The handler sees the environment of a sandbox made for it: nothing says it was generic.
         environ.pop("HEARTH_GENERIC", None)
-        environ["HEARTH_HANDLER"] = handler_spec
-        environ["HEARTH_CODE_DIR"] = code_dir
+        for key, value in (("HEARTH_HANDLER", handler_spec), ("HEARTH_CODE_DIR", code_dir)):
+            try:
+                environ[key] = value
+            except (ValueError, OSError):  # not encodable: chdir or the import reports it
+                pass
         for key, value in env.items():
             if _env_key_allowed(key) and "\0" not in value:
                 try:
