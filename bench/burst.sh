@@ -24,13 +24,7 @@ ROUNDS=${1:-3}
 [ -x "$H" ] || { echo "build first: cargo build --release -p hearth-cli" >&2; exit 1; }
 command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk" >&2; exit 1; }
 
-tmp=$(mktemp -d /tmp/hearth-bench-XXXXXX)
-pid=
-cleanup() {
-    [ -n "$pid" ] && { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+bench_scratch
 cat >"$tmp/post.lua" <<'LUA'
 wrk.method = "POST"
 wrk.body = "{}"

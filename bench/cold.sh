@@ -14,13 +14,7 @@ ROUNDS=${1:-3}
 N=${2:-20}
 [ -x "$H" ] || { echo "build first: cargo build --release -p hearth-cli" >&2; exit 1; }
 
-tmp=$(mktemp -d /tmp/hearth-bench-XXXXXX)
-pid=
-cleanup() {
-    [ -n "$pid" ] && { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+bench_scratch
 
 run() {
     local pool=$1 r=$2 port dir url

@@ -28,3 +28,11 @@ wait_file() {
     for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done
     return 1
 }
+
+# A throw-away directory in $tmp, removed on exit together with the worker whose PID the caller
+# keeps in $pid (empty when none runs).
+bench_scratch() {
+    tmp=$(mktemp -d /tmp/hearth-bench-XXXXXX)
+    pid=
+    trap 'if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi; rm -rf "$tmp"' EXIT
+}

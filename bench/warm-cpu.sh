@@ -11,13 +11,7 @@ source bench/lib.sh
 ROUNDS=${1:-3}; shift || true
 BINS=("$@"); [ ${#BINS[@]} -gt 0 ] || BINS=(target/release/hearth)
 hz=$(getconf CLK_TCK)
-tmp=$(mktemp -d /tmp/hearth-bench-XXXXXX)
-pid=
-cleanup() {
-    [ -n "$pid" ] && { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+bench_scratch
 # The sandboxes' CPU, in ns, summed over this worker's cgroups.
 sandbox_ns() { cat /sys/fs/cgroup/cpuacct/hearth/"$1"/hearth-*/cpuacct.usage | awk '{s+=$1} END {printf "%d", s}'; }
 

@@ -31,18 +31,10 @@ pub struct MemoryStatus {
     pub generic_mb: u64,
 }
 
-/// The pool of generic sandboxes that cold starts specialize (docs/sandboxes.md).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GenericPoolStatus {
-    pub ready: u32,
-    pub creating: u32,
-    /// How many the pool aims to hold now (the cold starts of its recent window).
-    pub target: u32,
-    /// Cold starts that specialized a generic sandbox, and those that found none ready.
-    pub taken: u64,
-    pub missed: u64,
-    pub failed: u64,
-}
+/// The pool of generic sandboxes that cold starts specialize (docs/sandboxes.md): the ready
+/// and starting ones, the pool's target, and the cold starts that specialized one (`taken`) or
+/// found none ready (`missed`).
+pub type GenericPoolStatus = hearth_core::GenericStats;
 
 /// The machine's load as the worker sees it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

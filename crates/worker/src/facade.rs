@@ -9,8 +9,8 @@ use crate::errors::{HandlerFailure, InvokeError, PrewarmError, RegisterError, Un
 use crate::metrics::{ColdLabel, FnLabel, Metrics, Outcome, QueueLabel};
 use bytes::Bytes;
 use hearth_api::{
-    raw_json, ColdPath, FunctionSpec, GenericPoolStatus, InvokeAnswer, LoadStatus,
-    LowLatencyStatus, MemoryStatus, PolicyStatus, PrewarmAnswer, QueueStatus, Timing, WorkerStatus,
+    raw_json, ColdPath, FunctionSpec, InvokeAnswer, LoadStatus, LowLatencyStatus, MemoryStatus,
+    PolicyStatus, PrewarmAnswer, QueueStatus, Timing, WorkerStatus,
 };
 use hearth_core::characteristics::CharacteristicsReport;
 use hearth_core::{EngineConfig, EngineStats, LoadSource, Micros, PoolConfig, Reject};
@@ -633,17 +633,11 @@ impl Worker {
                 enabled: self.config.low_latency,
                 held: self.latency.is_held(),
             }),
-            generic_pool: self.config.generic_config().enabled().then(|| {
-                let g = &pool.generic;
-                GenericPoolStatus {
-                    ready: g.ready,
-                    creating: g.creating,
-                    target: g.target,
-                    taken: g.taken,
-                    missed: g.missed,
-                    failed: g.failed,
-                }
-            }),
+            generic_pool: self
+                .config
+                .generic_config()
+                .enabled()
+                .then_some(pool.generic),
         }
     }
 

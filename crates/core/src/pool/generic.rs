@@ -9,7 +9,7 @@
 
 use super::types::SandboxId;
 use crate::time::Micros;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{HashSet, VecDeque};
 
 /// How the generic pool is sized.
@@ -46,8 +46,8 @@ impl Default for GenericConfig {
     }
 }
 
-/// Counts for status pages and metrics.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+/// Counts for status pages and metrics (also `GET /v1/status`'s `generic_pool`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GenericStats {
     pub ready: u32,
     pub creating: u32,
