@@ -371,6 +371,17 @@ impl WorkerEngine {
         self.enqueue(w.id, function, w.memory_mb, w.arrival, &keys);
     }
 
+    /// Waiters of `function` that nothing running will serve (its last busy sandbox failed, or
+    /// its run was given up) start now instead of at their give-up time.
+    fn restart_stranded(&mut self, now: Micros, function: &Arc<str>) {
+        while self.warm_wait.stranded(function) {
+            let Some(w) = self.warm_wait.take(function) else {
+                break;
+            };
+            self.start_waiter(now, function.clone(), w);
+        }
+    }
+
     /// Hands sandboxes of `function` that are idle now to its waiters.
     fn serve_waiters(&mut self, now: Micros, function: &Arc<str>) {
         while self.pool.idle_count(function) > 0 && self.running < self.regulator.limit() {
@@ -523,6 +534,7 @@ impl WorkerEngine {
         self.pool.release(now, run.sandbox, c.reusable);
         if self.config.warm_wait {
             self.serve_waiters(now, &run.function);
+            self.restart_stranded(now, &run.function);
         }
         self.dispatch(now);
     }
@@ -531,6 +543,7 @@ impl WorkerEngine {
     pub fn on_start_failed(&mut self, now: Micros, run: &Run) {
         self.finish(run);
         self.pool.on_start_failed(run.sandbox);
+        self.restart_stranded(now, &run.function);
         self.dispatch(now);
     }
 
@@ -542,7 +555,9 @@ impl WorkerEngine {
             self.pool.on_start_failed(run.sandbox);
         } else {
             self.pool.release(now, run.sandbox, true);
+            self.serve_waiters(now, &run.function);
         }
+        self.restart_stranded(now, &run.function);
         self.dispatch(now);
     }
 

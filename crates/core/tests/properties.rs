@@ -422,27 +422,42 @@ impl Driver {
             prop_assert!(self.waiting.is_empty(), "shutdown left {:?}", self.waiting);
         }
         let mut steps = 0;
-        while !self.in_flight.is_empty()
-            || !self.prewarming.is_empty()
-            || !self.generic_creating.is_empty()
-        {
-            steps += 1;
-            prop_assert!(steps < 10_000, "the queue does not drain");
-            self.now += MS;
-            if let Some(g) = self.generic_creating.pop() {
-                self.generic_ready.insert(g);
-                self.engine.on_generic_ready(self.now, g);
-            } else if let Some(sb) = self.prewarming.pop() {
-                self.engine.on_sandbox_ready(self.now, sb, None);
-            } else if let Some(run) = self.in_flight.pop() {
-                self.busy.remove(&run.sandbox);
-                let c = Completion {
-                    exec_us: Some(MS),
-                    init_us: run.cold.map(|_| MS),
-                    reusable: true,
-                };
-                self.engine.on_completed(self.now, &run, c);
+        loop {
+            while !self.in_flight.is_empty()
+                || !self.prewarming.is_empty()
+                || !self.generic_creating.is_empty()
+            {
+                steps += 1;
+                prop_assert!(steps < 10_000, "the queue does not drain");
+                self.now += MS;
+                if let Some(g) = self.generic_creating.pop() {
+                    self.generic_ready.insert(g);
+                    self.engine.on_generic_ready(self.now, g);
+                } else if let Some(sb) = self.prewarming.pop() {
+                    self.engine.on_sandbox_ready(self.now, sb, None);
+                } else if let Some(run) = self.in_flight.pop() {
+                    self.busy.remove(&run.sandbox);
+                    let c = Completion {
+                        exec_us: Some(MS),
+                        init_us: run.cold.map(|_| MS),
+                        reusable: true,
+                    };
+                    self.engine.on_completed(self.now, &run, c);
+                }
+                self.drain()?;
             }
+            // Whatever still waits (for a warm sandbox) ends by a timer, as a driver fires
+            // them: at its give-up time at the latest.
+            if self.waiting.is_empty() {
+                break;
+            }
+            let Some(t) = self.engine.next_timeout() else {
+                break;
+            };
+            steps += 1;
+            prop_assert!(steps < 10_000, "the waiters never end");
+            self.now = self.now.max(t);
+            self.engine.on_timeout(self.now);
             self.drain()?;
         }
         prop_assert!(self.waiting.is_empty(), "never ended: {:?}", self.waiting);

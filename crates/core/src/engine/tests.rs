@@ -503,6 +503,28 @@ mod warm_waits {
     }
 
     #[test]
+    fn a_waiter_whose_busy_sandbox_fails_starts_one_at_once() {
+        let (mut e, busy) = busy_function(ms(300));
+        assert!(matches!(arrive(&mut e, ms(300), "f"), Admission::Queued(_)));
+        // The busy sandbox crashes: nothing will free for the waiter, so it starts now rather
+        // than at its give-up time (100 ms later).
+        e.on_completed(
+            ms(301),
+            &busy,
+            Completion {
+                exec_us: None,
+                init_us: None,
+                reusable: false,
+            },
+        );
+        let actions = drain(&mut e);
+        let started = runs(&actions);
+        assert_eq!(started.len(), 1, "{actions:?}");
+        assert!(started[0].cold.is_some());
+        assert_eq!(e.stats().warm_waiting, 0);
+    }
+
+    #[test]
     fn a_wait_that_runs_out_starts_a_sandbox_after_all() {
         let (mut e, _busy) = busy_function(ms(300));
         assert!(matches!(arrive(&mut e, ms(300), "f"), Admission::Queued(_)));

@@ -133,6 +133,14 @@ impl WarmWait {
             .push_back(w);
     }
 
+    /// Whether `function` has waiters and no running invocation left to free a sandbox for
+    /// them (its busy sandboxes failed or were given up).
+    pub fn stranded(&self, function: &str) -> bool {
+        self.functions
+            .get(function)
+            .is_some_and(|p| p.ends.is_empty() && !p.waiters.is_empty())
+    }
+
     /// The first waiter of `function`, if any.
     pub fn take(&mut self, function: &str) -> Option<Waiter> {
         let w = self.functions.get_mut(function)?.waiters.pop_front()?;
