@@ -33,9 +33,11 @@ fn a_burst_of_cold_starts_takes_turns_at_the_creation_cap() {
         })
         .collect();
     inits.sort_unstable();
-    // One creation at a time: the third waited for two others (200 ms each) before its own.
-    assert!(inits[2] >= 3 * 200_000, "{inits:?}");
-    assert!(inits[1] >= 2 * 200_000, "{inits:?}");
+    // One creation at a time: the third waited for two others (200 ms each) before its own
+    // (less a few ms: the first creation may start before the third call's clock does; without
+    // the cap all three take 200 ms).
+    assert!(inits[2] >= 3 * 200_000 - 10_000, "{inits:?}");
+    assert!(inits[1] >= 2 * 200_000 - 10_000, "{inits:?}");
 }
 
 #[test]
