@@ -46,11 +46,7 @@ fn all_containers(s: &Server) -> Vec<String> {
 fn containers(s: &Server) -> Vec<String> {
     all_containers(s)
         .into_iter()
-        .filter(|name| {
-            let id = name.rsplit('-').next().unwrap_or_default();
-            let point = s.data_dir.join("sandboxes").join(id).join("code");
-            std::fs::read_dir(&point).map_or(true, |mut d| d.next().is_some())
-        })
+        .filter(|name| !s.is_ready_generic(name.rsplit('-').next().unwrap_or_default()))
         .collect()
 }
 

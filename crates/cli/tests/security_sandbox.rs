@@ -44,17 +44,11 @@ fn only_sandbox_cgroup(s: &Server, controller: &str) -> PathBuf {
         .filter(|p| {
             // `hearth-<worker>-<id>`: its bundle is `sandboxes/<id>`.
             let name = p.file_name().unwrap().to_string_lossy().to_string();
-            let id = name.rsplit('-').next().unwrap().to_string();
-            !is_ready_generic(&s.data_dir.join("sandboxes").join(id))
+            !s.is_ready_generic(name.rsplit('-').next().unwrap())
         })
         .collect();
     assert_eq!(dirs.len(), 1, "one sandbox expected: {dirs:?}");
     dirs.into_iter().next().unwrap()
-}
-
-/// A ready generic sandbox (not yet a function's): its bundle's code mount point is empty.
-fn is_ready_generic(bundle: &Path) -> bool {
-    std::fs::read_dir(bundle.join("code")).is_ok_and(|mut d| d.next().is_none())
 }
 
 /// CPU nanoseconds the sandbox's tasks used.
@@ -91,7 +85,7 @@ fn only_bundle(s: &Server) -> PathBuf {
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| !is_ready_generic(p))
+        .filter(|p| !s.is_ready_generic(&p.file_name().unwrap().to_string_lossy()))
         .collect();
     assert_eq!(dirs.len(), 1, "one sandbox expected: {dirs:?}");
     dirs.into_iter().next().unwrap()

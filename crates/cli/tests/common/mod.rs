@@ -271,6 +271,13 @@ impl Server {
         self.client().get("/v1/status").unwrap().json()
     }
 
+    /// Whether the sandbox whose bundle is `sandboxes/<id>` is a ready generic one (not yet a
+    /// function's): its bundle's code mount point is still empty.
+    pub fn is_ready_generic(&self, id: &str) -> bool {
+        let point = self.data_dir.join("sandboxes").join(id).join("code");
+        std::fs::read_dir(point).is_ok_and(|mut d| d.next().is_none())
+    }
+
     /// Waits (up to 10 s) until the worker's generic pool has a ready sandbox, so that the next
     /// cold start specializes one.
     pub fn wait_generic_ready(&self) {

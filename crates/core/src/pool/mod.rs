@@ -260,7 +260,8 @@ impl SandboxPool {
         self.names.get(slot.function.0 as usize).cloned()
     }
 
-    /// Whether `id` is a generic sandbox (ready or being made).
+    /// Whether `id` is a generic sandbox (ready or being made). For tests.
+    #[doc(hidden)]
     pub fn is_generic(&self, id: SandboxId) -> bool {
         self.generic.holds(id)
     }

@@ -238,20 +238,23 @@ fn env_list(p: &OciParams) -> Vec<String> {
         },
         format!("HEARTH_MAX_RESULT_BYTES={}", p.max_result_bytes),
     ];
-    env.extend(user_env(p.env).map(|(k, v)| format!("{k}={v}")));
+    env.extend(
+        p.env
+            .iter()
+            .filter(|(k, v)| user_env_allowed(k, v))
+            .map(|(k, v)| format!("{k}={v}")),
+    );
     env
 }
 
-/// The user's env pairs a sandbox gets: reserved keys (`PATH`, `HEARTH_*`) and malformed pairs
-/// are dropped. A generic sandbox gets them when it is specialized.
-pub fn user_env(env: &[(String, String)]) -> impl Iterator<Item = &(String, String)> {
-    env.iter().filter(|(k, v)| {
-        !k.is_empty()
-            && !k.contains('=')
-            && !k.contains('\0')
-            && !v.contains('\0')
-            && !reserved_env_key(k)
-    })
+/// Whether a user's env pair reaches the sandbox: reserved keys (`PATH`, `HEARTH_*`) and
+/// malformed pairs are dropped. A generic sandbox gets the pairs when it is specialized.
+pub fn user_env_allowed(key: &str, value: &str) -> bool {
+    !key.is_empty()
+        && !key.contains('=')
+        && !key.contains('\0')
+        && !value.contains('\0')
+        && !reserved_env_key(key)
 }
 
 fn bind(dest: &str, src: &Path, writable: bool) -> Value {
@@ -489,6 +492,15 @@ mod tests {
             .unwrap_or_else(|| panic!("no mount at {dest}"))
     }
 
+    fn env_of(spec: &Value) -> Vec<&str> {
+        spec["process"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect()
+    }
+
     fn options(m: &Value) -> Vec<&str> {
         m["options"]
             .as_array()
@@ -581,12 +593,7 @@ mod tests {
         let mut p = params(&user);
         p.generic = true;
         let spec = runtime_spec(&p);
-        let env: Vec<&str> = spec["process"]["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e.as_str().unwrap())
-            .collect();
+        let env = env_of(&spec);
         assert!(env.contains(&"HEARTH_GENERIC=1"));
         assert!(!env.iter().any(|e| e.starts_with("HEARTH_HANDLER=")));
         let code = options(mount(&spec, "/code"));
@@ -607,12 +614,7 @@ mod tests {
             ("NUL".to_string(), "a\0b".to_string()),
         ];
         let spec = runtime_spec(&params(&user));
-        let env: Vec<&str> = spec["process"]["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e.as_str().unwrap())
-            .collect();
+        let env = env_of(&spec);
         assert_eq!(
             env,
             [

@@ -350,9 +350,9 @@ impl RuncBackend {
         let env: Vec<(String, String)> = spec
             .env
             .iter()
+            .filter(|(k, v)| oci::user_env_allowed(k, v))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let env: Vec<(String, String)> = oci::user_env(&env).cloned().collect();
         sb.freezer
             .begin()
             .map_err(|e| SandboxError::StartFailed(format!("thawing the sandbox: {e}")))?;
