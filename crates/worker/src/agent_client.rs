@@ -8,10 +8,11 @@
 
 use bytes::Bytes;
 use serde::ser::{Serialize, SerializeMap, Serializer};
-use std::io::IoSlice;
+use std::io::{IoSlice, Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 
 /// Room beyond the result limit for an error answer (a handler's message and traceback; the
 /// agent truncates long messages to fit).
@@ -53,8 +54,14 @@ pub enum AgentError {
 }
 
 /// A persistent connection to one agent.
+///
+/// The socket is registered with the runtime for reading only. A Unix socket signals "writable"
+/// every time its peer reads (the kernel's `unix_write_space`), so a socket registered for both
+/// woke a sleeping runtime thread once per request for nothing: when the agent took the request
+/// in. Requests fit the socket buffer (they alternate with replies), so a write almost never
+/// blocks; when one does, a duplicate of the socket is registered for writing until it is done.
 pub struct AgentConn {
-    stream: UnixStream,
+    sock: AsyncFd<UnixStream>,
     /// Received bytes not yet consumed are `rbuf[start..end]`.
     rbuf: Box<[u8]>,
     start: usize,
@@ -66,9 +73,10 @@ pub struct AgentConn {
 impl AgentConn {
     /// Connects to the agent at `path`; a 200 body over `max_result` bytes is never read.
     pub async fn connect(path: &Path, max_result: usize) -> std::io::Result<Self> {
-        let stream = UnixStream::connect(path).await?;
+        // tokio's connect does not block the thread; its socket comes back non-blocking.
+        let stream = tokio::net::UnixStream::connect(path).await?.into_std()?;
         Ok(AgentConn {
-            stream,
+            sock: register(stream, Interest::READABLE)?,
             rbuf: vec![0u8; RBUF_SIZE].into_boxed_slice(),
             start: 0,
             end: 0,
@@ -119,20 +127,62 @@ impl AgentConn {
         let mut hdr = [0u8; REQ_HEADER];
         hdr[..4].copy_from_slice(&len.to_be_bytes());
         hdr[4] = op;
-        let mut written = 0;
-        while written < REQ_HEADER + payload.len() {
-            let n = if written < REQ_HEADER {
-                let bufs = [IoSlice::new(&hdr[written..]), IoSlice::new(payload)];
-                self.stream.write_vectored(&bufs).await?
-            } else {
-                self.stream.write(&payload[written - REQ_HEADER..]).await?
-            };
-            if n == 0 {
-                return Err(AgentError::Closed);
-            }
-            written += n;
+        let written = self.write_now(&hdr, payload)?;
+        if written < REQ_HEADER + payload.len() {
+            self.write_rest(&hdr, payload, written).await?;
         }
         self.read_reply().await
+    }
+
+    /// Writes what the socket takes without waiting; how many bytes of header + payload.
+    fn write_now(&self, hdr: &[u8], payload: &[u8]) -> Result<usize, AgentError> {
+        let mut written = 0;
+        while written < hdr.len() + payload.len() {
+            let r = if written < hdr.len() {
+                let bufs = [IoSlice::new(&hdr[written..]), IoSlice::new(payload)];
+                self.sock.get_ref().write_vectored(&bufs)
+            } else {
+                self.sock.get_ref().write(&payload[written - hdr.len()..])
+            };
+            match r {
+                Ok(0) => return Err(AgentError::Closed),
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(written)
+    }
+
+    /// The rest of a request the socket buffer did not take at once (a large payload): waits
+    /// for room through a duplicate of the socket registered for writing while it lasts.
+    async fn write_rest(
+        &self,
+        hdr: &[u8],
+        payload: &[u8],
+        mut written: usize,
+    ) -> Result<(), AgentError> {
+        let w = register(self.sock.get_ref().try_clone()?, Interest::WRITABLE)?;
+        while written < hdr.len() + payload.len() {
+            let mut ready = w.writable().await?;
+            let r = ready.try_io(|s| {
+                if written < hdr.len() {
+                    let bufs = [IoSlice::new(&hdr[written..]), IoSlice::new(payload)];
+                    s.get_ref().write_vectored(&bufs)
+                } else {
+                    s.get_ref().write(&payload[written - hdr.len()..])
+                }
+            });
+            match r {
+                Ok(Ok(0)) => return Err(AgentError::Closed),
+                Ok(Ok(n)) => written += n,
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_would_block) => {}
+            }
+        }
+        Ok(())
     }
 
     async fn read_reply(&mut self) -> Result<AgentReply, AgentError> {
@@ -142,11 +192,10 @@ impl AgentConn {
                 self.end -= self.start;
                 self.start = 0;
             }
-            let n = self.stream.read(&mut self.rbuf[self.end..]).await?;
-            if n == 0 {
-                return Err(AgentError::Closed);
+            match read_some(&self.sock, &mut self.rbuf[self.end..]).await? {
+                0 => return Err(AgentError::Closed),
+                n => self.end += n,
             }
-            self.end += n;
         }
         let mut hdr = [0u8; RESP_HEADER];
         hdr.copy_from_slice(&self.rbuf[self.start..self.start + RESP_HEADER]);
@@ -167,20 +216,17 @@ impl AgentConn {
         }
 
         let mut body = vec![0u8; head.len];
-        let have = head.len.min(self.end - self.start);
+        let mut have = head.len.min(self.end - self.start);
         body[..have].copy_from_slice(&self.rbuf[self.start..self.start + have]);
         self.start += have;
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
         }
-        if have < head.len {
-            match self.stream.read_exact(&mut body[have..]).await {
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    return Err(AgentError::Closed)
-                }
-                Err(e) => return Err(e.into()),
+        while have < head.len {
+            match read_some(&self.sock, &mut body[have..]).await? {
+                0 => return Err(AgentError::Closed),
+                n => have += n,
             }
         }
         Ok(AgentReply {
@@ -188,6 +234,25 @@ impl AgentConn {
             exec_us: head.exec_us,
             body: Bytes::from(body),
         })
+    }
+}
+
+/// Registers a socket with the runtime for `interest`.
+fn register(sock: UnixStream, interest: Interest) -> std::io::Result<AsyncFd<UnixStream>> {
+    // SAFETY: the `UnixStream` owns its descriptor and is only reached through `get_ref`, so the
+    // descriptor stays open and the same for as long as the `AsyncFd` lives.
+    unsafe { AsyncFd::register_with_interest(sock, interest) }.map_err(|e| e.into_parts().1)
+}
+
+/// Reads into `buf` once the socket has data; 0 means the agent closed it.
+async fn read_some(sock: &AsyncFd<UnixStream>, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        let mut ready = sock.readable().await?;
+        match ready.try_io(|s| s.get_ref().read(buf)) {
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(r) => return r,
+            Err(_would_block) => {}
+        }
     }
 }
 
@@ -249,7 +314,8 @@ impl Serialize for EnvMap<'_> {
 mod tests {
     use super::*;
     use std::time::Duration;
-    use tokio::net::UnixListener;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{UnixListener, UnixStream};
 
     fn reply(status: u16, exec_us: Option<u64>, body: &[u8]) -> Vec<u8> {
         let mut v = Vec::new();
@@ -358,11 +424,16 @@ mod tests {
             assert_eq!(op, b'I');
             assert!(payload == expect);
             s.write_all(&reply(200, Some(1), &payload)).await.unwrap();
+            let (_, small) = read_frame(&mut s).await.unwrap();
+            s.write_all(&reply(200, None, &small)).await.unwrap();
         });
         let mut c = AgentConn::connect(&path, 4 << 20).await.unwrap();
+        // Over the socket buffer: the write waits for room, then the connection reads only.
         let r = c.invoke(&big).await.unwrap();
         assert_eq!(r.status, 200);
         assert!(r.body[..] == big[..]);
+        let r = c.invoke(b"{}").await.unwrap();
+        assert_eq!(&r.body[..], b"{}");
     }
 
     #[tokio::test]
