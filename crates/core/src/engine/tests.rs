@@ -635,3 +635,64 @@ mod warm_waits {
             EngineAction::Reject { invocation, reason: Reject::ShuttingDown } if *invocation == id)));
     }
 }
+
+fn arrive_by(e: &mut WorkerEngine, now: Micros, f: &str, mb: u64, deadline: Micros) -> Admission {
+    admit(
+        e,
+        now,
+        Arrival {
+            function: f,
+            memory_mb: mb,
+            deadline_us: Some(deadline),
+        },
+    )
+}
+
+/// SRSF computes remaining slack when a slot frees, with the work each needs then: `b` was
+/// queued while its only sandbox was busy (a cold start expected: latest start at +50 ms, before
+/// `a`'s +140 ms), but by dispatch its sandbox is idle, so it needs a warm run only and has more
+/// slack left (100 ms) than `a` (90 ms). A key frozen at enqueue ran `b` first.
+#[test]
+fn srsf_uses_the_slack_left_at_dispatch_not_a_guess_frozen_at_enqueue() {
+    let mut e = WorkerEngine::new(config(QueueDiscipline::Srsf, 1));
+    let mut t = 0;
+    learn(&mut e, &mut t, "a", ms(10)); // warm 10 ms, cold 110 ms
+    learn(&mut e, &mut t, "b", ms(50)); // warm 50 ms, cold 150 ms
+    let running = run_of(arrive(&mut e, t, "b"));
+    let t0 = t;
+    queued(arrive_by(&mut e, t0, "a", 128, ms(150)));
+    queued(arrive_by(&mut e, t0, "b", 128, ms(200)));
+    e.on_completed(t0 + ms(50), &running, done(ms(50)));
+    let next = runs(&mut e);
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!(&*next[0].function, "a");
+    assert!(next[0].cold.is_none());
+}
+
+/// An invocation that waits for memory blocks nothing behind it: with a CPU slot free, the one
+/// that fits starts even though the one that does not has less slack, both when it arrives and
+/// when it was already queued.
+#[test]
+fn srsf_never_blocks_behind_an_invocation_waiting_for_memory() {
+    let mut cfg = config(QueueDiscipline::Srsf, 3);
+    cfg.pool.memory_budget_mb = 256;
+    let mut e = WorkerEngine::new(cfg);
+    let first = run_of(arrive_by(&mut e, 0, "small", 128, ms(1_000)));
+    let big = queued(arrive_by(&mut e, 1, "big", 256, ms(100)));
+    let small = run_of(arrive_by(&mut e, 2, "small", 128, ms(1_000)));
+    assert_eq!(e.queue_length(), 1, "only big waits");
+    // A third small queues (no memory left); when the first ends, its idle sandbox serves the
+    // third at once, past big, which still does not fit.
+    let third = queued(arrive_by(&mut e, 3, "small", 128, ms(1_000)));
+    e.on_completed(ms(5), &first, done(ms(5)));
+    let next = runs(&mut e);
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!((next[0].invocation, next[0].cold), (third, None));
+    e.on_completed(ms(6), &small, done(ms(5)));
+    assert!(runs(&mut e).is_empty(), "big needs both sandboxes' memory");
+    e.on_completed(ms(7), &next[0], done(ms(1)));
+    let next = runs(&mut e);
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!(next[0].invocation, big);
+    assert!(next[0].cold.is_some());
+}

@@ -138,6 +138,12 @@ impl<T> InvocationQueue<T> {
         self.entries.iter().next().map(|((_, seq), t)| (*seq, t))
     }
 
+    /// The queued item number `seq`.
+    pub fn get(&self, seq: u64) -> Option<&T> {
+        let key = self.keys.get(&seq)?;
+        self.entries.get(&(*key, seq))
+    }
+
     pub fn pop(&mut self) -> Option<(u64, T)> {
         let ((_, seq), t) = self.entries.pop_first()?;
         self.keys.remove(&seq);

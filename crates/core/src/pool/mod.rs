@@ -125,6 +125,18 @@ impl SandboxPool {
     }
 
     /// Idle sandboxes of `function` right now.
+    /// Whether an invocation of `function` could start now without waiting for memory:
+    /// `Some(true)` on an idle sandbox of its own, `Some(false)` with a cold start (in free
+    /// memory, or in what evicting idle and ready generic sandboxes frees, as
+    /// [`Self::acquire`] would), `None` when it must wait.
+    pub fn can_acquire(&self, function: &str, memory_mb: u64) -> Option<bool> {
+        if self.idle_count(function) > 0 {
+            return Some(true);
+        }
+        let ready_generic = self.generic.ready_count() * self.generic.config.memory_mb;
+        (self.free_mb() + self.used_warm_mb + ready_generic >= memory_mb).then_some(false)
+    }
+
     pub fn idle_count(&self, function: &str) -> usize {
         self.ids
             .get(function)
