@@ -107,9 +107,29 @@ pub struct InvokeAnswer {
     pub cold_path: Option<ColdPath>,
     pub worker: String,
     pub timing: Timing,
+    /// The deadline it ran against, in ms from when the platform accepted it (the call's
+    /// `Hearth-Deadline-Ms`, else the function's `deadline_ms`); absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// Whether it ended after that deadline …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_missed: Option<bool>,
+    /// … and by how much: the time left when it ended, in µs (negative: how late it was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_margin_us: Option<i64>,
 }
 
 impl InvokeAnswer {
+    /// Judges the answer against its `deadline_ms`, `total_us` after the platform accepted the
+    /// invocation (a controller judges again with its own, longer, total).
+    pub fn judge_deadline(&mut self, total_us: u64) {
+        if let Some(d) = self.deadline_ms {
+            let margin = (d as i64).saturating_mul(1000) - total_us.min(i64::MAX as u64) as i64;
+            self.deadline_missed = Some(margin < 0);
+            self.deadline_margin_us = Some(margin);
+        }
+    }
+
     /// Reads an answer; `None` when the body is not a success answer.
     pub fn parse(body: &[u8]) -> Option<Self> {
         serde_json::from_slice(body).ok()

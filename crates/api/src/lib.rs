@@ -12,7 +12,7 @@ pub mod namespace;
 pub mod status;
 
 pub use error::{ErrorBody, ErrorCode, ErrorObject};
-pub use function::{FunctionSpec, SpecError};
+pub use function::{FunctionSpec, SpecError, MAX_TIMEOUT_MS};
 pub use invocation::{
     raw_json, AsyncAccepted, AsyncOutcome, AsyncRecord, AsyncState, ColdPath, ColdReason,
     InvokeAnswer, PrewarmAnswer, Timing,

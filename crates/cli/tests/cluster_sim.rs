@@ -563,3 +563,38 @@ fn a_rejoining_worker_drops_functions_deleted_while_it_was_away() {
     let r = c.invoke("kept", "{}");
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// A deadline counts from the controller's acceptance: the call's own one travels to the worker
+/// with the time the controller had spent, and the controller judges the answer again with its
+/// own end-to-end time.
+#[test]
+fn a_call_deadline_travels_through_the_controller_and_is_judged_there() {
+    let c = Server::start_controller("ch-bl", &[]);
+    let w = join(&c, None, &[]);
+    wait_members(&c, &ids(&[&w]));
+    assert_eq!(c.put_fn("f", sim_fn(30, 0)).status, 201);
+    let mut cl = c.client();
+    cl.set_header("Hearth-Deadline-Ms", Some("10")).unwrap();
+    let v = cl.post("/v1/functions/f/invoke", b"{}").unwrap().json();
+    assert_eq!(v["deadline_ms"], 10, "{v}");
+    assert_eq!(v["deadline_missed"], true, "{v}");
+    let e2e = v["timing"]["e2e"].as_i64().unwrap();
+    assert_eq!(
+        v["deadline_margin_us"].as_i64().unwrap(),
+        10_000 - e2e,
+        "judged on the controller's end-to-end time: {v}"
+    );
+    cl.set_header("Hearth-Deadline-Ms", Some("60000")).unwrap();
+    let v = cl.post("/v1/functions/f/invoke", b"{}").unwrap().json();
+    assert_eq!(v["deadline_missed"], false, "{v}");
+    cl.set_header("Hearth-Deadline-Ms", Some("0")).unwrap();
+    assert_eq!(
+        cl.post("/v1/functions/f/invoke", b"{}").unwrap().status,
+        400
+    );
+    let metrics = c.client().get("/metrics").unwrap().text();
+    assert!(
+        metrics.contains("hearth_controller_deadlines_missed_total 1"),
+        "{metrics}"
+    );
+}

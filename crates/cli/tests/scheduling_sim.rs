@@ -260,3 +260,49 @@ fn a_client_that_leaves_the_queue_frees_its_place() {
         st["queue"]["running"] == 0 && st["functions"]["slow"]["warm"] == 1
     });
 }
+
+/// Deadlines (Atoll): an answer says whether its deadline was met and by how much, the call may
+/// set its own with `Hearth-Deadline-Ms`, misses are counted per function, a bad header is a
+/// 400, and a client cannot claim time already spent (`Hearth-Elapsed-Us` is the cluster's).
+#[test]
+fn answers_judge_the_deadline_and_a_call_may_set_its_own() {
+    let s = Server::start("sim", &[]);
+    let mut spec = sim_fn(60, 0, 64);
+    spec["deadline_ms"] = json!(20);
+    assert_eq!(s.put_fn("d", spec).status, 201);
+    s.put_fn("free", sim_fn(1, 0, 64));
+
+    let v = s.invoke("d", "{}").json();
+    assert_eq!(v["deadline_ms"], 20, "{v}");
+    assert_eq!(
+        v["deadline_missed"], true,
+        "60 ms of work against 20 ms: {v}"
+    );
+    let margin = v["deadline_margin_us"].as_i64().unwrap();
+    assert!(margin <= -40_000, "about 40 ms late: {v}");
+
+    let mut c = s.client();
+    c.set_header("Hearth-Deadline-Ms", Some("5000")).unwrap();
+    // The call's deadline replaces the function's; a client's elapsed time is ignored.
+    c.set_header("Hearth-Elapsed-Us", Some("4999000")).unwrap();
+    let v = c.post("/v1/functions/d/invoke", b"{}").unwrap().json();
+    assert_eq!(v["deadline_ms"], 5000, "{v}");
+    assert_eq!(v["deadline_missed"], false, "{v}");
+    assert!(v["deadline_margin_us"].as_i64().unwrap() > 4_000_000, "{v}");
+
+    // Without any deadline the answer has no deadline fields.
+    let v = s.invoke("free", "{}").json();
+    assert!(v.get("deadline_missed").is_none(), "{v}");
+
+    for bad in ["0", "abc", "-5", "900001", "1.5"] {
+        c.set_header("Hearth-Deadline-Ms", Some(bad)).unwrap();
+        let r = c.post("/v1/functions/d/invoke", b"{}").unwrap();
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert!(r.text().contains("Hearth-Deadline-Ms"), "{}", r.text());
+    }
+    let metrics = s.client().get("/metrics").unwrap().text();
+    assert!(
+        metrics.contains("hearth_deadlines_missed_total{function=\"d\"} 1"),
+        "{metrics}"
+    );
+}

@@ -648,7 +648,7 @@ impl Controller {
                 &path,
                 body,
                 Duration::from_secs(60),
-                version_header,
+                version_header.as_slice(),
             )
             .await;
         match sent {
@@ -679,13 +679,15 @@ impl Controller {
 
     /// One invocation of `name` with JSON `args`; `t0` is when the request arrived. A worker's
     /// error answer comes back as [`InvokeError::WorkerAnswer`], to be passed on unchanged.
+    /// `deadline_ms` is the call's own deadline (`Hearth-Deadline-Ms`), counted from `t0`.
     pub async fn invoke(
         &self,
         name: &str,
         args: Bytes,
         t0: Instant,
+        deadline_ms: Option<u64>,
     ) -> Result<InvokeAnswer, InvokeError> {
-        self.invoke_as(name, args, t0, None).await
+        self.invoke_as(name, args, t0, None, deadline_ms).await
     }
 
     /// [`Self::invoke`] of an async invocation: its `id` goes to the worker, which runs a
@@ -696,6 +698,7 @@ impl Controller {
         args: Bytes,
         t0: Instant,
         id: Option<&str>,
+        deadline_ms: Option<u64>,
     ) -> Result<InvokeAnswer, InvokeError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(InvokeError::ShuttingDown);
@@ -716,7 +719,12 @@ impl Controller {
                     .leave(worker, "its address is unknown", "failed");
                 continue;
             };
-            match self.attempt(&m, &reg, args.clone(), timeout, id).await {
+            let call = Call {
+                id,
+                t0,
+                deadline_ms,
+            };
+            match self.attempt(&m, &reg, args.clone(), timeout, call).await {
                 Ok(answer) => return self.answered(worker, key, answer, t0),
                 Err(Attempt::NotStarted(why)) => {
                     self.driver.finished(worker, key, Finished::Failed);
@@ -752,12 +760,18 @@ impl Controller {
         reg: &Registered,
         args: Bytes,
         timeout: Duration,
-        id: Option<&str>,
+        call: Call<'_>,
     ) -> Result<Answer, Attempt> {
+        use hearth_service::async_api::{DEADLINE_MS, ELAPSED_US, INVOCATION_ID};
+        use hyper::header::HeaderValue;
         let name = &reg.spec.name;
-        let id_header = id
-            .and_then(|id| hyper::header::HeaderValue::from_str(id).ok())
-            .map(|v| (hearth_service::async_api::INVOCATION_ID, v));
+        let mut headers: Vec<(&'static str, HeaderValue)> = Vec::new();
+        if let Some(v) = call.id.and_then(|id| HeaderValue::from_str(id).ok()) {
+            headers.push((INVOCATION_ID, v));
+        }
+        if let Some(d) = call.deadline_ms {
+            headers.push((DEADLINE_MS, HeaderValue::from(d)));
+        }
         let path = format!("/v1/functions/{name}/invoke");
         let failed = |why: &str| {
             Attempt::Failed(InvokeError::WorkerFailed {
@@ -773,9 +787,15 @@ impl Controller {
                     m.name
                 )));
             }
+            // The worker's share of the deadline is what is left of it now.
+            if call.deadline_ms.is_some() || reg.spec.deadline_ms.is_some() {
+                headers.retain(|(n, _)| *n != ELAPSED_US);
+                let elapsed = call.t0.elapsed().as_micros() as u64;
+                headers.push((ELAPSED_US, HeaderValue::from(elapsed)));
+            }
             let sent = tokio::select! {
                 biased;
-                r = m.forwarder(&self.forwarder).send_with(Method::POST, &m.url, &path, args.clone(), timeout, id_header.clone()) => r,
+                r = m.forwarder(&self.forwarder).send_with(Method::POST, &m.url, &path, args.clone(), timeout, &headers) => r,
                 _ = m.gone() => {
                     return Err(failed("it left the cluster (missed status deadlines or failed) while running the invocation"));
                 }
@@ -852,7 +872,14 @@ impl Controller {
                 .inc();
         }
         match timed {
-            Some((answer, _)) => Ok(answer),
+            Some((mut answer, _)) => {
+                // Judged again here: the deadline counts from this controller's acceptance.
+                answer.judge_deadline(total);
+                if answer.deadline_missed == Some(true) {
+                    self.metrics.deadlines_missed.inc();
+                }
+                Ok(answer)
+            }
             // A 200 that is not an invocation answer: passed on as the worker sent it.
             None => Err(InvokeError::WorkerAnswer(a)),
         }
@@ -1155,6 +1182,14 @@ impl Ran {
     }
 }
 
+/// One forwarded call: its async id, when this controller accepted it, its own deadline.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    id: Option<&'a str>,
+    t0: Instant,
+    deadline_ms: Option<u64>,
+}
+
 /// A worker's success answer with the controller's share of `total_us` (the end-to-end time
 /// here) added to its timing, and how it ran there. None when the body is not an invocation
 /// answer.
@@ -1179,7 +1214,7 @@ impl Runner for ControllerRunner {
         };
         let args = Bytes::from(inv.args.clone());
         match c
-            .invoke_as(&inv.function, args, Instant::now(), Some(&inv.id))
+            .invoke_as(&inv.function, args, Instant::now(), Some(&inv.id), None)
             .await
         {
             Ok(answer) => Attempted::answer(200, Bytes::from(answer.to_vec())),

@@ -179,11 +179,10 @@ impl Forwarder {
         body: Bytes,
         timeout: Duration,
     ) -> Result<Answer, ForwardError> {
-        self.send_with(method, base, path, body, timeout, None)
-            .await
+        self.send_with(method, base, path, body, timeout, &[]).await
     }
 
-    /// [`Self::send`] with one more header (an invocation's id).
+    /// [`Self::send`] with more headers (an invocation's id, its deadline …).
     pub async fn send_with(
         &self,
         method: Method,
@@ -191,7 +190,7 @@ impl Forwarder {
         path: &str,
         body: Bytes,
         timeout: Duration,
-        extra: Option<(&'static str, HeaderValue)>,
+        extra: &[(&'static str, HeaderValue)],
     ) -> Result<Answer, ForwardError> {
         let mut req = Request::builder()
             .method(method)
@@ -200,8 +199,8 @@ impl Forwarder {
         if let Some(c) = &self.credential {
             req = req.header(AUTHORIZATION, c.clone());
         }
-        if let Some((name, value)) = extra {
-            req = req.header(name, value);
+        for (name, value) in extra {
+            req = req.header(*name, value.clone());
         }
         let req = req
             .body(Full::new(body))

@@ -41,6 +41,8 @@ pub struct Metrics {
     pub route: Histogram,
     /// The controller's own share of a successful invocation.
     pub overhead: Histogram,
+    /// Successful invocations that ended after their deadline, as this controller judges them.
+    pub deadlines_missed: Counter,
     /// Membership changes.
     pub membership: Family<EventLabel, Counter>,
     /// Reported load per live worker, set at scrape time.
@@ -82,6 +84,12 @@ impl Default for Metrics {
                 "overhead_seconds",
                 "The controller's share of an invocation: its end-to-end time minus the worker's",
                 Histogram::new(doubling_buckets(1e-5)),
+            ),
+            deadlines_missed: registered(
+                &mut r,
+                "deadlines_missed",
+                "Successful invocations that ended after their deadline (counted from here)",
+                Counter::default(),
             ),
             membership: registered(
                 &mut r,

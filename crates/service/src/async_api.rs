@@ -25,6 +25,12 @@ pub const INVOCATION_ID: &str = "hearth-invocation-id";
 /// The cluster-wide version of a function a controller registers on a worker: several
 /// controllers registering the same version register it once.
 pub const FUNCTION_VERSION: &str = "hearth-function-version";
+/// A call's own deadline in ms, counted from when the platform accepted it (Atoll's per-request
+/// deadline); it replaces the function's `deadline_ms` for this call.
+pub const DEADLINE_MS: &str = "hearth-deadline-ms";
+/// The µs a controller had already spent on an invocation when it forwarded it: the worker's
+/// share of the deadline is what is left.
+pub const ELAPSED_US: &str = "hearth-elapsed-us";
 /// Set on an answer that is the first call's, for a repeated idempotency key.
 pub const REPLAYED: &str = "hearth-idempotent-replay";
 /// The longest idempotency key.
@@ -32,11 +38,13 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 256;
 /// The most records one dead-letter listing returns.
 pub const MAX_LISTED: usize = 1000;
 
-/// The two headers an invoke reads, taken from the request without copying its header map
-/// (the invoke path is hot).
+/// The headers an invoke reads, taken from the request without copying its header map (the
+/// invoke path is hot).
 pub struct InvokeHeaders {
     idempotency_key: Option<HeaderValue>,
     invocation_id: Option<HeaderValue>,
+    deadline_ms: Option<HeaderValue>,
+    elapsed_us: Option<HeaderValue>,
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for InvokeHeaders {
@@ -49,6 +57,8 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for InvokeHeaders {
         Ok(InvokeHeaders {
             idempotency_key: parts.headers.get(IDEMPOTENCY_KEY).cloned(),
             invocation_id: parts.headers.get(INVOCATION_ID).cloned(),
+            deadline_ms: parts.headers.get(DEADLINE_MS).cloned(),
+            elapsed_us: parts.headers.get(ELAPSED_US).cloned(),
         })
     }
 }
@@ -63,6 +73,38 @@ impl InvokeHeaders {
     /// anyone when authentication is off); a client's is ignored.
     pub fn invocation_id(&self, p: &Principal) -> Result<Option<String>, ApiError> {
         invocation_id_of(self.invocation_id.as_ref(), p)
+    }
+
+    /// `Hearth-Deadline-Ms`: a whole number of ms from 1 to 15 minutes.
+    pub fn deadline_ms(&self) -> Result<Option<u64>, ApiError> {
+        let Some(v) = &self.deadline_ms else {
+            return Ok(None);
+        };
+        let max = hearth_api::MAX_TIMEOUT_MS;
+        match v.to_str().ok().and_then(|s| s.parse::<u64>().ok()) {
+            Some(d) if (1..=max).contains(&d) => Ok(Some(d)),
+            _ => Err(ApiError::bad_request(format!(
+                "Hearth-Deadline-Ms must be a whole number of milliseconds from 1 to {max}"
+            ))),
+        }
+    }
+
+    /// `Hearth-Elapsed-Us` of a request from the cluster itself (0 when absent); a client's is
+    /// ignored (it would buy its invocation priority under `srsf`).
+    pub fn elapsed_us(&self, p: &Principal) -> Result<u64, ApiError> {
+        if !matches!(p, Principal::Peer | Principal::Open) {
+            return Ok(0);
+        }
+        let Some(v) = &self.elapsed_us else {
+            return Ok(0);
+        };
+        let max = hearth_api::MAX_TIMEOUT_MS * 1000;
+        match v.to_str().ok().and_then(|s| s.parse::<u64>().ok()) {
+            Some(e) if e <= max => Ok(e),
+            _ => Err(ApiError::bad_request(format!(
+                "Hearth-Elapsed-Us must be a whole number of microseconds up to {max}"
+            ))),
+        }
     }
 }
 

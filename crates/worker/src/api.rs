@@ -3,7 +3,7 @@
 
 use crate::backend::SandboxError;
 use crate::errors::{InvokeError, PrewarmError, RegisterError, UnregisterError};
-use crate::facade::Worker;
+use crate::facade::{CallDeadline, Worker};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -151,12 +151,16 @@ async fn invoke(
         let (q, args) = invoke_request(query, body, w.config().max_body_bytes)?;
         let idempotency_key = headers.idempotency_key()?;
         let id = headers.invocation_id(&p)?;
+        let call = CallDeadline {
+            deadline_ms: headers.deadline_ms()?,
+            elapsed_us: headers.elapsed_us(&p)?,
+        };
         let slot = w
             .admit_namespace(namespace_of(&name))
             .map_err(|e| e.api_error())?;
         if let Some(id) = id {
             // A controller's invocation: a repeat of the id runs once.
-            let kept = w.invoke_once(name, &id, args).await;
+            let kept = w.invoke_once(name, &id, args, call).await;
             drop(slot);
             return Ok(async_api::kept_response(kept.0, kept.1.clone()));
         }
@@ -174,7 +178,7 @@ async fn invoke(
                 .map_err(api_error)?;
             return Ok(async_api::respond(w.delivery(), &a, q.is_async, timeout).await);
         }
-        let answer = w.invoke(&name, &args, t0).await.map_err(api_error)?;
+        let answer = w.invoke(&name, &args, t0, call).await.map_err(api_error)?;
         drop(slot);
         Ok(json_bytes(StatusCode::OK, answer.to_vec()))
     }

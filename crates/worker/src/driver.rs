@@ -288,7 +288,12 @@ impl Driver {
 
     /// Admission: the invocation runs at once, waits in the queue until dispatched, or is
     /// refused. A warm run carries its sandbox; a cold one must start it ([`Self::cold_start`]).
-    pub async fn admit(self: &Arc<Self>, spec: &FunctionSpec) -> Result<Admitted<'_>, Reject> {
+    /// `deadline_us` is the time left to the invocation's deadline as it arrives here.
+    pub async fn admit(
+        self: &Arc<Self>,
+        spec: &FunctionSpec,
+        deadline_us: Option<u64>,
+    ) -> Result<Admitted<'_>, Reject> {
         let (id, admission, rx) = {
             let now = self.now();
             let mut st = self.state.lock();
@@ -297,7 +302,7 @@ impl Driver {
                 Arrival {
                     function: &spec.name,
                     memory_mb: spec.memory_mb,
-                    deadline_us: spec.deadline_ms.map(|d| d * 1000),
+                    deadline_us,
                 },
             );
             let admission = self.drain_for(&mut st, Some(id));

@@ -260,6 +260,7 @@ impl Worker {
         name: &str,
         args: &[u8],
         t0: Instant,
+        call: CallDeadline,
     ) -> Result<InvokeAnswer, InvokeError> {
         if self.is_shutting_down() {
             return Err(InvokeError::ShuttingDown);
@@ -271,9 +272,11 @@ impl Worker {
             .get(name)
             .ok_or_else(|| InvokeError::UnknownFunction(name.to_string()))?;
         let spec = &reg.spec;
+        let deadline_ms = call.deadline_ms.or(spec.deadline_ms);
+        let left_us = deadline_ms.map(|d| (d * 1000).saturating_sub(call.elapsed_us));
         let admitted = self
             .driver
-            .admit(spec)
+            .admit(spec, left_us)
             .await
             .map_err(|r| self.rejected(&spec.name, r))?;
         let run = admitted.run().clone();
@@ -405,7 +408,17 @@ impl Worker {
             cold_path,
             worker: self.id.clone(),
             timing,
+            deadline_ms,
+            deadline_missed: None,
+            deadline_margin_us: None,
         };
+        answer.judge_deadline(call.elapsed_us.saturating_add(e2e));
+        if answer.deadline_missed == Some(true) {
+            self.metrics
+                .deadlines_missed
+                .get_or_create(&fn_label())
+                .inc();
+        }
         if let Some(reason) = run.cold {
             answer = answer.with_cold_reason(reason, self.config.keepalive.name());
         }
@@ -449,12 +462,13 @@ impl Worker {
         name: String,
         id: &str,
         args: Bytes,
+        call: CallDeadline,
     ) -> hearth_service::dedup::Kept {
         let me = Arc::clone(self);
         let key = format!("{name}/{id}");
         self.dedup
             .run_once(key, async move {
-                match me.invoke(&name, &args, Instant::now()).await {
+                match me.invoke(&name, &args, Instant::now(), call).await {
                     Ok(answer) => (200, Bytes::from(answer.to_vec())),
                     Err(e) => {
                         let e = crate::api::api_error(e);
@@ -699,6 +713,15 @@ async fn housekeeping(worker: std::sync::Weak<Worker>) {
     }
 }
 
+/// An invocation's deadline as the call sets it (Atoll: deadlines count from platform entry).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallDeadline {
+    /// The call's own deadline (`Hearth-Deadline-Ms`); the function's `deadline_ms` otherwise.
+    pub deadline_ms: Option<u64>,
+    /// Time a controller had already spent on it (`Hearth-Elapsed-Us`).
+    pub elapsed_us: u64,
+}
+
 /// How long a controller's repeated invocation id gets the first run's answer, and the bytes
 /// of answers kept for it.
 const DEDUP_TTL: Duration = Duration::from_secs(600);
@@ -717,7 +740,16 @@ impl Runner for WorkerRunner {
             return Attempted::abandoned();
         }
         let args = Bytes::from(inv.args.clone());
-        match w.invoke(&inv.function, &args, Instant::now()).await {
+        // The function's deadline counts from this attempt (records keep no monotonic time).
+        match w
+            .invoke(
+                &inv.function,
+                &args,
+                Instant::now(),
+                CallDeadline::default(),
+            )
+            .await
+        {
             Ok(answer) => Attempted::answer(200, Bytes::from(answer.to_vec())),
             Err(InvokeError::ShuttingDown) => Attempted::abandoned(),
             Err(e) => Attempted::error(&crate::api::api_error(e)),

@@ -57,6 +57,7 @@ pub struct Metrics {
     pub invocations: Family<FnOutcome, Counter>,
     pub cold_starts: Family<ColdLabel, Counter>,
     pub warm_starts: Family<FnLabel, Counter>,
+    pub deadlines_missed: Family<FnLabel, Counter>,
     pub overhead: Histogram,
     pub exec: Family<FnLabel, Histogram>,
     pub init: Family<FnLabel, Histogram>,
@@ -106,6 +107,12 @@ impl Default for Metrics {
                 &mut r,
                 "warm_starts",
                 "Invocations served by a warm sandbox, by function",
+                Family::default(),
+            ),
+            deadlines_missed: registered(
+                &mut r,
+                "deadlines_missed",
+                "Successful invocations that ended after their deadline, by function",
                 Family::default(),
             ),
             overhead: registered(
