@@ -10,6 +10,11 @@
 //!
 //! Sandboxes of one function on one worker are interchangeable here: the allocator keeps counts
 //! (active, soft-evicted) per worker and function, and the driver maps them to real sandboxes.
+//!
+//! Cost: placing or releasing one sandbox scans the allowed workers (or the function's holders)
+//! once; a hard eviction scans the soft-evicted functions of that worker, else its functions.
+//! Nothing is ever quadratic in the number of sandboxes. A function is forgotten once it has no
+//! demand and no sandbox left.
 
 use crate::time::Micros;
 use serde::{Deserialize, Serialize};
@@ -29,6 +34,7 @@ pub enum Placement {
     #[default]
     Even,
     /// Fill the first worker with room before the next (the paper's Fig. 5b/8 baseline).
+    /// Excess sandboxes are soft-evicted from the worker holding the most, as under `Even`.
     Pack,
 }
 
@@ -59,12 +65,26 @@ pub enum VictimPolicy {
 }
 
 /// The allocator's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct AllocConfig {
     pub placement: Placement,
     pub eviction: EvictionMode,
     pub victim: VictimPolicy,
+    /// Demands above this are clamped: an estimate gone wild (or a function of 0 MB, which
+    /// any pool fits) must not make one call emit billions of actions.
+    pub max_demand: u32,
+}
+
+impl Default for AllocConfig {
+    fn default() -> Self {
+        AllocConfig {
+            placement: Placement::Even,
+            eviction: EvictionMode::Lazy,
+            victim: VictimPolicy::Fair,
+            max_demand: 4096,
+        }
+    }
 }
 
 /// What the driver must do on the workers, in order.
@@ -198,7 +218,9 @@ impl Allocator {
         self.workers.keys().copied()
     }
 
-    /// Sets `function`'s demand (its estimate) and returns what to do, following Pseudocode 1.
+    /// Sets `function`'s demand (its estimate, clamped to [`AllocConfig::max_demand`]) and
+    /// returns what to do, following Pseudocode 1 with the current active allocation as the
+    /// old demand (so sandboxes lost or skipped are made up on the next call).
     /// `allowed` limits the workers new sandboxes may go to (all when `None`); excess sandboxes
     /// are taken back wherever they are. A change of `memory_mb` evicts the function's
     /// sandboxes (they were made for the old size) before allocating anew.
@@ -209,6 +231,7 @@ impl Allocator {
         demand: u32,
         allowed: Option<&[WorkerId]>,
     ) -> Vec<AllocAction> {
+        let demand = demand.min(self.config.max_demand);
         let mut out = Vec::new();
         let name: Arc<str> = match self.functions.get_key_value(function) {
             Some((k, _)) => k.clone(),

@@ -12,6 +12,7 @@ fn alloc(placement: Placement, eviction: EvictionMode, victim: VictimPolicy) -> 
         placement,
         eviction,
         victim,
+        ..AllocConfig::default()
     })
 }
 
@@ -165,6 +166,18 @@ fn never_evicts_its_own_function_and_skips_when_no_room() {
 }
 
 #[test]
+fn demand_is_clamped() {
+    let mut a = Allocator::new(AllocConfig {
+        max_demand: 10,
+        ..AllocConfig::default()
+    });
+    a.add_worker(0, MB);
+    let out = a.set_demand("free", 0, u32::MAX, None);
+    assert_eq!(count(&out, is_create), 10);
+    assert_eq!((a.allocation("free"), a.demand("free")), (10, 10));
+}
+
+#[test]
 fn allowed_workers_limit_placement() {
     let mut a = Allocator::new(AllocConfig::default());
     for w in 0..3 {
@@ -219,6 +232,7 @@ fn config_serde_defaults() {
     assert_eq!(c.placement, Placement::Pack);
     assert_eq!(c.eviction, EvictionMode::Lazy);
     assert_eq!(c.victim, VictimPolicy::Fair);
+    assert_eq!(c.max_demand, AllocConfig::default().max_demand);
     let c: crate::atoll::PoissonConfig = serde_json::from_str("{}").unwrap();
     assert_eq!(c, crate::atoll::PoissonConfig::default());
 }
@@ -371,6 +385,7 @@ fn config() -> impl Strategy<Value = AllocConfig> {
             placement,
             eviction,
             victim,
+            ..AllocConfig::default()
         })
 }
 
