@@ -106,6 +106,7 @@
 //! # let _ = now;
 //! ```
 
+pub mod atoll;
 pub mod balance;
 pub mod bypass;
 pub mod characteristics;

@@ -1,0 +1,27 @@
+//! Atoll's proactive sandbox allocation (SoCC '21, §4.3), as pure state machines.
+//!
+//! * [`estimator`] (§4.3.1): per function, an EWMA of the arrival rate measured over fixed
+//!   intervals, turned into a number of sandboxes by the Poisson inverse CDF of the arrivals
+//!   expected while one sandbox is set up. [`DemandEstimator`] keeps it pluggable.
+//! * [`allocator`] (§4.3.2–4.3.3, Pseudocode 1): the semi-global scheduler's sandbox manager. It
+//!   keeps, per worker, a proactive memory pool and the sandboxes of each function in it
+//!   (active or soft-evicted), and turns a function's new demand into [`AllocAction`]s: spread
+//!   evenly (or packed), soft-evict the excess lazily, hard-evict by fairness (or LRU) only when
+//!   a pool is full.
+//!
+//! The controller (and the simulator, with virtual time) drives them: it feeds arrivals and
+//! ticks to the estimator, periodically hands each function's estimate to
+//! [`Allocator::set_demand`], carries out the actions on the workers and reports back creation
+//! failures, losses and uses. [`Allocator::tickets`] gives the per-worker active sandboxes that
+//! lottery routing draws from. Neither piece reads a clock or does I/O.
+
+pub mod allocator;
+pub mod estimator;
+
+pub use allocator::{
+    AllocAction, AllocConfig, AllocStats, Allocator, EvictionMode, Placement, VictimPolicy,
+    WorkerId,
+};
+pub use estimator::{
+    poisson_quantile, DemandEstimator, EstimatorError, PoissonConfig, PoissonEstimator,
+};
