@@ -327,6 +327,16 @@ mod tests {
             assert!(exact.abs_diff(approx) <= 1, "q={q}: {exact} vs {approx}");
         }
         assert!(poisson_quantile(1e9, 0.99) > 1_000_000_000);
+        // Exact values (summed in Python) on both sides of the switch: within one.
+        for (mean, exact) in [
+            (1000.0, 1074),
+            (5000.0, 5165),
+            (20000.0, 20330),
+            (1e5, 100736),
+        ] {
+            let k = poisson_quantile(mean, 0.99);
+            assert!(k.abs_diff(exact) <= 1, "mean {mean}: {k} vs {exact}");
+        }
     }
 
     #[test]
