@@ -9,6 +9,11 @@
 //!   evenly (or packed), soft-evict the excess lazily, hard-evict by fairness (or LRU) only when
 //!   a pool is full.
 //!
+//! * [`scaling`] (§5.2, Pseudocode 2): the load balancer's per-function scaling over groups
+//!   (semi-global schedulers) on a consistent-hash ring, driven by the sandbox-weighted queueing
+//!   delay over the function's slack, and lottery routing over active and (discounted) removed
+//!   groups for gradual scale-out and scale-in.
+//!
 //! The controller (and the simulator, with virtual time) drives them: it feeds arrivals and
 //! ticks to the estimator, periodically hands each function's estimate to
 //! [`Allocator::set_demand`], carries out the actions on the workers and reports back creation
@@ -17,6 +22,7 @@
 
 pub mod allocator;
 pub mod estimator;
+pub mod scaling;
 
 pub use allocator::{
     AllocAction, AllocConfig, AllocStats, Allocator, EvictionMode, Placement, VictimPolicy,
@@ -25,3 +31,4 @@ pub use allocator::{
 pub use estimator::{
     poisson_quantile, DemandEstimator, EstimatorError, PoissonConfig, PoissonEstimator,
 };
+pub use scaling::{GroupId, ScaleAction, Scaler, ScalerConfig, ScalerError};
