@@ -106,7 +106,6 @@
 //! # let _ = now;
 //! ```
 
-pub mod atoll;
 pub mod balance;
 pub mod bypass;
 pub mod characteristics;
@@ -114,6 +113,7 @@ pub mod engine;
 pub mod load;
 pub mod policy;
 pub mod pool;
+pub mod proactive;
 pub mod regulator;
 pub mod time;
 

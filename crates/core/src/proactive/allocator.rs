@@ -391,7 +391,7 @@ impl Allocator {
         while self.free_mb(id) < mem {
             let Some((victim, soft)) = self.pick_victim(id, name) else {
                 // choose_worker checked the room; unreachable unless the accounting broke.
-                debug_assert!(false, "atoll allocator found no victim on worker {id}");
+                debug_assert!(false, "proactive allocator found no victim on worker {id}");
                 return false;
             };
             self.evict_one(id, &victim, soft, out);

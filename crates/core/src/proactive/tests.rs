@@ -233,8 +233,8 @@ fn config_serde_defaults() {
     assert_eq!(c.eviction, EvictionMode::Lazy);
     assert_eq!(c.victim, VictimPolicy::Fair);
     assert_eq!(c.max_demand, AllocConfig::default().max_demand);
-    let c: crate::atoll::PoissonConfig = serde_json::from_str("{}").unwrap();
-    assert_eq!(c, crate::atoll::PoissonConfig::default());
+    let c: crate::proactive::PoissonConfig = serde_json::from_str("{}").unwrap();
+    assert_eq!(c, crate::proactive::PoissonConfig::default());
 }
 
 // ---- properties ----
