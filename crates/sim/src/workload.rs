@@ -102,12 +102,9 @@ impl Workload {
             let m = meta
                 .get(name)
                 .ok_or_else(|| SimError::Config(format!("no metadata for {name}")))?;
-            functions.push(SimFunction::new(
-                name,
-                us(m.warm_ms),
-                us(m.cold_ms),
-                m.memory_mb(),
-            ));
+            let mut f = SimFunction::new(name, us(m.warm_ms), us(m.cold_ms), m.memory_mb());
+            f.deadline_us = m.deadline_ms_registered().map(|d| d * 1000);
+            functions.push(f);
         }
         let arrivals = trace
             .invocations
@@ -171,6 +168,7 @@ mod tests {
                 sample: String::new(),
                 args: String::new(),
                 source: String::new(),
+                deadline_ms: None,
             });
         }
         m
