@@ -1,5 +1,5 @@
 //! Metadata files: one row per function of a trace, saying how to register and invoke it.
-//! `function,warm_ms,cold_ms,mem_mb,sample,args,source`.
+//! `function,warm_ms,cold_ms,mem_mb,sample,args,source[,deadline_ms]`.
 
 use crate::csvio::{self, CsvOut};
 use crate::error::{LoadgenError, Result};

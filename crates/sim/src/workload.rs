@@ -25,7 +25,8 @@ pub struct SimFunction {
     /// Higher is more important (k-CH-RLU pools). The metadata has no column for it: experiments
     /// set it.
     pub priority: i32,
-    /// Deadline relative to arrival (SRSF); none unless an experiment sets one.
+    /// Deadline relative to arrival (SRSF): the metadata's `deadline_ms` (whole ms, rounded up,
+    /// as registered with the API) or one an experiment sets.
     pub deadline_us: Option<Micros>,
     /// Sandboxes started on every worker before the trace begins (as `hearth load trace
     /// --prewarm` does before it starts its clock).
