@@ -129,7 +129,8 @@ fn meta(
         sample: BUSY.into(),
         args: json!({"ms": warm_ms, "mb": (mem_mb - PYTHON_BASELINE_MB).max(0.0)}).to_string(),
         source,
-        deadline_ms: Some(warm_ms + slack),
+        // Both terms have two decimals; rounding drops the float noise of the sum.
+        deadline_ms: Some(((warm_ms + slack) * 100.0).round() / 100.0),
     }
 }
 
@@ -233,8 +234,13 @@ fn workload3(o: &AtollOptions, rng: &mut ChaCha8Rng) -> Result<Made> {
     let mut invocations = Vec::new();
     for f in &eligible {
         let name = mapping::function_name(&f.id, &mut taken);
-        let m = mapping::map(f, name.clone(), Mapping::Busy);
-        let slack = m.warm_ms * rng.gen_range(W3_SLACK);
+        let mut m = mapping::map(f, name.clone(), Mapping::Busy);
+        // Two decimals, as the synthetic apps, so that the deadline is exactly exec + slack.
+        m.warm_ms = (m.warm_ms * 100.0).round() / 100.0;
+        let slack = uniform(
+            rng,
+            &(m.warm_ms * W3_SLACK.start()..=m.warm_ms * W3_SLACK.end()),
+        );
         let cold = uniform(rng, &SETUP_MS);
         metadata.insert(meta(
             name.clone(),
@@ -412,7 +418,7 @@ mod tests {
             assert_eq!(f.class(), Some("W3"));
             let slack = f.deadline_ms.unwrap() - f.warm_ms;
             assert!(
-                (0.15 * f.warm_ms..=0.25 * f.warm_ms).contains(&slack),
+                slack >= 0.15 * f.warm_ms - 1e-9 && slack <= 0.25 * f.warm_ms + 1e-9,
                 "{f:?}"
             );
             assert!(SETUP_MS.contains(&f.cold_ms));
