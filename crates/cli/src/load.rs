@@ -136,6 +136,9 @@ fn register(client: &mut Client, f: &FunctionMeta, sim: bool, functions_dir: &Pa
         "sim_warm_ms": f.warm_ms,
         "sim_cold_ms": f.cold_ms,
     });
+    if let Some(d) = f.deadline_ms_registered() {
+        spec["deadline_ms"] = json!(d);
+    }
     if !sim {
         let dir = functions_dir.join(f.sample());
         let (code, _) = code::pack(&dir).map_err(anyhow::Error::msg).with_context(|| {

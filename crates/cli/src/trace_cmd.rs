@@ -21,6 +21,9 @@ pub enum TraceCommand {
 pub enum MakeCommand {
     /// From the Azure Functions 2019 trace (per-minute invocation counts).
     Azure(AzureArgs),
+    /// Atoll's evaluation workloads (SoCC '21 §7.1): 1 and 2 synthetic apps of classes C1–C4,
+    /// 3 the popular 18–124 ms functions of an Azure trace; every function gets a deadline.
+    Atoll(AtollArgs),
     /// Poisson arrivals at a constant rate.
     Poisson {
         #[command(flatten)]
@@ -104,6 +107,25 @@ pub struct AzureArgs {
 }
 
 #[derive(Args)]
+pub struct AtollArgs {
+    /// 1 (on/off, constant, sine patterns), 2 (also Poisson) or 3 (Azure trace functions).
+    #[arg(long)]
+    workload: u8,
+    /// Apps (functions); workloads 1–2 deal them round-robin over C1–C4.
+    #[arg(long, default_value_t = 20)]
+    apps: usize,
+    /// Length of the trace, e.g. 60s.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    duration: Duration,
+    /// Workload 3: the Azure invocations file, e.g. …/azure2019-invitro-sample/1350_inv.csv
+    /// (its duration and memory files beside it).
+    #[arg(long)]
+    invocations: Option<PathBuf>,
+    #[command(flatten)]
+    output: Output,
+}
+
+#[derive(Args)]
 pub struct SynthArgs {
     /// Mean arrival rate of the background functions together (/s).
     #[arg(long)]
@@ -178,6 +200,22 @@ pub fn run(cmd: TraceCommand) -> Result<()> {
                 minutes: a.minutes,
                 selection: a.sample,
                 mapping: a.map,
+                scaling: scaling(&a.output),
+                seed: a.output.seed,
+            })?;
+            write(&made, &a.output)
+        }
+        MakeCommand::Atoll(a) => {
+            let azure = a
+                .invocations
+                .as_deref()
+                .map(AzureFiles::beside)
+                .transpose()?;
+            let made = make::atoll::make(&make::atoll::AtollOptions {
+                workload: a.workload,
+                apps: a.apps,
+                duration: a.duration,
+                azure,
                 scaling: scaling(&a.output),
                 seed: a.output.seed,
             })?;

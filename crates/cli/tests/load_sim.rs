@@ -376,3 +376,75 @@ fn azure_data_becomes_a_trace_that_runs_and_reports_with_plots() {
     assert!(summary[0]["cold"].as_u64().unwrap() >= 1, "{summary}");
     assert_eq!(summary[1]["label"], "prewarmed");
 }
+
+#[test]
+fn atoll_workload_1_makes_files_that_parse_and_run_with_deadlines() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("atoll.csv");
+    let make = |seed: &str, out: &Path| {
+        ok(hearth(&[
+            "trace",
+            "make",
+            "atoll",
+            "--workload",
+            "1",
+            "--apps",
+            "4",
+            "--duration",
+            "40ms",
+            "--seed",
+            seed,
+            "-o",
+            p(out),
+        ]))
+    };
+    let text = make("3", &trace);
+    assert!(text.contains("4 functions"), "{text}");
+    let meta = hearth_loadgen::Metadata::read(&dir.path().join("atoll.meta.csv")).unwrap();
+    let classes: BTreeSet<&str> = meta
+        .functions
+        .values()
+        .map(|f| {
+            assert!(f.deadline_ms.unwrap() > f.warm_ms, "{f:?}");
+            f.class().unwrap()
+        })
+        .collect();
+    assert_eq!(classes, BTreeSet::from(["C1", "C2", "C3", "C4"]));
+    let t = hearth_loadgen::Trace::read(&trace).unwrap();
+    assert!(!t.invocations.is_empty());
+    // The same seed, the same files.
+    let again = dir.path().join("again.csv");
+    make("3", &again);
+    assert_eq!(
+        std::fs::read(&trace).unwrap(),
+        std::fs::read(&again).unwrap()
+    );
+    // The functions register with their deadlines (whole ms) and the trace runs.
+    let s = Server::start("sim", &[]);
+    let res = dir.path().join("atoll-res.csv");
+    ok(hearth(&[
+        "load",
+        "trace",
+        p(&trace),
+        "--url",
+        &s.url,
+        "-o",
+        p(&res),
+    ]));
+    assert_eq!(read_results(&res).unwrap().len(), t.invocations.len());
+    for (args, needle) in [
+        (&["--workload", "4"][..], "--workload"),
+        (&["--workload", "1", "--apps", "0"][..], "--apps"),
+        (&["--workload", "1", "--duration=-5s"][..], "--duration"),
+        (
+            &["--workload", "1", "--duration", "0s"][..],
+            "--duration must be positive",
+        ),
+        (&["--workload", "3"][..], "--invocations"),
+    ] {
+        let mut all = vec!["trace", "make", "atoll", "-o", p(&trace)];
+        all.extend_from_slice(args);
+        let err = failed(hearth(&all));
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}

@@ -1,5 +1,5 @@
 //! Metadata files: one row per function of a trace, saying how to register and invoke it.
-//! `function,warm_ms,cold_ms,mem_mb,sample,args,source`.
+//! `function,warm_ms,cold_ms,mem_mb,sample,args,source[,deadline_ms]`.
 
 use crate::csvio::{self, CsvOut};
 use crate::error::{LoadgenError, Result};
@@ -36,9 +36,28 @@ pub struct FunctionMeta {
     /// The invocation body, a JSON object; empty means `busy`'s `{"ms": warm_ms, "mb": …}`.
     #[serde(default)]
     pub args: String,
-    /// Where the function came from (e.g. the Azure hash); informational.
+    /// Where the function came from (e.g. the Azure hash). `hearth trace make atoll` writes
+    /// `atoll:C1`…`atoll:C4` (the Atoll class) or `atoll:W3:<hash>`; see [`FunctionMeta::class`].
     #[serde(default)]
     pub source: String,
+    /// Relative deadline (ms after arrival: execution + slack), registered as the function's
+    /// `deadline_ms` for deadline-aware scheduling. Absent in files without the column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<f64>,
+}
+
+/// A metadata row with every column, for files where some function has a deadline: the CSV
+/// writer takes its header from the first row, so every row must have the same columns.
+#[derive(Serialize)]
+struct FullRow<'a> {
+    function: &'a str,
+    warm_ms: f64,
+    cold_ms: f64,
+    mem_mb: f64,
+    sample: &'a str,
+    args: &'a str,
+    source: &'a str,
+    deadline_ms: Option<f64>,
 }
 
 impl FunctionMeta {
@@ -63,6 +82,17 @@ impl FunctionMeta {
         }
     }
 
+    /// The Atoll class (`C1`…`C4`, or `W3` for workload 3) when `trace make atoll` made it.
+    pub fn class(&self) -> Option<&str> {
+        let rest = self.source.strip_prefix("atoll:")?;
+        Some(rest.split(':').next().unwrap_or(rest))
+    }
+
+    /// The deadline to register: whole ms rounded up, at least 1.
+    pub fn deadline_ms_registered(&self) -> Option<u64> {
+        self.deadline_ms.map(|d| (d.ceil() as u64).max(1))
+    }
+
     /// Memory to register with the worker (MiB).
     pub fn memory_mb(&self) -> u64 {
         (self.mem_mb.ceil() as u64).max(MIN_MEMORY_MB)
@@ -82,6 +112,11 @@ impl FunctionMeta {
         ] {
             if !v.is_finite() || v < 0.0 {
                 return Err(format!("{what} must be a non-negative number, got {v}"));
+            }
+        }
+        if let Some(d) = self.deadline_ms {
+            if !d.is_finite() || d <= 0.0 {
+                return Err(format!("deadline_ms must be a positive number, got {d}"));
             }
         }
         if !self.args.is_empty() {
@@ -135,8 +170,22 @@ impl Metadata {
 
     pub fn write(&self, path: &Path) -> Result<()> {
         let mut out = CsvOut::create(path)?;
+        let full = self.functions.values().any(|f| f.deadline_ms.is_some());
         for f in self.functions.values() {
-            out.row(f)?;
+            if full {
+                out.row(&FullRow {
+                    function: &f.function,
+                    warm_ms: f.warm_ms,
+                    cold_ms: f.cold_ms,
+                    mem_mb: f.mem_mb,
+                    sample: &f.sample,
+                    args: &f.args,
+                    source: &f.source,
+                    deadline_ms: f.deadline_ms,
+                })?;
+            } else {
+                out.row(f)?;
+            }
         }
         out.finish()
     }
@@ -202,6 +251,7 @@ mod tests {
             sample: "float_operation".into(),
             args: r#"{"n":100000}"#.into(),
             source: "abc".into(),
+            deadline_ms: None,
         });
         let p = dir.path().join("m.csv");
         m.write(&p).unwrap();
@@ -211,6 +261,43 @@ mod tests {
         assert_eq!(
             back.get("fn-1").unwrap().invocation_args(),
             json!({"n": 100000})
+        );
+    }
+
+    #[test]
+    fn deadlines_round_trip_even_when_only_some_functions_have_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = Metadata::default();
+        let f = |name: &str, d: Option<f64>| FunctionMeta {
+            function: name.into(),
+            warm_ms: 10.0,
+            cold_ms: 40.0,
+            mem_mb: 128.0,
+            sample: String::new(),
+            args: String::new(),
+            source: "atoll:C1".into(),
+            deadline_ms: d,
+        };
+        m.insert(f("a", None));
+        m.insert(f("b", Some(45.2)));
+        let p = dir.path().join("m.csv");
+        m.write(&p).unwrap();
+        let back = Metadata::read(&p).unwrap();
+        assert_eq!(back, m);
+        let b = back.get("b").unwrap();
+        assert_eq!(b.deadline_ms_registered(), Some(46));
+        assert_eq!(b.class(), Some("C1"));
+        // Without any deadline the file keeps its old columns.
+        let mut plain = Metadata::default();
+        plain.insert(f("a", None));
+        plain.write(&p).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(!text.contains("deadline_ms"), "{text}");
+        assert!(
+            read("function,warm_ms,cold_ms,mem_mb,deadline_ms\nf,1,0,1,0\n")
+                .unwrap_err()
+                .to_string()
+                .contains("deadline_ms")
         );
     }
 

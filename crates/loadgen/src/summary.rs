@@ -326,6 +326,7 @@ mod tests {
                 sample: String::new(),
                 args: String::new(),
                 source: String::new(),
+                deadline_ms: None,
             });
         }
         let s = Summary::of("run", &rows, &WarmReference::from_metadata(&meta));

@@ -25,7 +25,8 @@ pub struct SimFunction {
     /// Higher is more important (k-CH-RLU pools). The metadata has no column for it: experiments
     /// set it.
     pub priority: i32,
-    /// Deadline relative to arrival (SRSF); none unless an experiment sets one.
+    /// Deadline relative to arrival (SRSF): the metadata's `deadline_ms` (whole ms, rounded up,
+    /// as registered with the API) or one an experiment sets.
     pub deadline_us: Option<Micros>,
     /// Sandboxes started on every worker before the trace begins (as `hearth load trace
     /// --prewarm` does before it starts its clock).
@@ -102,12 +103,9 @@ impl Workload {
             let m = meta
                 .get(name)
                 .ok_or_else(|| SimError::Config(format!("no metadata for {name}")))?;
-            functions.push(SimFunction::new(
-                name,
-                us(m.warm_ms),
-                us(m.cold_ms),
-                m.memory_mb(),
-            ));
+            let mut f = SimFunction::new(name, us(m.warm_ms), us(m.cold_ms), m.memory_mb());
+            f.deadline_us = m.deadline_ms_registered().map(|d| d * 1000);
+            functions.push(f);
         }
         let arrivals = trace
             .invocations
@@ -171,6 +169,7 @@ mod tests {
                 sample: String::new(),
                 args: String::new(),
                 source: String::new(),
+                deadline_ms: None,
             });
         }
         m

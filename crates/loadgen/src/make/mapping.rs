@@ -121,6 +121,7 @@ pub fn map(f: &SourceFunction, name: String, mapping: Mapping) -> FunctionMeta {
             sample: BUSY.into(),
             args: json!({"ms": f.avg_ms, "mb": (mem_mb - PYTHON_BASELINE_MB).max(0.0)}).to_string(),
             source: f.id.clone(),
+            deadline_ms: None,
         },
         Mapping::FunctionBench => {
             let p = closest_proxy(f.avg_ms);
@@ -132,6 +133,7 @@ pub fn map(f: &SourceFunction, name: String, mapping: Mapping) -> FunctionMeta {
                 sample: p.sample.into(),
                 args: p.args.into(),
                 source: f.id.clone(),
+                deadline_ms: None,
             }
         }
     }

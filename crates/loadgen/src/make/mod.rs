@@ -2,6 +2,7 @@
 //! shapes. Every random choice comes from one seeded generator, so the same options make the same
 //! files.
 
+pub mod atoll;
 pub mod azure;
 pub mod mapping;
 pub mod select;
@@ -207,6 +208,7 @@ fn busy_meta(name: String, warm_ms: f64, cold_ms: f64, mem_mb: f64) -> FunctionM
         sample: BUSY.into(),
         args: json!({"ms": warm_ms, "mb": (mem_mb - PYTHON_BASELINE_MB).max(0.0)}).to_string(),
         source: "synthetic".into(),
+        deadline_ms: None,
     }
 }
 
