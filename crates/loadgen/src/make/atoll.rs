@@ -18,12 +18,11 @@ use super::mapping::{self, Mapping};
 use super::synthetic::{self, Shape};
 use super::{expand_minutes, Made, Scaling};
 use crate::error::{LoadgenError, Result};
-use crate::metadata::{FunctionMeta, Metadata, BUSY, PYTHON_BASELINE_MB};
+use crate::metadata::{FunctionMeta, Metadata};
 use crate::trace::{Invocation, Trace};
 use rand::Rng;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use serde_json::json;
 use std::collections::HashSet;
 use std::ops::RangeInclusive;
 use std::time::Duration;
@@ -122,15 +121,10 @@ fn meta(
     source: String,
 ) -> FunctionMeta {
     FunctionMeta {
-        function: name,
-        warm_ms,
-        cold_ms,
-        mem_mb,
-        sample: BUSY.into(),
-        args: json!({"ms": warm_ms, "mb": (mem_mb - PYTHON_BASELINE_MB).max(0.0)}).to_string(),
         source,
         // Both terms have two decimals; rounding drops the float noise of the sum.
         deadline_ms: Some(((warm_ms + slack) * 100.0).round() / 100.0),
+        ..super::busy_meta(name, warm_ms, cold_ms, mem_mb)
     }
 }
 
