@@ -531,6 +531,7 @@ fn hist_with_regular_arrivals_keeps_its_promises() {
                 ..KeepAliveConfig::default()
             },
             generic: GenericConfig::OFF,
+            proactive_mb: 0,
         },
         queue: QueueDiscipline::Fcfs,
         max_queue: 10,

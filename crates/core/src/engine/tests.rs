@@ -14,6 +14,7 @@ fn config(queue: QueueDiscipline, limit: u32) -> EngineConfig {
             free_buffer_mb: 0,
             keepalive: KeepAliveConfig::default(),
             generic: crate::pool::GenericConfig::OFF,
+            proactive_mb: 0,
         },
         queue,
         max_queue: 100,

@@ -13,6 +13,7 @@ fn pool(budget: u64, buffer: u64) -> SandboxPool {
             ..KeepAliveConfig::default()
         },
         generic: GenericConfig::OFF,
+        proactive_mb: 0,
     })
 }
 
@@ -22,6 +23,7 @@ fn pool_with(kind: KeepAliveKind, budget: u64) -> SandboxPool {
         free_buffer_mb: 0,
         keepalive: KeepAliveConfig::new(kind),
         generic: GenericConfig::OFF,
+        proactive_mb: 0,
     })
 }
 
@@ -453,6 +455,7 @@ fn generic_pool(budget: u64, min: u32, max: u32) -> SandboxPool {
             memory_mb: 32,
             window_us: secs(10),
         },
+        proactive_mb: 0,
     })
 }
 
