@@ -17,7 +17,8 @@ use crate::characteristics::{Characteristics, CharacteristicsReport};
 use crate::load::LoadAverage;
 use crate::policy::queue::{InvocationQueue, KeyInputs, QueueDiscipline};
 use crate::pool::{
-    Acquire, ColdReason, DestroyReason, PoolAction, PoolConfig, PoolStats, SandboxId, SandboxPool,
+    Acquire, ColdReason, DestroyReason, PoolAction, PoolConfig, PoolStats, ProactiveError,
+    ProactiveEvicted, SandboxId, SandboxPool,
 };
 use crate::regulator::{Regulator, RegulatorConfig};
 use crate::time::Micros;
@@ -264,8 +265,10 @@ impl WorkerEngine {
             None => (false, 0, 0),
         };
         self.pool.on_arrival(now, &function, a.memory_mb);
-        let budget = self.config.pool.memory_budget_mb;
-        if a.memory_mb > budget {
+        // Reactive sandboxes never use the proactive pool's part of the budget; an idle
+        // proactive sandbox may still serve a function larger than the rest.
+        let budget = self.pool.reactive_budget_mb();
+        if a.memory_mb > budget && self.pool.idle_count(&function) == 0 {
             return reject(Reject::TooLarge {
                 needed_mb: a.memory_mb,
                 budget_mb: budget,
@@ -668,6 +671,47 @@ impl WorkerEngine {
             }
         }
         (ids, no_memory)
+    }
+
+    /// Starts a proactive sandbox of `function` (Atoll's allocator decided it) in the proactive
+    /// pool's free room; it never evicts. The driver starts it and reports
+    /// [`Self::on_sandbox_ready`] or [`Self::on_prewarm_failed`], as for [`Self::prewarm`].
+    #[must_use = "the returned sandbox must be started and reported ready or failed"]
+    pub fn proactive_create(
+        &mut self,
+        now: Micros,
+        function: &str,
+        memory_mb: u64,
+    ) -> Result<SandboxId, ProactiveError> {
+        if self.shutting_down {
+            return Err(ProactiveError::ShuttingDown);
+        }
+        self.intern(function);
+        self.pool.proactive_create(now, function, memory_mb)
+    }
+
+    /// Stops scheduling on one proactive sandbox of `function` without destroying it (see
+    /// [`SandboxPool::proactive_soft_evict`]); `None` when it has none to mark.
+    pub fn proactive_soft_evict(&mut self, function: &str) -> Option<SandboxId> {
+        self.pool.proactive_soft_evict(function)
+    }
+
+    /// Makes a soft-evicted sandbox of `function` usable again, at no cost (queued
+    /// invocations of it may start on it at once); `None` when it has none.
+    pub fn proactive_unmark(&mut self, now: Micros, function: &str) -> Option<SandboxId> {
+        let id = self.pool.proactive_unmark(function);
+        if id.is_some() {
+            self.dispatch(now);
+        }
+        id
+    }
+
+    /// Destroys one proactive sandbox of `function`, soft-evicted ones first (see
+    /// [`SandboxPool::proactive_evict`]); its Destroy comes out of [`Self::poll_action`].
+    pub fn proactive_evict(&mut self, now: Micros, function: &str) -> Option<ProactiveEvicted> {
+        let evicted = self.pool.proactive_evict(now, function);
+        self.absorb_pool_actions();
+        evicted
     }
 
     /// A prewarmed sandbox is ready; `init_us` is how long it took to start (the function's

@@ -34,6 +34,7 @@
 //!         free_buffer_mb: 0,
 //!         keepalive: KeepAliveConfig::default(),
 //!         generic: GenericConfig::OFF,
+//!         proactive_mb: 0,
 //!     },
 //!     queue: QueueDiscipline::Fcfs,
 //!     max_queue: 100,
@@ -125,7 +126,7 @@ pub use policy::keepalive::{KeepAliveConfig, KeepAliveKind, KeepAlivePolicy};
 pub use policy::queue::QueueDiscipline;
 pub use pool::{
     Acquire, ColdReason, DestroyReason, GenericConfig, GenericStats, PoolAction, PoolConfig,
-    PoolStats, SandboxId, SandboxPool,
+    PoolConfigError, PoolStats, ProactiveError, ProactiveEvicted, SandboxId, SandboxPool,
 };
 pub use regulator::{AimdConfig, RegulatorConfig};
 pub use time::Micros;

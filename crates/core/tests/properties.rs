@@ -10,14 +10,17 @@
 //!   or at shutdown, none is left without one;
 //! * sandboxes: one handed out in a Run is never handed out again before it is given back, is
 //!   never in the pool's idle set meanwhile, and is never destroyed while in use;
-//! * retirement: no Run is ever emitted on a sandbox of a retired function version.
+//! * retirement: no Run is ever emitted on a sandbox of a retired function version;
+//! * proactive sandboxes (created, soft-evicted, un-marked and evicted at random): their memory
+//!   stays within the proactive pool and the total within the budget, a soft-evicted sandbox is
+//!   never handed to a Run, and every Run's sandbox was idle (warm) or new (cold) before it.
 
 use hearth_core::bypass::BypassConfig;
 use hearth_core::policy::hist::HistConfig;
 use hearth_core::{
     AimdConfig, Arrival, Completion, EngineAction, EngineConfig, GenericConfig, InvocationId,
-    KeepAliveConfig, KeepAliveKind, LoadSource, Micros, PoolConfig, QueueDiscipline,
-    RegulatorConfig, Run, SandboxId, SandboxPool, WorkerEngine,
+    KeepAliveConfig, KeepAliveKind, LoadSource, Micros, PoolConfig, ProactiveError,
+    ProactiveEvicted, QueueDiscipline, RegulatorConfig, Run, SandboxId, SandboxPool, WorkerEngine,
 };
 use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
@@ -66,6 +69,19 @@ enum Op {
     Load {
         normalized: f64,
     },
+    /// The controller's allocator: create, soft-evict, un-mark or evict a proactive sandbox.
+    ProCreate {
+        f: usize,
+    },
+    SoftEvict {
+        f: usize,
+    },
+    Unmark {
+        f: usize,
+    },
+    ProEvict {
+        f: usize,
+    },
 }
 
 fn memory() -> impl Strategy<Value = u64> {
@@ -86,7 +102,11 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(|pick| Op::PrewarmReady { pick }),
         1 => any::<usize>().prop_map(|pick| Op::PrewarmFailed { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
-        1 => (f, memory()).prop_map(|(f, memory_mb)| Op::Retire { f, memory_mb }),
+        1 => (f.clone(), memory()).prop_map(|(f, memory_mb)| Op::Retire { f, memory_mb }),
+        2 => f.clone().prop_map(|f| Op::ProCreate { f }),
+        1 => f.clone().prop_map(|f| Op::SoftEvict { f }),
+        1 => f.clone().prop_map(|f| Op::Unmark { f }),
+        1 => f.prop_map(|f| Op::ProEvict { f }),
         5 => prop_oneof![0..50u64, 0..2_000u64, 0..60_000u64].prop_map(|ms| Op::Advance { ms }),
         1 => (0.0..2.0f64).prop_map(|normalized| Op::Load { normalized }),
     ]
@@ -111,9 +131,21 @@ fn engine_config() -> impl Strategy<Value = EngineConfig> {
         prop::sample::select(vec![0, 20 * MS]),
         any::<bool>(),
         any::<bool>(),
+        prop::sample::select(vec![0u64, 128, 256]),
     )
         .prop_map(
-            |(kind, queue, budget, buffer, max_queue, regulator, bypass_us, simulated, generic)| {
+            |(
+                kind,
+                queue,
+                budget,
+                buffer,
+                max_queue,
+                regulator,
+                bypass_us,
+                simulated,
+                generic,
+                proactive_mb,
+            )| {
                 EngineConfig {
                     pool: PoolConfig {
                         memory_budget_mb: budget,
@@ -142,6 +174,8 @@ fn engine_config() -> impl Strategy<Value = EngineConfig> {
                         } else {
                             GenericConfig::OFF
                         },
+                        // Up to the whole 256 MiB budget: then no reactive sandbox fits.
+                        proactive_mb,
                     },
                     queue,
                     max_queue,
@@ -183,6 +217,9 @@ struct Driver {
     retired: HashSet<SandboxId>,
     /// The function each known sandbox serves.
     owner: HashMap<SandboxId, usize>,
+    /// Proactive sandboxes soft-evicted (or marked so while busy or starting), by the
+    /// driver's own account of what it asked for.
+    soft: HashSet<SandboxId>,
 }
 
 impl Driver {
@@ -201,6 +238,7 @@ impl Driver {
             generic_ready: HashSet::new(),
             retired: HashSet::new(),
             owner: HashMap::new(),
+            soft: HashSet::new(),
         }
     }
 
@@ -227,6 +265,13 @@ impl Driver {
                         .iter()
                         .position(|n| *n == &*run.function)
                         .unwrap_or(usize::MAX);
+                    prop_assert!(!self.soft.contains(&sb), "a Run on soft-evicted {sb}");
+                    prop_assert!(!self.prewarming.contains(&sb), "a Run on starting {sb}");
+                    if run.cold.is_some() {
+                        prop_assert!(!self.owner.contains_key(&sb), "cold Run on old {sb}");
+                    } else {
+                        prop_assert!(self.owner.contains_key(&sb), "warm Run on unknown {sb}");
+                    }
                     let owner = *self.owner.entry(sb).or_insert(f);
                     prop_assert_eq!(owner, f, "{} runs on a sandbox of another function", sb);
                     if run.cold.is_none() {
@@ -254,6 +299,7 @@ impl Driver {
                         "{sandbox} destroyed while starting"
                     );
                     self.owner.remove(&sandbox);
+                    self.soft.remove(&sandbox);
                 }
                 EngineAction::Prewarm { sandbox, function } => {
                     let f = FUNCTIONS.iter().position(|n| *n == &*function);
@@ -278,9 +324,27 @@ impl Driver {
         let pool: &SandboxPool = self.engine.pool();
         let s = pool.stats();
         prop_assert!(
-            s.memory_running_mb + s.memory_warm_mb + s.memory_generic_mb <= s.memory_budget_mb,
+            s.memory_running_mb + s.memory_warm_mb + s.memory_generic_mb + s.memory_proactive_mb
+                <= s.memory_budget_mb,
             "over budget: {s:?}"
         );
+        prop_assert!(
+            s.memory_proactive_mb <= s.proactive_pool_mb,
+            "proactive pool over its size: {s:?}"
+        );
+        prop_assert!(
+            s.memory_running_mb + s.memory_warm_mb + s.memory_generic_mb
+                <= s.memory_budget_mb - s.proactive_pool_mb,
+            "reactive sandboxes in the proactive pool: {s:?}"
+        );
+        for sb in &self.soft {
+            prop_assert_eq!(pool.is_soft(*sb), Some(true), "{} should be soft", sb);
+        }
+        for sb in pool.idle_sandboxes() {
+            if pool.is_soft(sb) == Some(true) {
+                prop_assert!(self.soft.contains(&sb), "{sb} is soft unasked");
+            }
+        }
         if let Err(e) = pool.check_invariants() {
             return Err(TestCaseError::fail(e));
         }
@@ -376,6 +440,7 @@ impl Driver {
                 if let Some(sb) = self.take_prewarm(*pick) {
                     self.engine.on_prewarm_failed(now, sb);
                     self.owner.remove(&sb);
+                    self.soft.remove(&sb);
                 }
                 if let Some(g) = self.generic_creating.pop() {
                     self.engine.on_generic_failed(now, g);
@@ -409,6 +474,60 @@ impl Driver {
                 self.now = until;
             }
             Op::Load { normalized } => self.engine.on_load(now, *normalized),
+            Op::ProCreate { f } => {
+                let free = self.engine.pool().proactive_free_mb();
+                match self
+                    .engine
+                    .proactive_create(now, FUNCTIONS[*f], self.memory[*f])
+                {
+                    Ok(sb) => {
+                        prop_assert!(!self.owner.contains_key(&sb), "{sb} reuses an id");
+                        self.owner.insert(sb, *f);
+                        self.prewarming.push(sb);
+                    }
+                    Err(ProactiveError::PoolFull { needed_mb, free_mb }) => {
+                        prop_assert_eq!(free_mb, free);
+                        prop_assert!(needed_mb > free_mb);
+                    }
+                    Err(ProactiveError::Disabled) => {
+                        prop_assert_eq!(self.engine.pool().proactive_pool_mb(), 0);
+                    }
+                    Err(e) => prop_assert!(false, "unexpected {e}"),
+                }
+            }
+            Op::SoftEvict { f } => {
+                if let Some(sb) = self.engine.proactive_soft_evict(FUNCTIONS[*f]) {
+                    prop_assert_eq!(self.owner.get(&sb), Some(f));
+                    prop_assert!(self.soft.insert(sb), "{} soft-evicted twice", sb);
+                }
+            }
+            Op::Unmark { f } => {
+                if let Some(sb) = self.engine.proactive_unmark(now, FUNCTIONS[*f]) {
+                    prop_assert!(self.soft.remove(&sb), "{} un-marked but not soft", sb);
+                }
+            }
+            Op::ProEvict { f } => {
+                let had_soft = self.soft.iter().any(|sb| {
+                    self.owner.get(sb) == Some(f)
+                        && !self.busy.contains(sb)
+                        && !self.prewarming.contains(sb)
+                });
+                match self.engine.proactive_evict(now, FUNCTIONS[*f]) {
+                    Some(ProactiveEvicted::Now(sb)) => {
+                        prop_assert!(
+                            !had_soft || self.soft.contains(&sb),
+                            "evicted {} before a soft one",
+                            sb
+                        );
+                        prop_assert_eq!(self.engine.pool().is_proactive(sb), None);
+                    }
+                    Some(ProactiveEvicted::WhenDone(sb)) => {
+                        prop_assert!(!had_soft, "a busy one evicted before an idle soft one");
+                        prop_assert!(self.busy.contains(&sb) || self.prewarming.contains(&sb));
+                    }
+                    None => prop_assert!(!had_soft, "a soft one was left"),
+                }
+            }
         }
         self.drain()
     }
@@ -531,6 +650,7 @@ fn hist_with_regular_arrivals_keeps_its_promises() {
                 ..KeepAliveConfig::default()
             },
             generic: GenericConfig::OFF,
+            proactive_mb: 0,
         },
         queue: QueueDiscipline::Fcfs,
         max_queue: 10,

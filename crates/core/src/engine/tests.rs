@@ -14,6 +14,7 @@ fn config(queue: QueueDiscipline, limit: u32) -> EngineConfig {
             free_buffer_mb: 0,
             keepalive: KeepAliveConfig::default(),
             generic: crate::pool::GenericConfig::OFF,
+            proactive_mb: 0,
         },
         queue,
         max_queue: 100,
@@ -695,4 +696,122 @@ fn srsf_never_blocks_behind_an_invocation_waiting_for_memory() {
     assert_eq!(next.len(), 1, "{next:?}");
     assert_eq!(next[0].invocation, big);
     assert!(next[0].cold.is_some());
+}
+
+// Proactive sandboxes (Atoll §4.3) through the engine.
+
+fn pro_config(budget: u64, proactive_mb: u64) -> EngineConfig {
+    let mut c = config(QueueDiscipline::Fcfs, 4);
+    c.pool.memory_budget_mb = budget;
+    c.pool.proactive_mb = proactive_mb;
+    c
+}
+
+fn pro_stats(e: &WorkerEngine, f: &str) -> crate::pool::FunctionPoolStats {
+    e.stats()
+        .pool
+        .functions
+        .into_iter()
+        .find(|(n, _)| n == f)
+        .map(|(_, s)| s)
+        .unwrap_or_default()
+}
+
+#[test]
+fn an_arrival_runs_warm_on_a_proactive_sandbox_that_then_returns_to_the_pool() {
+    let mut e = WorkerEngine::new(pro_config(1024, 256));
+    let sb = e.proactive_create(0, "f", 128).expect("room");
+    assert_eq!(pro_stats(&e, "f").proactive_starting, 1);
+    e.on_sandbox_ready(ms(1), sb, Some(ms(50)));
+    let run = run_of(arrive(&mut e, ms(2), "f"));
+    assert_eq!((run.sandbox, run.cold), (sb, None));
+    assert_eq!(pro_stats(&e, "f").proactive_busy, 1);
+    e.on_completed(ms(3), &run, done(ms(1)));
+    let s = pro_stats(&e, "f");
+    assert_eq!((s.proactive_idle, s.warm), (1, 0));
+    let pool = e.stats().pool;
+    assert_eq!(
+        (pool.proactive_pool_mb, pool.memory_proactive_mb),
+        (256, 128)
+    );
+    // Long after any keep-alive window it is still there.
+    e.on_timeout(secs(3600));
+    let run = run_of(arrive(&mut e, secs(3600), "f"));
+    assert_eq!((run.sandbox, run.cold), (sb, None));
+    e.pool().check_invariants().expect("consistent");
+}
+
+#[test]
+fn a_queued_invocation_starts_on_a_proactive_sandbox_when_it_is_unmarked() {
+    // 384 MiB: 256 proactive, 128 for one reactive sandbox.
+    let mut e = WorkerEngine::new(pro_config(384, 256));
+    let sb = e.proactive_create(0, "f", 128).expect("room");
+    e.on_sandbox_ready(0, sb, None);
+    assert_eq!(e.proactive_soft_evict("f"), Some(sb));
+    let g = run_of(arrive(&mut e, ms(1), "g"));
+    assert!(g.cold.is_some());
+    // f's only sandbox is soft and the reactive memory is held by g: f waits.
+    let id = queued(arrive(&mut e, ms(2), "f"));
+    assert_eq!(e.proactive_unmark(ms(3), "f"), Some(sb));
+    let started = runs(&mut e);
+    assert_eq!(started.len(), 1);
+    assert_eq!(
+        (started[0].invocation, started[0].sandbox, started[0].cold),
+        (id, sb, None)
+    );
+    e.pool().check_invariants().expect("consistent");
+}
+
+#[test]
+fn proactive_evict_emits_destroy_and_creation_is_refused_when_full_or_shutting_down() {
+    let mut e = WorkerEngine::new(pro_config(1024, 128));
+    let sb = e.proactive_create(0, "f", 128).expect("room");
+    assert_eq!(
+        e.proactive_create(0, "g", 128),
+        Err(ProactiveError::PoolFull {
+            needed_mb: 128,
+            free_mb: 0
+        })
+    );
+    e.on_sandbox_ready(0, sb, None);
+    assert_eq!(
+        e.proactive_evict(ms(1), "f"),
+        Some(ProactiveEvicted::Now(sb))
+    );
+    assert_eq!(
+        e.poll_action(),
+        Some(EngineAction::Destroy {
+            sandbox: sb,
+            reason: DestroyReason::Evicted
+        })
+    );
+    assert_eq!(e.proactive_evict(ms(1), "f"), None);
+    e.shutdown();
+    assert_eq!(
+        e.proactive_create(ms(2), "f", 64),
+        Err(ProactiveError::ShuttingDown)
+    );
+}
+
+#[test]
+fn an_invocation_larger_than_the_reactive_part_is_too_large_without_a_proactive_sandbox() {
+    let mut e = WorkerEngine::new(pro_config(512, 256));
+    let big = Arrival {
+        function: "f",
+        memory_mb: 384,
+        deadline_us: None,
+    };
+    match admit(&mut e, 0, big) {
+        Admission::Rejected(Reject::TooLarge {
+            needed_mb: 384,
+            budget_mb: 256,
+        }) => {}
+        other => panic!("expected too large, got {other:?}"),
+    }
+    // A proactive sandbox of the function may still serve it.
+    let mut e = WorkerEngine::new(pro_config(512, 512));
+    let sb = e.proactive_create(0, "f", 384).expect("room");
+    e.on_sandbox_ready(0, sb, None);
+    let run = run_of(admit(&mut e, ms(1), big));
+    assert_eq!((run.sandbox, run.cold), (sb, None));
 }

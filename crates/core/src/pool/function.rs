@@ -5,7 +5,7 @@ use super::index::EvictKey;
 use super::types::{DestroyReason, SandboxId};
 use crate::policy::keepalive::FunctionFacts;
 use crate::time::Micros;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
 /// A function's index in the pool (its interned name). Dense from 0, so policies may keep
 /// per-function state in a `Vec`; a retired function keeps its index.
@@ -31,6 +31,36 @@ pub(super) struct Slot {
     pub deadline: Option<Micros>,
     /// Retired: destroyed instead of becoming idle.
     pub doomed: bool,
+    /// `Some` for a proactive sandbox: never expires, never evicted for reactive memory.
+    pub pro: Option<ProMark>,
+}
+
+/// A proactive sandbox's marks. On an idle one `soft` means it is in the soft set; on a
+/// starting or busy one both are pending and take effect when it becomes idle.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct ProMark {
+    pub soft: bool,
+    /// Hard-evicted while starting or busy: destroyed instead of becoming idle.
+    pub kill: bool,
+}
+
+/// A function's proactive sandboxes (not counted in the reactive fields of [`FunctionEntry`]).
+#[derive(Debug, Default)]
+pub(super) struct ProSet {
+    /// Idle and usable, least recently used first.
+    pub idle: VecDeque<SandboxId>,
+    /// Idle and soft-evicted, oldest mark first.
+    pub soft: VecDeque<SandboxId>,
+    /// Starting or busy.
+    pub running: BTreeSet<SandboxId>,
+    pub busy: u32,
+    pub starting: u32,
+}
+
+impl ProSet {
+    pub fn is_empty(&self) -> bool {
+        self.idle.is_empty() && self.soft.is_empty() && self.running.is_empty()
+    }
 }
 
 #[derive(Debug)]
@@ -48,6 +78,7 @@ pub(super) struct FunctionEntry {
     pub memory_mb: u64,
     pub last_clock: f64,
     pub evict_key: Option<EvictKey>,
+    pub pro: ProSet,
 }
 
 impl FunctionEntry {
@@ -62,6 +93,7 @@ impl FunctionEntry {
             memory_mb,
             last_clock: 0.0,
             evict_key: None,
+            pro: ProSet::default(),
         }
     }
 
@@ -75,6 +107,6 @@ impl FunctionEntry {
     }
 
     pub fn has_sandboxes(&self) -> bool {
-        !self.idle.is_empty() || self.busy > 0 || self.starting > 0
+        !self.idle.is_empty() || self.busy > 0 || self.starting > 0 || !self.pro.is_empty()
     }
 }

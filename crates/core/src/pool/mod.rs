@@ -9,17 +9,20 @@
 //! O(log functions).
 //!
 //! Memory invariant: the memory of starting, busy and idle sandboxes never exceeds the budget.
+//! Proactive sandboxes ([`proactive`]) live in their own part of it, `proactive_mb`, which
+//! reactive and generic sandboxes never use.
 
 mod function;
 mod generic;
 mod index;
+mod proactive;
 mod types;
 
 pub use function::FnId;
 pub use generic::{GenericConfig, GenericStats};
 pub use types::{
-    Acquire, ColdReason, DestroyReason, FunctionPoolStats, PoolAction, PoolConfig, PoolStats,
-    SandboxId,
+    Acquire, ColdReason, DestroyReason, FunctionPoolStats, PoolAction, PoolConfig, PoolConfigError,
+    PoolStats, ProactiveError, ProactiveEvicted, SandboxId,
 };
 
 use crate::policy::keepalive::{new_policy, IdleAfter, KeepAlivePolicy, SandboxFacts};
@@ -53,6 +56,9 @@ pub struct SandboxPool {
     used_generic_mb: u64,
     /// The generic pool's target when it was last refilled (for stats, which have no clock).
     generic_target: u32,
+    /// The proactive pool's size (clamped to the budget) and the memory of its sandboxes.
+    proactive_mb: u64,
+    used_proactive_mb: u64,
     actions: VecDeque<PoolAction>,
 }
 
@@ -61,6 +67,7 @@ impl SandboxPool {
         SandboxPool {
             policy: new_policy(&config.keepalive),
             generic: generic::GenericPool::new(config.generic.clone()),
+            proactive_mb: config.proactive_mb.min(config.memory_budget_mb),
             config,
             next_id: 1,
             slots: HashMap::new(),
@@ -74,6 +81,7 @@ impl SandboxPool {
             used_warm_mb: 0,
             used_generic_mb: 0,
             generic_target: 0,
+            used_proactive_mb: 0,
             actions: VecDeque::new(),
         }
     }
@@ -86,9 +94,9 @@ impl SandboxPool {
         &*self.policy
     }
 
+    /// Free memory for reactive and generic sandboxes (the proactive pool's part excluded).
     pub fn free_mb(&self) -> u64 {
-        self.config
-            .memory_budget_mb
+        self.reactive_budget_mb()
             .saturating_sub(self.used_running_mb + self.used_warm_mb + self.used_generic_mb)
     }
 
@@ -124,7 +132,6 @@ impl SandboxPool {
         e
     }
 
-    /// Idle sandboxes of `function` right now.
     /// Whether an invocation of `function` could start now without waiting for memory:
     /// `Some(true)` on an idle sandbox of its own, `Some(false)` with a cold start (in free
     /// memory, or in what evicting idle and ready generic sandboxes frees, as
@@ -137,11 +144,13 @@ impl SandboxPool {
         (self.free_mb() + self.used_warm_mb + ready_generic >= memory_mb).then_some(false)
     }
 
+    /// Sandboxes of `function` an invocation may take right now: idle reactive ones and idle
+    /// proactive ones that are not soft-evicted.
     pub fn idle_count(&self, function: &str) -> usize {
         self.ids
             .get(function)
             .and_then(|f| self.functions.get(f))
-            .map_or(0, |e| e.idle.len())
+            .map_or(0, |e| e.idle.len() + e.pro.idle.len())
     }
 
     /// An invocation of `function` arrived (HIST learns inter-arrival times from this).
@@ -167,9 +176,13 @@ impl SandboxPool {
         }
     }
 
-    /// Picks a sandbox for an invocation of `function` needing `memory_mb`.
+    /// Picks a sandbox for an invocation of `function` needing `memory_mb`: an idle proactive
+    /// one (not soft-evicted), else an idle reactive one, else a new one.
     pub fn acquire(&mut self, now: Micros, function: &str, memory_mb: u64) -> Acquire {
         let fid = self.intern(function);
+        if let Some(id) = self.acquire_proactive(now, fid) {
+            return Acquire::Warm(id);
+        }
         let clock = self.policy.clock();
         let e = self.entry(fid, memory_mb);
         if let Some(id) = e.idle.pop_back() {
@@ -282,10 +295,10 @@ impl SandboxPool {
         let Some(e) = self.functions.get(&fid) else {
             return ColdReason::New;
         };
-        if e.starting > 0 {
+        if e.starting > 0 || e.pro.starting > 0 {
             return ColdReason::PrewarmMiss;
         }
-        if e.busy > 0 {
+        if e.busy > 0 || e.pro.busy > 0 {
             return ColdReason::Concurrent;
         }
         match e.last_gone {
@@ -349,6 +362,7 @@ impl SandboxPool {
                 clock: self.policy.clock(),
                 deadline: None,
                 doomed: false,
+                pro: None,
             },
         );
         self.used_running_mb += memory_mb;
@@ -447,6 +461,12 @@ impl SandboxPool {
         if slot.state != State::Starting {
             return;
         }
+        if slot.pro.is_some() {
+            if let Some(slot) = self.slots.remove(&id) {
+                self.proactive_to_idle(now, id, slot);
+            }
+            return;
+        }
         self.used_running_mb -= slot.memory_mb;
         if slot.doomed {
             self.slots.remove(&id);
@@ -488,6 +508,14 @@ impl SandboxPool {
         let Some(slot) = self.slots.remove(&id) else {
             return;
         };
+        if slot.pro.is_some() {
+            if slot.state == State::Idle {
+                self.slots.insert(id, slot);
+            } else {
+                self.proactive_gone(id, &slot, false);
+            }
+            return;
+        }
         self.used_running_mb -= slot.memory_mb;
         if let Some(entry) = self.entry_of(&slot) {
             match slot.state {
@@ -518,6 +546,14 @@ impl SandboxPool {
         };
         if slot.state != State::Busy {
             self.slots.insert(id, slot);
+            return;
+        }
+        if slot.pro.is_some() {
+            if reusable {
+                self.proactive_to_idle(now, id, slot);
+            } else {
+                self.proactive_gone(id, &slot, true);
+            }
             return;
         }
         self.used_running_mb -= slot.memory_mb;
@@ -637,6 +673,15 @@ impl SandboxPool {
         if let Some(k) = entry.evict_key {
             self.evict_index.remove(&k);
         }
+        for id in entry.pro.idle.iter().chain(&entry.pro.soft) {
+            if let Some(slot) = self.slots.remove(id) {
+                self.used_proactive_mb -= slot.memory_mb;
+            }
+            self.actions.push_back(PoolAction::Destroy {
+                sandbox: *id,
+                reason: DestroyReason::Retired,
+            });
+        }
         for id in entry.idle {
             if let Some(slot) = self.slots.remove(&id) {
                 if let Some(d) = slot.deadline {
@@ -691,10 +736,14 @@ impl SandboxPool {
         let mut per: HashMap<FnId, FunctionPoolStats> = HashMap::new();
         for slot in self.slots.values() {
             let s = per.entry(slot.function).or_default();
-            match slot.state {
-                State::Idle => s.warm += 1,
-                State::Busy => s.running += 1,
-                State::Starting => s.starting += 1,
+            match (slot.state, slot.pro) {
+                (State::Idle, None) => s.warm += 1,
+                (State::Busy, None) => s.running += 1,
+                (State::Starting, None) => s.starting += 1,
+                (State::Idle, Some(m)) if m.soft => s.proactive_soft += 1,
+                (State::Idle, Some(_)) => s.proactive_idle += 1,
+                (State::Busy, Some(_)) => s.proactive_busy += 1,
+                (State::Starting, Some(_)) => s.proactive_starting += 1,
             }
         }
         let mut functions: Vec<(String, FunctionPoolStats)> = per
@@ -707,6 +756,8 @@ impl SandboxPool {
             memory_running_mb: self.used_running_mb,
             memory_warm_mb: self.used_warm_mb,
             memory_generic_mb: self.used_generic_mb,
+            proactive_pool_mb: self.proactive_mb,
+            memory_proactive_mb: self.used_proactive_mb,
             generic: self.generic.stats(self.generic_target),
             functions,
         }
@@ -733,9 +784,52 @@ impl SandboxPool {
     /// counts, the eviction and expiry indexes); O(sandboxes). For tests and property checks.
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
-        let (mut running, mut warm) = (0, 0);
+        let (mut running, mut warm, mut proactive) = (0, 0, 0);
         let mut counts: HashMap<FnId, (usize, u32, u32)> = HashMap::new();
+        // Proactive idle, soft, busy, starting per function.
+        let mut pro_counts: HashMap<FnId, (usize, usize, u32, u32)> = HashMap::new();
         for (id, s) in &self.slots {
+            if let Some(m) = s.pro {
+                proactive += s.memory_mb;
+                if s.deadline.is_some() {
+                    return Err(format!("proactive {id} has a keep-alive deadline"));
+                }
+                if s.doomed {
+                    if s.state == State::Idle {
+                        return Err(format!("proactive {id} is idle but retired"));
+                    }
+                    continue;
+                }
+                let Some(e) = self.functions.get(&s.function) else {
+                    return Err(format!("proactive {id} has no function entry"));
+                };
+                let c = pro_counts.entry(s.function).or_default();
+                match s.state {
+                    State::Idle => {
+                        let (listed, other) = if m.soft {
+                            c.1 += 1;
+                            (&e.pro.soft, &e.pro.idle)
+                        } else {
+                            c.0 += 1;
+                            (&e.pro.idle, &e.pro.soft)
+                        };
+                        if !listed.contains(id) || other.contains(id) || m.kill {
+                            return Err(format!("proactive {id} (soft {}) misfiled", m.soft));
+                        }
+                    }
+                    State::Busy | State::Starting => {
+                        if s.state == State::Busy {
+                            c.2 += 1;
+                        } else {
+                            c.3 += 1;
+                        }
+                        if !e.pro.running.contains(id) {
+                            return Err(format!("proactive {id} is running but not listed"));
+                        }
+                    }
+                }
+                continue;
+            }
             let c = counts.entry(s.function).or_default();
             match s.state {
                 State::Idle => {
@@ -787,9 +881,27 @@ impl SandboxPool {
                 self.used_generic_mb
             ));
         }
-        if running + warm + generic > self.config.memory_budget_mb {
+        if proactive != self.used_proactive_mb {
             return Err(format!(
-                "over budget: {running} + {warm} + {generic} > {}",
+                "proactive memory: counted {proactive}, kept {}",
+                self.used_proactive_mb
+            ));
+        }
+        if proactive > self.proactive_mb {
+            return Err(format!(
+                "proactive pool over its size: {proactive} > {}",
+                self.proactive_mb
+            ));
+        }
+        if running + warm + generic > self.reactive_budget_mb() {
+            return Err(format!(
+                "reactive memory in the proactive pool: {running} + {warm} + {generic} > {}",
+                self.reactive_budget_mb()
+            ));
+        }
+        if running + warm + generic + proactive > self.config.memory_budget_mb {
+            return Err(format!(
+                "over budget: {running} + {warm} + {generic} + {proactive} > {}",
                 self.config.memory_budget_mb
             ));
         }
@@ -802,6 +914,21 @@ impl SandboxPool {
                     e.idle.len(),
                     e.busy,
                     e.starting
+                ));
+            }
+            let pro = pro_counts.get(fid).copied().unwrap_or_default();
+            let kept = (
+                e.pro.idle.len(),
+                e.pro.soft.len(),
+                e.pro.busy,
+                e.pro.starting,
+            );
+            if kept != pro || e.pro.running.len() != (e.pro.busy + e.pro.starting) as usize {
+                return Err(format!(
+                    "function {}: kept proactive idle/soft/busy/starting {kept:?} ({} running), \
+                     counted {pro:?}",
+                    self.names[fid.0 as usize],
+                    e.pro.running.len()
                 ));
             }
             match e.evict_key {
@@ -827,7 +954,11 @@ impl SandboxPool {
             return Err("the eviction index has entries of no idle function".into());
         }
         for (_, id) in &self.expiry {
-            if self.slots.get(id).is_none_or(|s| s.state != State::Idle) {
+            if self
+                .slots
+                .get(id)
+                .is_none_or(|s| s.state != State::Idle || s.pro.is_some())
+            {
                 return Err(format!("{id} is in the expiry index but not idle"));
             }
         }

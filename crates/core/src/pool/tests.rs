@@ -13,6 +13,7 @@ fn pool(budget: u64, buffer: u64) -> SandboxPool {
             ..KeepAliveConfig::default()
         },
         generic: GenericConfig::OFF,
+        proactive_mb: 0,
     })
 }
 
@@ -22,6 +23,7 @@ fn pool_with(kind: KeepAliveKind, budget: u64) -> SandboxPool {
         free_buffer_mb: 0,
         keepalive: KeepAliveConfig::new(kind),
         generic: GenericConfig::OFF,
+        proactive_mb: 0,
     })
 }
 
@@ -453,6 +455,7 @@ fn generic_pool(budget: u64, min: u32, max: u32) -> SandboxPool {
             memory_mb: 32,
             window_us: secs(10),
         },
+        proactive_mb: 0,
     })
 }
 
@@ -624,4 +627,297 @@ fn shutdown_destroys_generic_sandboxes_ready_and_in_the_making() {
     assert_eq!(destroyed(&drain(&mut p)), vec![g[1]]);
     assert_eq!(p.stats().memory_generic_mb, 0);
     p.check_invariants().unwrap();
+}
+
+// Proactive sandboxes (Atoll §4.3).
+
+/// A TTL pool (10 s) with a `proactive_mb` proactive pool inside `budget`.
+fn pro_pool(budget: u64, proactive_mb: u64) -> SandboxPool {
+    SandboxPool::new(PoolConfig {
+        memory_budget_mb: budget,
+        free_buffer_mb: 0,
+        keepalive: KeepAliveConfig {
+            ttl: secs(10),
+            ..KeepAliveConfig::default()
+        },
+        generic: GenericConfig::OFF,
+        proactive_mb,
+    })
+}
+
+/// Creates a proactive sandbox of `f` and reports it ready.
+fn pro_ready(p: &mut SandboxPool, now: Micros, f: &str, mb: u64) -> SandboxId {
+    let id = p
+        .proactive_create(now, f, mb)
+        .expect("room in the proactive pool");
+    p.on_sandbox_ready(now, id);
+    p.check_invariants().expect("consistent");
+    id
+}
+
+fn fn_stats(p: &SandboxPool, f: &str) -> FunctionPoolStats {
+    p.stats()
+        .functions
+        .into_iter()
+        .find(|(n, _)| n == f)
+        .map(|(_, s)| s)
+        .unwrap_or_default()
+}
+
+#[test]
+fn proactive_create_is_bounded_by_the_proactive_pool() {
+    let mut p = pro_pool(1024, 256);
+    let a = p.proactive_create(0, "f", 128).expect("fits");
+    assert_eq!(fn_stats(&p, "f").proactive_starting, 1);
+    let _b = p.proactive_create(0, "g", 128).expect("fits");
+    assert_eq!(
+        p.proactive_create(0, "f", 64),
+        Err(ProactiveError::PoolFull {
+            needed_mb: 64,
+            free_mb: 0
+        })
+    );
+    // Nothing was evicted for it, and the reactive side keeps its 768 MiB untouched.
+    assert!(drain(&mut p).is_empty());
+    assert_eq!(p.free_mb(), 768);
+    let s = p.stats();
+    assert_eq!((s.proactive_pool_mb, s.memory_proactive_mb), (256, 256));
+    // A failed start gives its room back.
+    p.on_start_failed(a);
+    assert_eq!(p.proactive_free_mb(), 128);
+    p.check_invariants().expect("consistent");
+    assert_eq!(
+        pro_pool(1024, 0).proactive_create(0, "f", 64),
+        Err(ProactiveError::Disabled)
+    );
+}
+
+#[test]
+fn acquire_prefers_an_idle_proactive_sandbox_and_it_returns_to_the_proactive_pool() {
+    let mut p = pro_pool(1024, 256);
+    let (r, _) = cold(p.acquire(0, "f", 128));
+    p.release(ms(1), r, true);
+    let pro = pro_ready(&mut p, ms(2), "f", 128);
+    assert_eq!(p.idle_count("f"), 2);
+    // The reactive sandbox is the more recent, but the proactive one goes first.
+    assert_eq!(p.acquire(ms(3), "f", 128), Acquire::Warm(pro));
+    assert_eq!(fn_stats(&p, "f").proactive_busy, 1);
+    assert_eq!(p.acquire(ms(4), "f", 128), Acquire::Warm(r));
+    p.release(ms(5), pro, true);
+    p.check_invariants().expect("consistent");
+    let s = fn_stats(&p, "f");
+    assert_eq!((s.proactive_idle, s.warm, s.running), (1, 0, 1));
+    // Reactive memory accounting does not include it.
+    assert_eq!(p.stats().memory_warm_mb, 0);
+    assert_eq!(p.acquire(ms(6), "f", 128), Acquire::Warm(pro));
+}
+
+#[test]
+fn a_proactive_sandbox_survives_keep_alive_expiry_and_memory_pressure() {
+    // 512 MiB: 128 proactive, 384 for reactive sandboxes.
+    let mut p = pro_pool(512, 128);
+    let (r, _) = cold(p.acquire(0, "f", 128));
+    p.release(ms(1), r, true);
+    let pro = pro_ready(&mut p, ms(1), "f", 128);
+    // Keep-alive (10 s) ends for the reactive one only.
+    p.on_timeout(secs(60));
+    assert_eq!(
+        drain(&mut p),
+        vec![PoolAction::Destroy {
+            sandbox: r,
+            reason: DestroyReason::Expired
+        }]
+    );
+    assert_eq!(p.next_timeout(), None, "no timer for a proactive sandbox");
+    // Memory pressure: three 128 MiB reactive sandboxes of other functions fill the reactive
+    // part; a fourth finds it full and evicts a reactive idle one, never the proactive one.
+    let mut idle = Vec::new();
+    for (i, f) in ["a", "b", "c"].iter().enumerate() {
+        let (id, _) = cold(p.acquire(secs(61), f, 128));
+        p.release(secs(61) + ms(i as u64), id, true);
+        idle.push(id);
+    }
+    let (_d, _) = cold(p.acquire(secs(62), "d", 128));
+    assert_eq!(evicted(&drain(&mut p)), vec![idle[0]]);
+    let _ = cold(p.acquire(secs(63), "e", 128));
+    let _ = cold(p.acquire(secs(63), "g", 128));
+    assert_eq!(evicted(&drain(&mut p)), vec![idle[1], idle[2]]);
+    // With every reactive sandbox busy, a cold start is refused rather than take its memory.
+    assert_eq!(
+        p.acquire(secs(63), "h", 128),
+        Acquire::NoMemory {
+            needed_mb: 128,
+            free_mb: 0
+        }
+    );
+    assert_eq!(p.acquire(secs(64), "f", 128), Acquire::Warm(pro));
+    p.check_invariants().expect("consistent");
+}
+
+#[test]
+fn reactive_cold_starts_cannot_use_the_proactive_pool() {
+    let mut p = pro_pool(512, 256);
+    let (a, _) = cold(p.acquire(0, "a", 256));
+    assert_eq!(
+        p.acquire(0, "b", 128),
+        Acquire::NoMemory {
+            needed_mb: 128,
+            free_mb: 0
+        }
+    );
+    // The empty proactive pool is still whole for the controller.
+    let _ = pro_ready(&mut p, 0, "b", 256);
+    p.release(ms(1), a, true);
+    p.check_invariants().expect("consistent");
+    // A proactive pool as large as the whole budget leaves reactive sandboxes nothing.
+    let mut p = pro_pool(256, 256);
+    assert!(matches!(p.acquire(0, "a", 64), Acquire::NoMemory { .. }));
+    assert!(PoolConfig {
+        proactive_mb: 512,
+        ..p.config().clone()
+    }
+    .validate()
+    .is_err());
+    assert!(p.config().validate().is_ok());
+}
+
+#[test]
+fn soft_evicted_sandboxes_are_not_acquired_until_unmarked() {
+    let mut p = pro_pool(1024, 256);
+    let pro = pro_ready(&mut p, 0, "f", 128);
+    assert_eq!(p.proactive_soft_evict("f"), Some(pro));
+    assert_eq!(p.proactive_soft_evict("f"), None, "nothing left to mark");
+    assert_eq!(p.idle_count("f"), 0);
+    assert_eq!(fn_stats(&p, "f").proactive_soft, 1);
+    let (c, why) = cold(p.acquire(ms(1), "f", 128));
+    assert_ne!(c, pro);
+    assert_eq!(why, ColdReason::New);
+    // Still exempt from keep-alive while soft, and its memory still counts.
+    p.on_timeout(secs(600));
+    assert_eq!(p.proactive_used_mb(), 128);
+    assert_eq!(p.proactive_unmark("f"), Some(pro));
+    assert_eq!(p.proactive_unmark("f"), None);
+    assert_eq!(p.acquire(secs(601), "f", 128), Acquire::Warm(pro));
+    p.check_invariants().expect("consistent");
+}
+
+#[test]
+fn a_busy_proactive_sandbox_marked_soft_becomes_soft_when_its_run_ends() {
+    let mut p = pro_pool(1024, 256);
+    let pro = pro_ready(&mut p, 0, "f", 128);
+    assert_eq!(p.acquire(ms(1), "f", 128), Acquire::Warm(pro));
+    assert_eq!(p.proactive_soft_evict("f"), Some(pro));
+    assert_eq!(p.is_soft(pro), Some(true));
+    p.release(ms(2), pro, true);
+    assert_eq!(fn_stats(&p, "f").proactive_soft, 1);
+    assert_eq!(p.idle_count("f"), 0);
+    // A pending mark can be cancelled before the run ends.
+    assert_eq!(p.proactive_unmark("f"), Some(pro));
+    assert_eq!(p.acquire(ms(3), "f", 128), Acquire::Warm(pro));
+    assert_eq!(p.proactive_soft_evict("f"), Some(pro));
+    assert_eq!(p.proactive_unmark("f"), Some(pro));
+    p.release(ms(4), pro, true);
+    assert_eq!(fn_stats(&p, "f").proactive_idle, 1);
+    p.check_invariants().expect("consistent");
+}
+
+#[test]
+fn proactive_evict_prefers_soft_then_idle_then_marks_busy() {
+    let mut p = pro_pool(1024, 512);
+    let a = pro_ready(&mut p, 0, "f", 128);
+    let b = pro_ready(&mut p, ms(1), "f", 128);
+    let c = pro_ready(&mut p, ms(2), "f", 128);
+    // `a` is the least recently used: soft-evict it; then `c` goes busy.
+    assert_eq!(p.proactive_soft_evict("f"), Some(a));
+    assert_eq!(p.acquire(ms(3), "f", 128), Acquire::Warm(c));
+    assert_eq!(
+        p.proactive_evict(ms(4), "f"),
+        Some(ProactiveEvicted::Now(a))
+    );
+    assert_eq!(
+        p.proactive_evict(ms(4), "f"),
+        Some(ProactiveEvicted::Now(b))
+    );
+    assert_eq!(
+        drain(&mut p),
+        [a, b]
+            .iter()
+            .map(|s| PoolAction::Destroy {
+                sandbox: *s,
+                reason: DestroyReason::Evicted
+            })
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(p.proactive_used_mb(), 128);
+    assert_eq!(
+        p.proactive_evict(ms(5), "f"),
+        Some(ProactiveEvicted::WhenDone(c))
+    );
+    assert_eq!(p.proactive_evict(ms(5), "f"), None, "already marked");
+    assert!(drain(&mut p).is_empty(), "not destroyed while in use");
+    p.release(ms(6), c, true);
+    assert_eq!(
+        drain(&mut p),
+        vec![PoolAction::Destroy {
+            sandbox: c,
+            reason: DestroyReason::Evicted
+        }]
+    );
+    assert_eq!(p.proactive_used_mb(), 0);
+    assert_eq!(p.sandbox_count(), 0);
+    p.check_invariants().expect("consistent");
+}
+
+#[test]
+fn proactive_sandboxes_are_destroyed_on_retire_and_shutdown() {
+    let mut p = pro_pool(1024, 512);
+    let idle = pro_ready(&mut p, 0, "f", 128);
+    let soft = pro_ready(&mut p, 0, "f", 128);
+    assert_eq!(p.proactive_soft_evict("f"), Some(idle));
+    let busy = pro_ready(&mut p, 0, "f", 128);
+    assert_eq!(p.acquire(ms(1), "f", 128), Acquire::Warm(busy));
+    let starting = p.proactive_create(ms(1), "f", 128).expect("fits");
+    p.retire("f");
+    let mut gone = destroyed(&drain(&mut p));
+    gone.sort();
+    assert_eq!(gone, vec![idle, soft]);
+    p.check_invariants().expect("consistent");
+    // The retired busy and starting ones are destroyed when done, never reused.
+    p.release(ms(2), busy, true);
+    p.on_sandbox_ready(ms(2), starting);
+    assert_eq!(destroyed(&drain(&mut p)), vec![busy, starting]);
+    assert_eq!(p.proactive_used_mb(), 0);
+    // Shutdown: idle and soft proactive sandboxes go with the rest.
+    let a = pro_ready(&mut p, ms(3), "g", 128);
+    let b = pro_ready(&mut p, ms(3), "g", 128);
+    assert_eq!(p.proactive_soft_evict("g"), Some(a));
+    p.shutdown();
+    let actions = drain(&mut p);
+    assert_eq!(actions.len(), 2);
+    assert!(actions.iter().all(|x| matches!(
+        x,
+        PoolAction::Destroy {
+            sandbox,
+            reason: DestroyReason::Shutdown
+        } if *sandbox == a || *sandbox == b
+    )));
+    assert_eq!(p.sandbox_count(), 0);
+    p.check_invariants().expect("consistent");
+}
+
+#[test]
+fn a_failed_proactive_run_frees_its_room() {
+    let mut p = pro_pool(1024, 128);
+    let pro = pro_ready(&mut p, 0, "f", 128);
+    assert_eq!(p.acquire(ms(1), "f", 128), Acquire::Warm(pro));
+    p.release(ms(2), pro, false);
+    assert_eq!(
+        drain(&mut p),
+        vec![PoolAction::Destroy {
+            sandbox: pro,
+            reason: DestroyReason::Failed
+        }]
+    );
+    assert_eq!(p.proactive_free_mb(), 128);
+    p.check_invariants().expect("consistent");
 }

@@ -27,6 +27,54 @@ pub struct PoolConfig {
     pub keepalive: KeepAliveConfig,
     /// Pre-made generic sandboxes that cold starts specialize ([`super::generic`]).
     pub generic: GenericConfig,
+    /// The proactive memory pool (Atoll §4.3): memory reserved within the budget for sandboxes
+    /// the controller sets up ahead of demand. Reactive sandboxes never use it, so a burst of
+    /// cold starts cannot take the room the controller planned with; 0 turns it off. At most
+    /// the budget ([`PoolConfig::validate`]).
+    pub proactive_mb: u64,
+}
+
+/// A pool configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolConfigError {
+    #[error("the proactive pool ({proactive_mb} MiB) is larger than the memory budget ({budget_mb} MiB)")]
+    ProactiveOverBudget { proactive_mb: u64, budget_mb: u64 },
+}
+
+impl PoolConfig {
+    /// Checks what the pool cannot repair itself (it clamps the proactive pool to the budget).
+    pub fn validate(&self) -> Result<(), PoolConfigError> {
+        if self.proactive_mb > self.memory_budget_mb {
+            return Err(PoolConfigError::ProactiveOverBudget {
+                proactive_mb: self.proactive_mb,
+                budget_mb: self.memory_budget_mb,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Why a proactive sandbox was not created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ProactiveError {
+    #[error("the proactive pool is off on this worker")]
+    Disabled,
+    /// The proactive pool's free room is short (its sandboxes never evict reactive ones).
+    #[error("the proactive pool has {free_mb} MiB free, {needed_mb} MiB needed")]
+    PoolFull { needed_mb: u64, free_mb: u64 },
+    #[error("the worker is shutting down")]
+    ShuttingDown,
+}
+
+/// What [`super::SandboxPool::proactive_evict`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "when", content = "sandbox", rename_all = "snake_case")]
+pub enum ProactiveEvicted {
+    /// An idle (soft or not) sandbox: its Destroy action is out.
+    Now(SandboxId),
+    /// A busy or starting sandbox: destroyed when its run ends or it is ready; its memory
+    /// stays counted until then.
+    WhenDone(SandboxId),
 }
 
 /// Why an invocation had to start a new sandbox.
@@ -134,6 +182,16 @@ pub struct FunctionPoolStats {
     pub warm: u32,
     pub running: u32,
     pub starting: u32,
+    /// Proactive sandboxes (counted here only, not in the reactive counts above): idle and
+    /// usable, running, starting, and soft-evicted (idle, kept, not used for scheduling).
+    #[serde(default)]
+    pub proactive_idle: u32,
+    #[serde(default)]
+    pub proactive_busy: u32,
+    #[serde(default)]
+    pub proactive_starting: u32,
+    #[serde(default)]
+    pub proactive_soft: u32,
 }
 
 /// Memory and sandbox counts.
@@ -146,6 +204,12 @@ pub struct PoolStats {
     pub memory_warm_mb: u64,
     /// Memory of generic sandboxes, ready or being made.
     pub memory_generic_mb: u64,
+    /// The proactive pool's size and the memory of its sandboxes in every state (not counted
+    /// in the running and warm figures above, which are reactive sandboxes only).
+    #[serde(default)]
+    pub proactive_pool_mb: u64,
+    #[serde(default)]
+    pub memory_proactive_mb: u64,
     pub generic: GenericStats,
     pub functions: Vec<(String, FunctionPoolStats)>,
 }
