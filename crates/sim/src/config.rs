@@ -131,6 +131,8 @@ impl SimConfig {
                 free_buffer_mb: self.free_buffer_mb,
                 keepalive: self.keepalive.clone(),
                 generic: self.generic.clone(),
+                // Atoll's proactive pool: off until a controller allocates into it (issue 14).
+                proactive_mb: 0,
             },
             queue: self.queue,
             max_queue: self.max_queue,

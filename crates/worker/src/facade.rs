@@ -105,6 +105,8 @@ impl Worker {
                 free_buffer_mb: config.free_buffer_mb,
                 keepalive: config.keepalive_config(),
                 generic: config.generic_config(),
+                // Atoll's proactive pool: off until a controller allocates into it (issue 14).
+                proactive_mb: 0,
             },
             queue: config.queue,
             max_queue: config.max_queue,
@@ -588,7 +590,10 @@ impl Worker {
     pub fn status(&self) -> WorkerStatus {
         let stats = self.stats();
         let pool = &stats.pool;
-        let used = pool.memory_running_mb + pool.memory_warm_mb;
+        let used = pool.memory_running_mb
+            + pool.memory_warm_mb
+            + pool.memory_generic_mb
+            + pool.memory_proactive_mb;
         let ttl = self.config.keepalive == hearth_core::KeepAliveKind::Ttl;
         let bypass = self.config.bypass_ms > 0.0;
         WorkerStatus {
