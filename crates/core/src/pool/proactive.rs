@@ -84,32 +84,33 @@ impl SandboxPool {
     /// the least recently used idle one, else a starting or busy one, which becomes soft when
     /// it is ready or its run ends. `None` when there is none to mark.
     pub fn proactive_soft_evict(&mut self, function: &str) -> Option<SandboxId> {
-        let fid = *self.ids.get(function)?;
-        let e = self.functions.get_mut(&fid)?;
-        if let Some(id) = e.pro.idle.pop_front() {
-            e.pro.soft.push_back(id);
-            self.mark(id, |m| m.soft = true);
-            return Some(id);
-        }
-        let slots = &self.slots;
-        let id = e.pro.running.iter().copied().find(|id| {
-            slots
-                .get(id)
-                .and_then(|s| s.pro)
-                .is_some_and(|m| !m.soft && !m.kill)
-        })?;
-        self.mark(id, |m| m.soft = true);
-        Some(id)
+        self.set_soft(function, true)
     }
 
     /// Makes one soft-evicted sandbox of `function` usable again (the most recently marked),
     /// or cancels a pending soft mark. `None` when there is none.
     pub fn proactive_unmark(&mut self, function: &str) -> Option<SandboxId> {
+        self.set_soft(function, false)
+    }
+
+    /// Moves one sandbox of `function` between the idle and soft lists (`soft`: idle → soft,
+    /// the least recently used; else soft → idle, the most recently marked), or, with none
+    /// there, marks a starting or busy one to move when it is ready or its run ends.
+    fn set_soft(&mut self, function: &str, soft: bool) -> Option<SandboxId> {
         let fid = *self.ids.get(function)?;
         let e = self.functions.get_mut(&fid)?;
-        if let Some(id) = e.pro.soft.pop_back() {
-            e.pro.idle.push_back(id);
-            self.mark(id, |m| m.soft = false);
+        let moved = if soft {
+            e.pro.idle.pop_front()
+        } else {
+            e.pro.soft.pop_back()
+        };
+        if let Some(id) = moved {
+            if soft {
+                e.pro.soft.push_back(id);
+            } else {
+                e.pro.idle.push_back(id);
+            }
+            self.mark(id, |m| m.soft = soft);
             return Some(id);
         }
         let slots = &self.slots;
@@ -117,9 +118,9 @@ impl SandboxPool {
             slots
                 .get(id)
                 .and_then(|s| s.pro)
-                .is_some_and(|m| m.soft && !m.kill)
+                .is_some_and(|m| m.soft != soft && !m.kill)
         })?;
-        self.mark(id, |m| m.soft = false);
+        self.mark(id, |m| m.soft = soft);
         Some(id)
     }
 
