@@ -7,6 +7,20 @@ use hearth_loadgen::{read_results, Outcome};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+/// Replays `trace` (its metadata beside it) on `s` with `hearth load trace -o out`; the rows.
+fn replay(s: &Server, trace: &Path, out: &Path) -> Vec<hearth_loadgen::ResultRow> {
+    ok(hearth(&[
+        "load",
+        "trace",
+        p(trace),
+        "--url",
+        &s.url,
+        "-o",
+        p(out),
+    ]));
+    read_results(out).unwrap()
+}
+
 /// A trace of three functions, one invocation every 10 ms, and its metadata.
 fn even_trace(dir: &Path) -> PathBuf {
     let trace = dir.join("even.csv");
@@ -170,16 +184,7 @@ fn refused_invocations_are_counted_as_dropped() {
     )
     .unwrap();
     let out = dir.path().join("r.csv");
-    ok(hearth(&[
-        "load",
-        "trace",
-        p(&trace),
-        "--url",
-        &s.url,
-        "-o",
-        p(&out),
-    ]));
-    let mut rows = read_results(&out).unwrap();
+    let mut rows = replay(&s, &trace, &out);
     rows.sort_by_key(|r| r.id);
     assert_eq!(rows[0].outcome, Outcome::Ok);
     assert_eq!(rows[1].outcome, Outcome::Ok);
@@ -318,16 +323,7 @@ fn azure_data_becomes_a_trace_that_runs_and_reports_with_plots() {
     assert!(meta.contains("fn-aaaa1111,20.0,200.0,150.0,busy"), "{meta}");
     let s = Server::start("sim", &[]);
     let res = dir.path().join("az-res.csv");
-    ok(hearth(&[
-        "load",
-        "trace",
-        p(&trace),
-        "--url",
-        &s.url,
-        "-o",
-        p(&res),
-    ]));
-    assert_eq!(read_results(&res).unwrap().len(), 9);
+    assert_eq!(replay(&s, &trace, &res).len(), 9);
     // A second run to compare against.
     let res2 = dir.path().join("az-res2.csv");
     ok(hearth(&[
@@ -422,16 +418,7 @@ fn atoll_workload_1_makes_files_that_parse_and_run_with_deadlines() {
     // The functions register with their deadlines (whole ms) and the trace runs.
     let s = Server::start("sim", &[]);
     let res = dir.path().join("atoll-res.csv");
-    ok(hearth(&[
-        "load",
-        "trace",
-        p(&trace),
-        "--url",
-        &s.url,
-        "-o",
-        p(&res),
-    ]));
-    assert_eq!(read_results(&res).unwrap().len(), t.invocations.len());
+    assert_eq!(replay(&s, &trace, &res).len(), t.invocations.len());
     for (args, needle) in [
         (&["--workload", "4"][..], "--workload"),
         (&["--workload", "1", "--apps", "0"][..], "--apps"),

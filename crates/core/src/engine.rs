@@ -498,11 +498,7 @@ impl WorkerEngine {
                 None if self.pool.returning_mb() > 0 => break,
                 None => {
                     self.unqueue(seq);
-                    let reason = self.no_memory(memory_mb);
-                    self.actions.push_back(EngineAction::Reject {
-                        invocation: id,
-                        reason,
-                    });
+                    self.refuse_no_memory(id, memory_mb);
                 }
             }
         }
@@ -528,11 +524,7 @@ impl WorkerEngine {
                     break;
                 };
                 if let Some(q) = self.unqueue(pick.seq) {
-                    let reason = self.no_memory(q.memory_mb);
-                    self.actions.push_back(EngineAction::Reject {
-                        invocation: InvocationId(pick.seq),
-                        reason,
-                    });
+                    self.refuse_no_memory(InvocationId(pick.seq), q.memory_mb);
                 }
                 continue;
             };
@@ -546,15 +538,20 @@ impl WorkerEngine {
                     // can_acquire said it fits: a disagreement with the pool is a bug; the
                     // invocation is refused rather than spun on.
                     debug_assert!(false, "SRSF picked an invocation that did not fit");
-                    let reason = self.no_memory(q.memory_mb);
-                    self.actions.push_back(EngineAction::Reject {
-                        invocation: id,
-                        reason,
-                    });
+                    self.refuse_no_memory(id, q.memory_mb);
                 }
             }
         }
         self.absorb_pool_actions();
+    }
+
+    /// Rejects `id` (out of the queue) for memory that nothing will free.
+    fn refuse_no_memory(&mut self, id: InvocationId, memory_mb: u64) {
+        let reason = self.no_memory(memory_mb);
+        self.actions.push_back(EngineAction::Reject {
+            invocation: id,
+            reason,
+        });
     }
 
     fn unqueue(&mut self, seq: u64) -> Option<Queued> {

@@ -77,16 +77,10 @@ impl InvokeHeaders {
 
     /// `Hearth-Deadline-Ms`: a whole number of ms from 1 to 15 minutes.
     pub fn deadline_ms(&self) -> Result<Option<u64>, ApiError> {
-        let Some(v) = &self.deadline_ms else {
-            return Ok(None);
-        };
         let max = hearth_api::MAX_TIMEOUT_MS;
-        match v.to_str().ok().and_then(|s| s.parse::<u64>().ok()) {
-            Some(d) if (1..=max).contains(&d) => Ok(Some(d)),
-            _ => Err(ApiError::bad_request(format!(
-                "Hearth-Deadline-Ms must be a whole number of milliseconds from 1 to {max}"
-            ))),
-        }
+        number_in(self.deadline_ms.as_ref(), 1..=max, || {
+            format!("Hearth-Deadline-Ms must be a whole number of milliseconds from 1 to {max}")
+        })
     }
 
     /// `Hearth-Elapsed-Us` of a request from the cluster itself (0 when absent); a client's is
@@ -95,16 +89,27 @@ impl InvokeHeaders {
         if !matches!(p, Principal::Peer | Principal::Open) {
             return Ok(0);
         }
-        let Some(v) = &self.elapsed_us else {
-            return Ok(0);
-        };
         let max = hearth_api::MAX_TIMEOUT_MS * 1000;
-        match v.to_str().ok().and_then(|s| s.parse::<u64>().ok()) {
-            Some(e) if e <= max => Ok(e),
-            _ => Err(ApiError::bad_request(format!(
-                "Hearth-Elapsed-Us must be a whole number of microseconds up to {max}"
-            ))),
-        }
+        let e = number_in(self.elapsed_us.as_ref(), 0..=max, || {
+            format!("Hearth-Elapsed-Us must be a whole number of microseconds up to {max}")
+        })?;
+        Ok(e.unwrap_or(0))
+    }
+}
+
+/// A header holding a whole number in `range`: `None` when absent, a 400 with `message` when
+/// it is anything else.
+fn number_in(
+    v: Option<&HeaderValue>,
+    range: std::ops::RangeInclusive<u64>,
+    message: impl FnOnce() -> String,
+) -> Result<Option<u64>, ApiError> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    match v.to_str().ok().and_then(|s| s.parse::<u64>().ok()) {
+        Some(n) if range.contains(&n) => Ok(Some(n)),
+        _ => Err(ApiError::bad_request(message())),
     }
 }
 
@@ -146,15 +151,9 @@ pub fn function_version(headers: &HeaderMap, p: &Principal) -> Result<Option<u64
     if !matches!(p, Principal::Peer | Principal::Open) {
         return Ok(None);
     }
-    match headers.get(FUNCTION_VERSION) {
-        None => Ok(None),
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-            .map(Some)
-            .ok_or_else(|| ApiError::bad_request("Hearth-Function-Version must be a number")),
-    }
+    number_in(headers.get(FUNCTION_VERSION), 0..=u64::MAX, || {
+        "Hearth-Function-Version must be a number".into()
+    })
 }
 
 /// `202 Accepted` with the invocation's id; marked when it is a repeated key's first call.

@@ -138,13 +138,7 @@ impl AgentConn {
     fn write_now(&self, hdr: &[u8], payload: &[u8]) -> Result<usize, AgentError> {
         let mut written = 0;
         while written < hdr.len() + payload.len() {
-            let r = if written < hdr.len() {
-                let bufs = [IoSlice::new(&hdr[written..]), IoSlice::new(payload)];
-                self.sock.get_ref().write_vectored(&bufs)
-            } else {
-                self.sock.get_ref().write(&payload[written - hdr.len()..])
-            };
-            match r {
+            match write_from(self.sock.get_ref(), hdr, payload, written) {
                 Ok(0) => return Err(AgentError::Closed),
                 Ok(n) => written += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -166,15 +160,7 @@ impl AgentConn {
         let w = register(self.sock.get_ref().try_clone()?, Interest::WRITABLE)?;
         while written < hdr.len() + payload.len() {
             let mut ready = w.writable().await?;
-            let r = ready.try_io(|s| {
-                if written < hdr.len() {
-                    let bufs = [IoSlice::new(&hdr[written..]), IoSlice::new(payload)];
-                    s.get_ref().write_vectored(&bufs)
-                } else {
-                    s.get_ref().write(&payload[written - hdr.len()..])
-                }
-            });
-            match r {
+            match ready.try_io(|s| write_from(s.get_ref(), hdr, payload, written)) {
                 Ok(Ok(0)) => return Err(AgentError::Closed),
                 Ok(Ok(n)) => written += n,
                 Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -234,6 +220,20 @@ impl AgentConn {
             exec_us: head.exec_us,
             body: Bytes::from(body),
         })
+    }
+}
+
+/// One write of header + payload from byte `written` on (vectored while the header is not out).
+fn write_from(
+    mut sock: &UnixStream,
+    hdr: &[u8],
+    payload: &[u8],
+    written: usize,
+) -> std::io::Result<usize> {
+    if written < hdr.len() {
+        sock.write_vectored(&[IoSlice::new(&hdr[written..]), IoSlice::new(payload)])
+    } else {
+        sock.write(&payload[written - hdr.len()..])
     }
 }
 

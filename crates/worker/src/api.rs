@@ -85,7 +85,7 @@ async fn list(
         .filter(|r| all || namespace_of(&r.spec.name) == p.namespace())
         .map(|r| {
             let mut v = present(&r.spec);
-            if let Some((_, s)) = stats.functions.iter().find(|(n, _)| *n == r.spec.name) {
+            if let Some(s) = stats.function(&r.spec.name) {
                 v["pool"] = json!(s);
             }
             v
@@ -107,10 +107,8 @@ async fn show(
     let stats = w.stats().pool;
     let mut v = present(&r.spec);
     let pool = stats
-        .functions
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, s)| json!(s))
+        .function(&name)
+        .map(|s| json!(s))
         .unwrap_or_else(|| json!({"warm": 0, "running": 0, "starting": 0}));
     v["pool"] = pool;
     v["characteristics"] = w

@@ -708,13 +708,7 @@ fn pro_config(budget: u64, proactive_mb: u64) -> EngineConfig {
 }
 
 fn pro_stats(e: &WorkerEngine, f: &str) -> crate::pool::FunctionPoolStats {
-    e.stats()
-        .pool
-        .functions
-        .into_iter()
-        .find(|(n, _)| n == f)
-        .map(|(_, s)| s)
-        .unwrap_or_default()
+    e.stats().pool.function(f).cloned().unwrap_or_default()
 }
 
 #[test]

@@ -184,16 +184,8 @@ impl SandboxPool {
         let was = slot.state;
         let mark = slot.pro.unwrap_or_default();
         let fid = slot.function;
-        if let Some(e) = (!slot.doomed)
-            .then(|| self.functions.get_mut(&fid))
-            .flatten()
-        {
-            e.pro.running.remove(&id);
-            match was {
-                State::Starting => e.pro.starting -= 1,
-                State::Busy => e.pro.busy -= 1,
-                State::Idle => {}
-            }
+        if !slot.doomed {
+            self.stop_running(fid, id, was);
         }
         if slot.doomed || mark.kill {
             self.used_proactive_mb -= slot.memory_mb;
@@ -230,14 +222,7 @@ impl SandboxPool {
     pub(super) fn proactive_gone(&mut self, id: SandboxId, slot: &Slot, destroy: bool) {
         self.used_proactive_mb -= slot.memory_mb;
         if !slot.doomed {
-            if let Some(e) = self.functions.get_mut(&slot.function) {
-                e.pro.running.remove(&id);
-                match slot.state {
-                    State::Starting => e.pro.starting -= 1,
-                    State::Busy => e.pro.busy -= 1,
-                    State::Idle => {}
-                }
-            }
+            self.stop_running(slot.function, id, slot.state);
             self.after_removal(slot.function);
         }
         if destroy {
@@ -250,6 +235,18 @@ impl SandboxPool {
                 sandbox: id,
                 reason,
             });
+        }
+    }
+
+    /// `id`, a proactive sandbox of `fid` that was starting or busy (`was`), is no longer.
+    fn stop_running(&mut self, fid: FnId, id: SandboxId, was: State) {
+        if let Some(e) = self.functions.get_mut(&fid) {
+            e.pro.running.remove(&id);
+            match was {
+                State::Starting => e.pro.starting -= 1,
+                State::Busy => e.pro.busy -= 1,
+                State::Idle => {}
+            }
         }
     }
 

@@ -656,12 +656,7 @@ fn pro_ready(p: &mut SandboxPool, now: Micros, f: &str, mb: u64) -> SandboxId {
 }
 
 fn fn_stats(p: &SandboxPool, f: &str) -> FunctionPoolStats {
-    p.stats()
-        .functions
-        .into_iter()
-        .find(|(n, _)| n == f)
-        .map(|(_, s)| s)
-        .unwrap_or_default()
+    p.stats().function(f).cloned().unwrap_or_default()
 }
 
 #[test]

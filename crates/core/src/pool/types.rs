@@ -184,13 +184,9 @@ pub struct FunctionPoolStats {
     pub starting: u32,
     /// Proactive sandboxes (counted here only, not in the reactive counts above): idle and
     /// usable, running, starting, and soft-evicted (idle, kept, not used for scheduling).
-    #[serde(default)]
     pub proactive_idle: u32,
-    #[serde(default)]
     pub proactive_busy: u32,
-    #[serde(default)]
     pub proactive_starting: u32,
-    #[serde(default)]
     pub proactive_soft: u32,
 }
 
@@ -206,10 +202,18 @@ pub struct PoolStats {
     pub memory_generic_mb: u64,
     /// The proactive pool's size and the memory of its sandboxes in every state (not counted
     /// in the running and warm figures above, which are reactive sandboxes only).
-    #[serde(default)]
     pub proactive_pool_mb: u64,
-    #[serde(default)]
     pub memory_proactive_mb: u64,
     pub generic: GenericStats,
     pub functions: Vec<(String, FunctionPoolStats)>,
+}
+
+impl PoolStats {
+    /// The counts of `function`, if the pool knows it.
+    pub fn function(&self, function: &str) -> Option<&FunctionPoolStats> {
+        self.functions
+            .iter()
+            .find(|(n, _)| n == function)
+            .map(|(_, s)| s)
+    }
 }
