@@ -10,10 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
-H=${HEARTH:-target/release/hearth}
+hearth_bin
 N=${1:-2000}
 ROUNDS=${2:-3}
-[ -x "$H" ] || { echo "build first: cargo build --release -p hearth-cli" >&2; exit 1; }
 command -v etcd >/dev/null || { echo "needs etcd (apt-get install etcd-server)" >&2; exit 1; }
 
 tmp=$(mktemp -d /tmp/hearth-bench-XXXXXX)

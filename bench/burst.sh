@@ -19,9 +19,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
-H=${HEARTH:-target/release/hearth}
+hearth_bin
 ROUNDS=${1:-3}
-[ -x "$H" ] || { echo "build first: cargo build --release -p hearth-cli" >&2; exit 1; }
 command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk" >&2; exit 1; }
 
 bench_scratch

@@ -9,10 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
-H=${HEARTH:-target/release/hearth}
+hearth_bin
 ROUNDS=${1:-3}
 N=${2:-20}
-[ -x "$H" ] || { echo "build first: cargo build --release -p hearth-cli" >&2; exit 1; }
 
 bench_scratch
 

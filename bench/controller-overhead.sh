@@ -9,13 +9,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
-H=${HEARTH:-target/release/hearth}
+hearth_bin
 DUR=${1:-10s}
 ROUNDS=${2:-3}
 BACKEND=${BACKEND:-sim}
 BALANCE=${BALANCE:-ch-rlu}
 CLIENTS=${CLIENTS:-1}
-[ -x "$H" ] || { echo "build first: cargo build --release -p hearth-cli" >&2; exit 1; }
 
 tmp=$(mktemp -d /tmp/hearth-bench-XXXXXX)
 pids=()

@@ -36,3 +36,9 @@ bench_scratch() {
     pid=
     trap 'if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi; rm -rf "$tmp"' EXIT
 }
+
+# Sets $H to the hearth binary ($HEARTH, default the release build); exits if it is not built.
+hearth_bin() {
+    H=${HEARTH:-target/release/hearth}
+    [ -x "$H" ] || { echo "build first: cargo build --release -p hearth-cli" >&2; exit 1; }
+}

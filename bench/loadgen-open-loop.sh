@@ -8,8 +8,7 @@ source bench/lib.sh
 RATE=${1:-2000}
 SECONDS_=${2:-20}
 RUNS=${3:-3}
-H=${HEARTH:-target/release/hearth}
-[ -x "$H" ] || { echo "build first: cargo build --release -p hearth-cli" >&2; exit 1; }
+hearth_bin
 work=$(mktemp -d /tmp/hearth-bench-loadgen.XXXXXX)
 port=$(free_port)
 HEARTH_LOG=warn "$H" worker --listen "127.0.0.1:$port" --backend sim --data-dir "$work/data" 2>"$work/worker.log" &

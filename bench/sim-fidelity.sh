@@ -13,8 +13,7 @@ OUT=${1:-/tmp/hearth-fidelity}
 CPUS=${CPUS:-4}
 LIMIT=${LIMIT:-$CPUS}
 DURATION=${DURATION:-45s}
-H=${HEARTH:-target/release/hearth}
-[ -x "$H" ] || { echo "build first: cargo build --release -p hearth-cli" >&2; exit 1; }
+hearth_bin
 mkdir -p "$OUT"
 work=$(mktemp -d /tmp/hearth-bench-fidelity.XXXXXX)
 port=$(free_port)

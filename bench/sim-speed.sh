@@ -5,9 +5,9 @@
 # Usage: bench/sim-speed.sh [RUNS=3]   (after cargo build --release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 RUNS=${1:-3}
-H=${HEARTH:-target/release/hearth}
-[ -x "$H" ] || { echo "build first: cargo build --release -p hearth-cli" >&2; exit 1; }
+hearth_bin
 work=$(mktemp -d /tmp/hearth-bench-sim.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 "$H" trace make poisson --rate 2000 --duration 600s --functions 500 \
