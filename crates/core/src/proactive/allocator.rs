@@ -276,6 +276,25 @@ impl Allocator {
         out
     }
 
+    /// Destroys every sandbox of `function` (active and soft-evicted) and forgets it: the
+    /// function was deleted.
+    pub fn forget(&mut self, function: &str) -> Vec<AllocAction> {
+        let mut out = Vec::new();
+        let Some(name) = self
+            .functions
+            .get_key_value(function)
+            .map(|(k, _)| k.clone())
+        else {
+            return out;
+        };
+        self.evict_all(&name, &mut out);
+        if let Some(f) = self.functions.get_mut(&name) {
+            f.demand = 0;
+        }
+        self.drop_if_idle(&name);
+        out
+    }
+
     /// A `Create` the driver could not carry out: forget that sandbox.
     pub fn on_create_failed(&mut self, worker: WorkerId, function: &str) -> bool {
         self.forget_one(worker, function)

@@ -162,23 +162,25 @@ impl PoissonEstimator {
 
 impl DemandEstimator for PoissonEstimator {
     fn on_arrival(&mut self, function: &str, now: Micros) {
-        let open_at = self.align(now);
-        let next = match self.rates.get(function) {
-            Some(r) if !self.forgotten(r, now) => {
-                // An arrival stamped before the open interval (a late report) counts in it.
-                let mut r = self.advanced(r, now);
-                r.count += 1;
-                r.last_arrival_at = r.open_at;
-                r
+        // Updated in place: no key allocation for a function already measured.
+        if let Some(r) = self.rates.get(function).filter(|r| !self.forgotten(r, now)) {
+            // An arrival stamped before the open interval (a late report) counts in it.
+            let mut next = self.advanced(r, now);
+            next.count += 1;
+            next.last_arrival_at = next.open_at;
+            if let Some(slot) = self.rates.get_mut(function) {
+                *slot = next;
             }
-            _ => Rate {
-                open_at,
-                count: 1,
-                rate: 0.0,
-                last_arrival_at: open_at,
-            },
+            return;
+        }
+        let open_at = self.align(now);
+        let fresh = Rate {
+            open_at,
+            count: 1,
+            rate: 0.0,
+            last_arrival_at: open_at,
         };
-        self.rates.insert(function.to_owned(), next);
+        self.rates.insert(function.to_owned(), fresh);
     }
 
     fn tick(&mut self, now: Micros) {

@@ -21,12 +21,17 @@
 //! lottery routing draws from. Neither piece reads a clock or does I/O.
 
 pub mod allocator;
+pub mod atoll;
 pub mod estimator;
 pub mod scaling;
 
 pub use allocator::{
     AllocAction, AllocConfig, AllocStats, Allocator, EvictionMode, Placement, VictimPolicy,
     WorkerId,
+};
+pub use atoll::{
+    Atoll, AtollConfig, AtollError, AtollStats, Command, FunctionSpec, Ladder, Outcome, Route,
+    ScaleOutMode,
 };
 pub use estimator::{
     poisson_quantile, DemandEstimator, EstimatorError, PoissonConfig, PoissonEstimator,

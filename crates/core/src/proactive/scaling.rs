@@ -69,6 +69,9 @@ pub struct ScalerConfig {
     pub idle_forget_us: Micros,
     /// Virtual nodes per group on the ring (64): evens out the functions' homes.
     pub vnodes: u32,
+    /// Lottery over proactive sandboxes (true, §5.2.3); false: every active group gets an
+    /// equal share at once and removed groups none (the paper's instant, round-robin contrast).
+    pub gradual: bool,
 }
 
 impl Default for ScalerConfig {
@@ -82,6 +85,7 @@ impl Default for ScalerConfig {
             cooldown_us: 1_000_000,
             idle_forget_us: 600_000_000,
             vnodes: 64,
+            gradual: true,
         }
     }
 }
@@ -306,6 +310,11 @@ impl Scaler {
             st.removed.retain(|e| e.group != home);
             st.active.push(Entry::new(home, 0));
             st.reset_windows();
+        }
+        if !self.config.gradual {
+            let n = st.active.len() as u64;
+            let i = ((u128::from(draw) * u128::from(n)) >> 64) as usize;
+            return st.active.get(i).map(|e| e.group);
         }
         let discount = self.discount;
         let total: u64 = st
