@@ -2,6 +2,7 @@
 //! overridden by command-line flags (the worker's scheme, with the controller's keys).
 
 use hearth_core::balance::{BalanceKind, BalanceParams};
+use hearth_core::proactive::AtollConfig;
 use hearth_service::config_checks;
 use hearth_service::config_loader::EnvKeys;
 use hearth_service::quota::QuotaLimits;
@@ -24,6 +25,9 @@ pub struct ControllerConfig {
     pub balance: BalanceKind,
     /// Its parameters (`[balance_params]`).
     pub balance_params: BalanceParams,
+    /// Atoll (`[atoll]`, docs/atoll.md): when set, Atoll's balancer routes instead of
+    /// `balance`, and the controller allocates proactive sandboxes on the workers.
+    pub atoll: Option<AtollConfig>,
     /// Workers polled by the controller (`http://HOST:PORT` or `https://HOST:PORT`), besides
     /// those that join by pushing.
     pub workers: Vec<String>,
@@ -109,6 +113,7 @@ impl Default for ControllerConfig {
             data_dir: hearth_service::serving::default_data_dir().join("controller"),
             balance: BalanceKind::ChRlu,
             balance_params: BalanceParams::default(),
+            atoll: None,
             workers: Vec::new(),
             status_interval_ms: 1000,
             status_timeout_ms: 3000,
@@ -150,6 +155,7 @@ const CONFIG_KEYS: &[&str] = &[
     "data_dir",
     "balance",
     "balance_params",
+    "atoll",
     "workers",
     "status_interval_ms",
     "status_timeout_ms",
@@ -276,6 +282,10 @@ impl ControllerConfig {
         hearth_service::quota::check_quotas(&self.quota, &self.quotas)
             .map_err(ConfigError::Invalid)?;
         self.code_intake().check().map_err(ConfigError::Invalid)?;
+        if let Some(a) = &self.atoll {
+            a.validate()
+                .map_err(|e| ConfigError::Invalid(format!("[atoll]: {e}")))?;
+        }
         self.balance_params
             .check()
             .map_err(|e| ConfigError::Invalid(e.to_string()))

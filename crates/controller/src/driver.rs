@@ -10,10 +10,12 @@ use crate::errors::ReportError;
 use crate::membership::Member;
 use crate::metrics::{Metrics, PlacementLabel};
 use dashmap::DashMap;
+use hearth_api::FunctionSpec;
 use hearth_api::StatusReport;
 use hearth_core::balance::{
     Balancer, Decision, Finished, FunctionInfo, FunctionKey, Rejection, WorkerId,
 };
+use hearth_core::proactive::{self, Atoll, Command, Outcome};
 use hearth_core::Micros;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -26,17 +28,48 @@ pub type RoutingPolicy = Balancer;
 pub struct Driver {
     epoch: Instant,
     policy: Mutex<RoutingPolicy>,
+    /// Atoll's balancer when `[atoll]` is configured: it routes instead of the policy, which
+    /// keeps the membership (ids, liveness, loads). Lock order: `policy` before `atoll`.
+    atoll: Option<Mutex<Atoll>>,
     members: DashMap<u32, Arc<Member>>,
     metrics: Arc<Metrics>,
 }
 
 impl Driver {
-    pub fn new(policy: RoutingPolicy, metrics: Arc<Metrics>) -> Self {
+    pub fn new(policy: RoutingPolicy, atoll: Option<Atoll>, metrics: Arc<Metrics>) -> Self {
         Driver {
             epoch: Instant::now(),
             policy: Mutex::new(policy),
+            atoll: atoll.map(Mutex::new),
             members: DashMap::new(),
             metrics,
+        }
+    }
+
+    /// Reads Atoll's state under its lock, when Atoll routes (status pages: keep `f` short).
+    pub fn read_atoll<R>(&self, f: impl FnOnce(&Atoll) -> R) -> Option<R> {
+        self.atoll.as_ref().map(|a| f(&a.lock()))
+    }
+
+    /// Atoll's periodic step: the commands for the workers (empty when Atoll is off or it is
+    /// not time yet).
+    pub fn atoll_tick(&self) -> Vec<Command> {
+        let now = self.now();
+        self.atoll
+            .as_ref()
+            .map(|a| a.lock().tick(now))
+            .unwrap_or_default()
+    }
+
+    /// A proactive sandbox Atoll asked for is ready (`ok`) or could not be made.
+    pub fn atoll_created(&self, worker: WorkerId, function: &str, ok: bool) {
+        if let Some(a) = &self.atoll {
+            let mut a = a.lock();
+            if ok {
+                a.on_ready(worker.0, function);
+            } else {
+                a.on_create_failed(worker.0, function);
+            }
         }
     }
 
@@ -71,16 +104,26 @@ impl Driver {
 
     // ---- functions ----
 
-    pub fn register(&self, key: FunctionKey, info: FunctionInfo) {
-        self.policy.lock().register(self.now(), key, info);
+    pub fn register(&self, spec: &FunctionSpec) {
+        let now = self.now();
+        self.policy
+            .lock()
+            .register(now, FunctionKey::of(&spec.name), function_info(spec));
+        if let Some(a) = &self.atoll {
+            a.lock().register(&spec.name, atoll_spec(spec));
+        }
     }
 
     /// Forgets a function in the policy; returns the members that had it registered, which
-    /// forget it too.
+    /// forget it too (and so lose its proactive sandboxes).
     pub fn unregister(&self, name: &str) -> Vec<Arc<Member>> {
         self.policy
             .lock()
             .unregister(self.now(), FunctionKey::of(name));
+        if let Some(a) = &self.atoll {
+            // The workers drop the function's sandboxes with it: no commands to send.
+            let _ = a.lock().unregister(name);
+        }
         self.members
             .iter()
             .filter(|m| m.forget(name))
@@ -92,8 +135,11 @@ impl Driver {
 
     /// The policy's decision for one invocation. Books the decision's time and placement, or
     /// the rejection's outcome.
-    pub fn route(&self, key: FunctionKey) -> Result<WorkerId, Rejection> {
+    pub fn route(&self, key: FunctionKey, name: &str) -> Result<WorkerId, Rejection> {
         let t = Instant::now();
+        if let Some(a) = &self.atoll {
+            return self.route_atoll(a, name, t);
+        }
         let decision = self.policy.lock().route(self.now(), key);
         self.metrics.route.observe(t.elapsed().as_secs_f64());
         match decision {
@@ -114,8 +160,47 @@ impl Driver {
         }
     }
 
-    /// Tells the policy how an invocation routed to `worker` ended.
-    pub fn finished(&self, worker: WorkerId, key: FunctionKey, how: Finished) {
+    fn route_atoll(&self, a: &Mutex<Atoll>, name: &str, t: Instant) -> Result<WorkerId, Rejection> {
+        let now = self.now();
+        let route = a.lock().route(now, name);
+        self.metrics.route.observe(t.elapsed().as_secs_f64());
+        let Some(r) = route else {
+            self.metrics.outcome("no_workers");
+            return Err(Rejection::NoWorkers);
+        };
+        let how = if r.free_sandbox {
+            "atoll_proactive"
+        } else {
+            "atoll"
+        };
+        self.metrics
+            .placements
+            .get_or_create(&PlacementLabel { how })
+            .inc();
+        Ok(WorkerId(r.worker))
+    }
+
+    /// Tells the policy how an invocation routed to `worker` ended; `outcome` is what the
+    /// worker's answer said (None when there was no answer to learn from).
+    pub fn finished(
+        &self,
+        worker: WorkerId,
+        key: FunctionKey,
+        name: &str,
+        how: Finished,
+        outcome: Option<Outcome>,
+    ) {
+        if let Some(a) = &self.atoll {
+            let now = self.now();
+            let mut a = a.lock();
+            match outcome {
+                Some(o) => a.finished(now, worker.0, name, o),
+                None => {
+                    a.abandoned(worker.0, name);
+                }
+            }
+            return;
+        }
         self.policy.lock().finished(self.now(), worker, key, how);
     }
 
@@ -167,6 +252,10 @@ impl Driver {
                 .is_some_and(|w| w.up);
             let id = b.join(now, &report.worker);
             b.report(now, id, report.load);
+            if let (Some(a), false) = (&self.atoll, was_up) {
+                let cpus = report.cpus.clamp(1.0, 4096.0) as u32;
+                a.lock().add_worker(id.0, cpus, report.proactive_mb());
+            }
             let existing = self.member(id);
             let (member, new_incarnation) = match existing {
                 Some(m) if m.same_process(&report) && !m.is_gone() => (m, false),
@@ -219,6 +308,9 @@ impl Driver {
     /// them ended at once.
     pub fn leave(&self, id: WorkerId, why: &str, event: &'static str) -> bool {
         let left = self.policy.lock().leave(self.now(), id);
+        if let (Some(a), true) = (&self.atoll, left) {
+            a.lock().remove_worker(id.0);
+        }
         if let Some(m) = self.members.get(&id.0) {
             if left && event == "leave" {
                 tracing::info!(worker = %m.name, url = %m.url, "worker left the ring: {why}");
@@ -236,11 +328,36 @@ impl Driver {
     pub fn expire(&self, timeout_ms: u64) {
         let expired = self.policy.lock().expire(self.now(), timeout_ms * 1000);
         for id in expired {
+            if let Some(a) = &self.atoll {
+                a.lock().remove_worker(id.0);
+            }
             if let Some(m) = self.member(id) {
                 m.mark_gone();
                 tracing::warn!(worker = %m.name, url = %m.url, "worker missed its status deadline ({timeout_ms} ms); it left the ring");
             }
             self.metrics.event("expired");
         }
+    }
+}
+
+/// What the routing policy knows of a function: `sim` functions declare their times.
+pub fn function_info(spec: &FunctionSpec) -> FunctionInfo {
+    let us = |v: f64| (v > 0.0).then_some((v * 1000.0) as u64);
+    FunctionInfo {
+        priority: spec.priority,
+        warm_us: us(spec.sim_warm_ms),
+        cold_us: us(spec.sim_cold_ms).map(|c| c + us(spec.sim_warm_ms).unwrap_or(0)),
+    }
+}
+
+/// What Atoll knows of a function: its memory and deadline; set-up and run times when the
+/// `sim` backend declares them (else Atoll learns them from answers).
+pub fn atoll_spec(spec: &FunctionSpec) -> proactive::FunctionSpec {
+    let us = |v: f64| (v > 0.0).then_some((v * 1000.0) as u64);
+    proactive::FunctionSpec {
+        memory_mb: spec.memory_mb,
+        deadline_us: spec.deadline_ms.map(|d| d.saturating_mul(1000)),
+        setup_us: us(spec.sim_cold_ms),
+        exec_us: us(spec.sim_warm_ms),
     }
 }

@@ -15,6 +15,8 @@ pub enum StartError {
     Registry(#[from] RegistryError),
     #[error("{0}")]
     Balance(#[from] hearth_core::balance::ParamsError),
+    #[error("[atoll]: {0}")]
+    Atoll(#[from] hearth_core::proactive::AtollError),
     #[error("authentication: {0}")]
     Auth(#[from] hearth_service::auth::AuthError),
     #[error("{0}")]

@@ -27,7 +27,8 @@ use crate::status::{
 use bytes::Bytes;
 use dashmap::DashMap;
 use hearth_api::{FunctionSpec, InvokeAnswer, PrewarmAnswer, StatusReport};
-use hearth_core::balance::{Finished, FunctionInfo, FunctionKey, Rejection, WorkerId};
+use hearth_core::balance::{Finished, FunctionKey, Rejection, WorkerId};
+use hearth_core::proactive::{Atoll, Outcome};
 use hearth_service::auth::{Auth, AuthSettings, ClusterKey};
 use hearth_service::delivery::{Accepted, Attempted, Delivery, DeliverySettings, Runner};
 use hearth_service::in_flight::InFlightTracker;
@@ -118,10 +119,11 @@ impl Controller {
         })?;
         let credential = auth.cluster_key().and_then(|k| k.header_value());
         let quotas = Quotas::new(config.quota, config.quotas.clone());
-        let mut policy = RoutingPolicy::new(config.balance, config.balance_params.clone())?;
-        for r in registry.list() {
-            policy.register(0, FunctionKey::of(&r.spec.name), function_info(&r.spec));
-        }
+        let policy = RoutingPolicy::new(config.balance, config.balance_params.clone())?;
+        let atoll = match &config.atoll {
+            Some(a) => Some(Atoll::new(a.clone())?),
+            None => None,
+        };
         let metrics = Arc::new(Metrics::default());
         let tls =
             hearth_service::serving::load_client_tls("tls_ca", config.tls_ca.as_deref()).await?;
@@ -164,7 +166,7 @@ impl Controller {
             config,
             registry,
             code: DashMap::new(),
-            driver: Driver::new(policy, Arc::clone(&metrics)),
+            driver: Driver::new(policy, atoll, Arc::clone(&metrics)),
             metrics,
             shutting_down: AtomicBool::new(false),
             in_flight: InFlightTracker::new(),
@@ -172,12 +174,18 @@ impl Controller {
             quotas,
         });
         let _ = runner.0.set(Arc::downgrade(&c));
+        for r in c.registry.list() {
+            c.driver.register(&r.spec);
+        }
         if let Some(cluster) = c.cluster.clone() {
             c.join_cluster(cluster).await?;
         }
         c.delivery.start_background();
         tokio::spawn(membership::sweep(Arc::downgrade(&c)));
         tokio::spawn(membership::probe(Arc::downgrade(&c)));
+        if let Some(a) = &c.config.atoll {
+            tokio::spawn(crate::proactive::run(Arc::downgrade(&c), a.interval_us));
+        }
         for url in c.config.workers.clone() {
             tokio::spawn(membership::poll_worker(Arc::downgrade(&c), url, None));
         }
@@ -397,8 +405,7 @@ impl Controller {
                 self.registry.remove_code_dir(old);
             }
         }
-        self.driver
-            .register(FunctionKey::of(&reg.spec.name), function_info(&reg.spec));
+        self.driver.register(&reg.spec);
     }
 
     /// The backends of live workers.
@@ -609,6 +616,20 @@ impl Controller {
         Ok(Some(code))
     }
 
+    /// Whether the controller is stopping (background tasks end).
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
+    /// Registers function `name` on `m` unless it has it; false when it is not registered
+    /// here (any more) or the worker refused it.
+    pub(crate) async fn register_on(&self, m: &Member, name: &str) -> bool {
+        match self.registry.get(name) {
+            Some(reg) => self.ensure_registered(m, &reg).await.is_ok(),
+            None => false,
+        }
+    }
+
     /// Registers the function's current version on `m` unless it already has it.
     async fn ensure_registered(&self, m: &Member, reg: &Registered) -> Result<(), Attempt> {
         let (name, version) = (&reg.spec.name, reg.spec.version);
@@ -712,9 +733,10 @@ impl Controller {
         let timeout = Duration::from_millis(reg.spec.timeout_ms + self.config.forward_grace_ms);
         let mut not_started = Vec::new();
         for _attempt in 0..2 {
-            let worker = self.route(key)?;
+            let worker = self.route(key, name)?;
             let Some(m) = self.driver.member(worker) else {
-                self.driver.finished(worker, key, Finished::Failed);
+                self.driver
+                    .finished(worker, key, name, Finished::Failed, None);
                 self.driver
                     .leave(worker, "its address is unknown", "failed");
                 continue;
@@ -725,14 +747,16 @@ impl Controller {
                 deadline_ms,
             };
             match self.attempt(&m, &reg, args.clone(), timeout, call).await {
-                Ok(answer) => return self.answered(worker, key, answer, t0),
+                Ok(answer) => return self.answered(worker, key, name, answer, t0),
                 Err(Attempt::NotStarted(why)) => {
-                    self.driver.finished(worker, key, Finished::Failed);
+                    self.driver
+                        .finished(worker, key, name, Finished::Failed, None);
                     self.driver.leave(worker, &why, "failed");
                     not_started.push(why);
                 }
                 Err(Attempt::Failed(e)) => {
-                    self.driver.finished(worker, key, Finished::Failed);
+                    self.driver
+                        .finished(worker, key, name, Finished::Failed, None);
                     self.metrics.outcome(match e {
                         InvokeError::WorkerTimeout { .. } => "worker_timeout",
                         _ => "worker_failed",
@@ -746,8 +770,8 @@ impl Controller {
     }
 
     /// The policy's decision, as a worker or the error to answer.
-    fn route(&self, key: FunctionKey) -> Result<WorkerId, InvokeError> {
-        self.driver.route(key).map_err(|r| match r {
+    fn route(&self, key: FunctionKey, name: &str) -> Result<WorkerId, InvokeError> {
+        self.driver.route(key, name).map_err(|r| match r {
             Rejection::NoWorkers => InvokeError::NoWorkers,
             Rejection::Overloaded { load, b_max } => InvokeError::Overloaded { load, b_max },
         })
@@ -842,26 +866,28 @@ impl Controller {
         &self,
         worker: WorkerId,
         key: FunctionKey,
+        name: &str,
         a: Answer,
         t0: Instant,
     ) -> Result<InvokeAnswer, InvokeError> {
         if !a.is_ok() {
-            self.driver.finished(worker, key, Finished::Failed);
+            self.driver
+                .finished(worker, key, name, Finished::Failed, None);
             self.metrics.outcome("error");
             return Err(InvokeError::WorkerAnswer(a));
         }
         let total = t0.elapsed().as_micros() as u64;
         let timed = with_controller_time(&a.body, total);
-        let how = match &timed {
+        let (how, outcome) = match &timed {
             Some((_, ran)) => {
                 self.metrics
                     .overhead
                     .observe(total.saturating_sub(ran.e2e_us) as f64 / 1e6);
-                ran.finished()
+                (ran.finished(), Some(ran.outcome))
             }
-            None => Finished::Failed,
+            None => (Finished::Failed, None),
         };
-        self.driver.finished(worker, key, how);
+        self.driver.finished(worker, key, name, how, outcome);
         self.metrics.outcome("ok");
         if let Some(m) = self.driver.member(worker) {
             self.metrics
@@ -930,8 +956,8 @@ impl Controller {
         let worker = match self.driver.home(key) {
             Some(w) => w,
             None => {
-                let w = self.route(key)?;
-                self.driver.finished(w, key, Finished::Failed);
+                let w = self.route(key, name)?;
+                self.driver.finished(w, key, name, Finished::Failed, None);
                 w
             }
         };
@@ -1140,17 +1166,6 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| RegisterError::Packing(format!("the registration task failed: {e}")))
 }
 
-/// What the policy is told about a function at registration: its priority and, for `sim`
-/// functions, the cold and warm times the spec declares.
-fn function_info(spec: &FunctionSpec) -> FunctionInfo {
-    let us = |v: f64| (v > 0.0).then_some((v * 1000.0) as u64);
-    FunctionInfo {
-        priority: spec.priority,
-        warm_us: us(spec.sim_warm_ms),
-        cold_us: us(spec.sim_cold_ms).map(|c| c + us(spec.sim_warm_ms).unwrap_or(0)),
-    }
-}
-
 /// A function's code directory packed as the `code` of a registration on a worker (off the
 /// async threads: it reads and compresses files).
 async fn pack_code(dir: PathBuf) -> Result<Arc<Value>, RegisterError> {
@@ -1168,6 +1183,8 @@ struct Ran {
     cold: bool,
     /// The worker's own end-to-end time.
     e2e_us: u64,
+    /// Its queueing delay and times, for Atoll (piggybacked on every answer).
+    outcome: Outcome,
 }
 
 impl Ran {
@@ -1195,9 +1212,15 @@ struct Call<'a> {
 /// answer.
 fn with_controller_time(body: &[u8], total_us: u64) -> Option<(InvokeAnswer, Ran)> {
     let mut answer = InvokeAnswer::parse(body)?;
+    let t = &answer.timing;
     let ran = Ran {
         cold: answer.cold,
-        e2e_us: answer.timing.e2e,
+        e2e_us: t.e2e,
+        outcome: Outcome {
+            queue_us: t.queue,
+            init_us: answer.cold.then_some(t.init),
+            exec_us: Some(t.exec),
+        },
     };
     answer.timing.add_controller(total_us);
     Some((answer, ran))
@@ -1238,7 +1261,12 @@ mod tests {
             ran,
             Ran {
                 cold: false,
-                e2e_us: 1040
+                e2e_us: 1040,
+                outcome: Outcome {
+                    queue_us: 0,
+                    init_us: None,
+                    exec_us: Some(1000),
+                },
             }
         );
         let v: Value = serde_json::from_slice(&answer.to_vec()).unwrap();

@@ -23,6 +23,7 @@ pub mod facade;
 pub mod forward;
 pub mod membership;
 pub mod metrics;
+pub mod proactive;
 pub mod server;
 pub mod status;
 

@@ -28,6 +28,12 @@ pub struct EventLabel {
     pub event: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProactiveLabel {
+    pub op: &'static str,
+    pub result: &'static str,
+}
+
 /// Every metric the controller exports.
 pub struct Metrics {
     registry: Registry,
@@ -48,6 +54,8 @@ pub struct Metrics {
     /// Reported load per live worker, set at scrape time.
     pub worker_load: Family<WorkerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub workers_up: Gauge,
+    /// Atoll's commands sent to workers, by operation and result (ok, refused, failed).
+    pub proactive: Family<ProactiveLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -104,6 +112,12 @@ impl Default for Metrics {
                 Family::default(),
             ),
             workers_up: registered(&mut r, "workers_up", "Live workers", Gauge::default()),
+            proactive: registered(
+                &mut r,
+                "proactive_commands",
+                "Atoll's proactive-sandbox commands sent to workers, by op (create, unmark, soft-evict, evict) and result (ok, refused by the worker, failed to send)",
+                Family::default(),
+            ),
             registry: r,
         }
     }

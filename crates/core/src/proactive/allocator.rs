@@ -66,7 +66,7 @@ pub enum VictimPolicy {
 
 /// The allocator's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct AllocConfig {
     pub placement: Placement,
     pub eviction: EvictionMode,

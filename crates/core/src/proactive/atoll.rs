@@ -124,7 +124,7 @@ pub enum AtollError {
 
 /// Atoll's settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct AtollConfig {
     pub ladder: Ladder,
     /// Workers per group (an SGS's pool): workers fill groups in the order they join.
@@ -509,12 +509,10 @@ impl Atoll {
         })
     }
 
-    /// An invocation routed to `worker` ended at `now`: its queueing delay feeds the scaling
-    /// metric of the worker's group, its times the function's learned set-up and run times.
-    pub fn finished(&mut self, now: Micros, worker: WorkerId, function: &str, outcome: Outcome) {
-        let Some(m) = self.members.get_mut(&worker) else {
-            return;
-        };
+    /// An invocation routed to `worker` ended without an answer to learn from (refused,
+    /// failed, timed out): it only stops counting as in flight.
+    pub fn abandoned(&mut self, worker: WorkerId, function: &str) -> Option<GroupId> {
+        let m = self.members.get_mut(&worker)?;
         m.in_flight = m.in_flight.saturating_sub(1);
         if let Some(c) = m.per_fn.get_mut(function) {
             *c -= 1;
@@ -522,7 +520,15 @@ impl Atoll {
                 m.per_fn.remove(function);
             }
         }
-        let group = m.group;
+        Some(m.group)
+    }
+
+    /// An invocation routed to `worker` ended at `now`: its queueing delay feeds the scaling
+    /// metric of the worker's group, its times the function's learned set-up and run times.
+    pub fn finished(&mut self, now: Micros, worker: WorkerId, function: &str, outcome: Outcome) {
+        let Some(group) = self.abandoned(worker, function) else {
+            return;
+        };
         self.scaler
             .report_delay(function, group, outcome.queue_us, now);
         if let Some(g) = self.groups.get_mut(&group) {

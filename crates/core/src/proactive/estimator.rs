@@ -35,7 +35,7 @@ pub enum EstimatorError {
 
 /// Settings of the [`PoissonEstimator`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct PoissonConfig {
     /// Length of one measuring interval (the paper's prototype: 100 ms).
     pub interval_us: Micros,

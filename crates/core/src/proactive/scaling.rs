@@ -47,7 +47,7 @@ const TICKET_ONE: u64 = 1 << 16;
 
 /// The scaler's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ScalerConfig {
     /// Scale out when the metric (weighted mean queueing delay / slack) is above this (0.3).
     pub scale_out: f64,
