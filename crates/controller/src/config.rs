@@ -339,6 +339,28 @@ mod tests {
     }
 
     #[test]
+    fn atoll_is_off_by_default_and_configured_by_its_section() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(ControllerConfig::load(Some(&path)).unwrap().atoll, None);
+        std::fs::write(
+            &path,
+            "[atoll]\nladder = \"gdpi\"\ngroup_size = 2\nscale_out = \"instant\"\n\
+             [atoll.alloc]\nvictim = \"lru\"\n[atoll.scaler]\nscale_out = 0.5\n",
+        )
+        .unwrap();
+        let a = ControllerConfig::load(Some(&path)).unwrap().atoll.unwrap();
+        assert_eq!(a.ladder, hearth_core::proactive::Ladder::Gdpi);
+        assert_eq!(a.group_size, 2);
+        assert_eq!(a.scale_out, hearth_core::proactive::ScaleOutMode::Instant);
+        assert_eq!(a.alloc.victim, hearth_core::proactive::VictimPolicy::Lru);
+        assert_eq!(a.scaler.scale_out, 0.5);
+        assert_eq!(a.scaler.scale_in, 0.05, "unset keys keep their defaults");
+        assert_eq!(a.interval_us, 100_000);
+    }
+
+    #[test]
     fn bad_policies_and_parameters_are_refused_with_the_reason() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
@@ -348,6 +370,13 @@ mod tests {
             ("[balance_params]\nbee = 1\n", "bee"),
             ("workers = [\"127.0.0.1:1\"]\n", "workers"),
             ("status_timeout_ms = 10\n", "status_timeout_ms"),
+            ("[atoll]\nladder = \"fast\"\n", "fast"),
+            ("[atoll]\ngroup_size = 0\n", "group_size"),
+            ("[atoll]\ninterval_us = 5\n", "interval"),
+            ("[atoll.estimator]\nquantile = 1.5\n", "quantile"),
+            ("[atoll.scaler]\nscale_in = 0.5\nscale_out = 0.3\n", "scale_in"),
+            ("[atoll.scaler]\nscale_outt = 0.3\n", "scale_outt"),
+            ("[atoll.alloc]\nvictim = \"random\"\n", "random"),
         ] {
             std::fs::write(&path, text).unwrap();
             let err = ControllerConfig::load(Some(&path)).unwrap_err().to_string();
