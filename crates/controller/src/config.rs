@@ -374,7 +374,10 @@ mod tests {
             ("[atoll]\ngroup_size = 0\n", "group_size"),
             ("[atoll]\ninterval_us = 5\n", "interval"),
             ("[atoll.estimator]\nquantile = 1.5\n", "quantile"),
-            ("[atoll.scaler]\nscale_in = 0.5\nscale_out = 0.3\n", "scale_in"),
+            (
+                "[atoll.scaler]\nscale_in = 0.5\nscale_out = 0.3\n",
+                "scale_in",
+            ),
             ("[atoll.scaler]\nscale_outt = 0.3\n", "scale_outt"),
             ("[atoll.alloc]\nvictim = \"random\"\n", "random"),
         ] {

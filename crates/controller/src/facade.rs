@@ -21,8 +21,8 @@ use crate::forward::{Answer, ForwardError, Forwarder};
 use crate::membership::{self, Member};
 use crate::metrics::{Metrics, WorkerLabel};
 use crate::status::{
-    Balancing, ControllerStatus, FunctionBalancing, MemoryView, PoolView, SandboxCounts, Sandboxes,
-    WorkerView,
+    AtollView, Balancing, ControllerStatus, FunctionAtoll, FunctionBalancing, MemoryView, PoolView,
+    SandboxCounts, Sandboxes, WorkerView,
 };
 use bytes::Bytes;
 use dashmap::DashMap;
@@ -1021,7 +1021,7 @@ impl Controller {
     pub fn balancing(&self, name: &str) -> Balancing {
         let key = FunctionKey::of(name);
         let now = self.driver.now();
-        self.driver.read(|b| {
+        let balancing = self.driver.read(|b| {
             let p = b.params();
             Balancing {
                 home: b.home(key).map(|w| b.workers().name(w).to_string()),
@@ -1032,14 +1032,28 @@ impl Controller {
                     cold_us: f.cold_us.get().map(|v| v.round()),
                     load_bound: f.bound(p.b, p.b_max),
                 }),
+                atoll: None,
             }
-        })
+        });
+        Balancing {
+            atoll: self.driver.read_atoll(|a| {
+                let (active_groups, removed_groups) = a.groups_of(name);
+                let (proactive, soft_evicted) = a.sandboxes(name);
+                FunctionAtoll {
+                    active_groups,
+                    removed_groups,
+                    proactive,
+                    soft_evicted,
+                }
+            }),
+            ..balancing
+        }
     }
 
     /// `GET /v1/status`.
     pub fn status(&self) -> ControllerStatus {
         let members = self.driver.members();
-        self.driver.read(|b| {
+        let status = self.driver.read(|b| {
             let workers: Vec<WorkerView> = members
                 .iter()
                 .map(|m| {
@@ -1117,8 +1131,18 @@ impl Controller {
                 pools,
                 memory: MemoryView { free_mb },
                 functions,
+                atoll: None,
             }
-        })
+        });
+        ControllerStatus {
+            atoll: self.driver.read_atoll(|a| AtollView {
+                ladder: a.config().ladder.as_str(),
+                groups: a.group_count(),
+                group_size: a.config().group_size,
+                stats: *a.stats(),
+            }),
+            ..status
+        }
     }
 
     /// Live workers' reported loads, for metrics.

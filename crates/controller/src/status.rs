@@ -3,6 +3,7 @@
 
 use hearth_api::FunctionSandboxes;
 use hearth_core::balance::BalanceParams;
+use hearth_core::proactive::AtollStats;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -27,6 +28,29 @@ pub struct ControllerStatus {
     pub memory: MemoryView,
     /// Sandboxes per function, summed over the live workers.
     pub functions: BTreeMap<String, SandboxCounts>,
+    /// Atoll's state when it routes (`[atoll]`); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub atoll: Option<AtollView>,
+}
+
+/// Atoll's balancer as a whole.
+#[derive(Debug, Clone, Serialize)]
+pub struct AtollView {
+    pub ladder: &'static str,
+    pub groups: usize,
+    pub group_size: u32,
+    pub stats: AtollStats,
+}
+
+/// Atoll's view of one function.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionAtoll {
+    /// Groups serving it, in the order they joined, and groups it is leaving.
+    pub active_groups: Vec<u32>,
+    pub removed_groups: Vec<u32>,
+    /// Proactive sandboxes allocated (creations in flight included) and soft-evicted.
+    pub proactive: u32,
+    pub soft_evicted: u32,
 }
 
 /// One worker as the controller sees it; the policy's fields are `null` for a worker it no
@@ -93,6 +117,9 @@ pub struct Balancing {
     /// Absent while the policy does not know the function.
     #[serde(flatten)]
     pub function: Option<FunctionBalancing>,
+    /// Atoll's view, when it routes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub atoll: Option<FunctionAtoll>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -114,6 +141,7 @@ mod tests {
         let b = Balancing {
             home: None,
             function: None,
+            atoll: None,
         };
         assert_eq!(serde_json::to_string(&b).unwrap(), r#"{"home":null}"#);
         let b = Balancing {
@@ -125,6 +153,7 @@ mod tests {
                 cold_us: None,
                 load_bound: 1.25,
             }),
+            atoll: None,
         };
         let v: serde_json::Value = serde_json::to_value(&b).unwrap();
         assert_eq!(
