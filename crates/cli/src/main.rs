@@ -701,13 +701,15 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
                 bail!("--mean-load must be a non-negative number");
             }
             let kinds = balance.map_or(BalanceKind::ALL.to_vec(), |k| vec![k]);
+            // Atoll is not a `--balance` policy (it is `[atoll]`): measured with the full set.
+            let atoll = balance.is_none();
             let setup = route_bench::Setup {
                 workers,
                 functions,
                 decisions,
                 mean_load,
             };
-            route_bench::print(&setup, &kinds, as_json).map_err(anyhow::Error::msg)
+            route_bench::print(&setup, &kinds, atoll, as_json).map_err(anyhow::Error::msg)
         }
         BenchCommand::Auth {
             checks,

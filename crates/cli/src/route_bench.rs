@@ -25,7 +25,7 @@ pub struct Setup {
 
 /// One policy's numbers.
 pub struct Report {
-    pub kind: BalanceKind,
+    pub name: &'static str,
     /// Sorted decision times, ns (timer overhead included).
     pub ns: Vec<u64>,
     pub placements: BTreeMap<&'static str, usize>,
@@ -123,7 +123,7 @@ pub fn run(setup: &Setup, kind: BalanceKind) -> Result<Report, String> {
     }
     ns.sort_unstable();
     Ok(Report {
-        kind,
+        name: kind.as_str(),
         ns,
         placements,
         rejected,
@@ -150,7 +150,7 @@ impl Report {
     pub fn to_json(&self) -> Value {
         let mean = self.ns.iter().sum::<u64>() as f64 / self.ns.len().max(1) as f64;
         json!({
-            "balance": self.kind.as_str(),
+            "balance": self.name,
             "decisions": self.ns.len(),
             "ns": {
                 "p50": percentile(&self.ns, 50.0),
@@ -165,8 +165,103 @@ impl Report {
     }
 }
 
-/// Runs every policy in `kinds` and prints a table (or JSON lines).
-pub fn print(setup: &Setup, kinds: &[BalanceKind], as_json: bool) -> Result<(), String> {
+/// Atoll's routing decision (`[atoll]` in the controller) on the same synthetic load: groups of
+/// 8 workers, every function registered with its times and a deadline of 2 × its cold time,
+/// a tick (re-estimation and allocation, off the invocation path in the controller) every
+/// 100 ms of virtual time, untimed. Loads are Atoll's own in-flight counts.
+pub fn run_atoll(setup: &Setup) -> Result<Report, String> {
+    use hearth_core::proactive::{Atoll, AtollConfig, FunctionSpec, Outcome};
+    let config = AtollConfig {
+        group_size: 8,
+        ..AtollConfig::default()
+    };
+    let mut a = Atoll::new(config).map_err(|e| e.to_string())?;
+    let mut rng = SmallRng::seed_from_u64(42);
+    for w in 0..setup.workers as u32 {
+        a.add_worker(w, 16, 16 * 1024);
+    }
+    let names: Vec<String> = (0..setup.functions)
+        .map(|i| format!("function-{i}"))
+        .collect();
+    for name in &names {
+        let warm = rng.gen_range(1_000..1_000_000);
+        let cold = warm * rng.gen_range(1..10);
+        a.register(
+            name,
+            FunctionSpec {
+                memory_mb: 128,
+                deadline_us: Some(2 * cold),
+                setup_us: Some(cold - warm + 1),
+                exec_us: Some(warm),
+            },
+        );
+    }
+    let mut cdf = Vec::with_capacity(names.len());
+    let mut total = 0.0;
+    for r in 1..=names.len() {
+        total += 1.0 / r as f64;
+        cdf.push(total);
+    }
+    let warmup = setup.decisions / 10;
+    let mut ns = Vec::with_capacity(setup.decisions);
+    let mut placements = BTreeMap::new();
+    let mut pending: std::collections::VecDeque<(u32, usize)> =
+        std::collections::VecDeque::with_capacity(IN_FLIGHT + 1);
+    for n in 0..warmup + setup.decisions {
+        let now = n as u64 * ARRIVAL_US;
+        if now >= a.next_tick() {
+            for c in a.tick(now) {
+                if let hearth_core::proactive::AllocAction::Create { worker, function } = &c.action
+                {
+                    a.on_ready(*worker, function);
+                }
+            }
+        }
+        let u = rng.gen_range(0.0..total);
+        let f = cdf.partition_point(|c| *c < u).min(names.len() - 1);
+        let t = Instant::now();
+        let r = a.route(now, &names[f]);
+        let took = t.elapsed().as_nanos() as u64;
+        let Some(r) = r else {
+            return Err("atoll placed nothing".into());
+        };
+        pending.push_back((r.worker, f));
+        if n >= warmup {
+            let how = if r.free_sandbox {
+                "proactive"
+            } else {
+                "least_loaded"
+            };
+            *placements.entry(how).or_insert(0) += 1;
+            ns.push(took);
+        }
+        if pending.len() > IN_FLIGHT {
+            if let Some((w, f)) = pending.pop_front() {
+                let done = Outcome {
+                    queue_us: 0,
+                    init_us: None,
+                    exec_us: Some(10_000),
+                };
+                a.finished(now, w, &names[f], done);
+            }
+        }
+    }
+    ns.sort_unstable();
+    Ok(Report {
+        name: "atoll",
+        ns,
+        placements,
+        rejected: 0,
+    })
+}
+
+/// Runs every policy in `kinds` (and Atoll with `atoll`) and prints a table (or JSON lines).
+pub fn print(
+    setup: &Setup,
+    kinds: &[BalanceKind],
+    atoll: bool,
+    as_json: bool,
+) -> Result<(), String> {
     let timer = timer_overhead_ns();
     if !as_json {
         println!(
@@ -178,8 +273,18 @@ pub fn print(setup: &Setup, kinds: &[BalanceKind], as_json: bool) -> Result<(), 
             "policy", "p50 ns", "p99 ns", "p99.9 ns", "max ns", "mean ns"
         );
     }
-    for kind in kinds {
-        let r = run(setup, *kind)?;
+    let mut runs: Vec<Box<dyn Fn() -> Result<Report, String>>> = kinds
+        .iter()
+        .map(|k| {
+            let k = *k;
+            Box::new(move || run(setup, k)) as Box<dyn Fn() -> Result<Report, String>>
+        })
+        .collect();
+    if atoll {
+        runs.push(Box::new(|| run_atoll(setup)));
+    }
+    for go in runs {
+        let r = go()?;
         let j = r.to_json();
         if as_json {
             let mut j = j;
@@ -199,7 +304,7 @@ pub fn print(setup: &Setup, kinds: &[BalanceKind], as_json: bool) -> Result<(), 
         let v = |k: &str| n[k].as_f64().unwrap_or(0.0);
         println!(
             "{:<13} {:>8} {:>8} {:>8} {:>9} {:>8}   {}",
-            kind.as_str(),
+            r.name,
             v("p50"),
             v("p99"),
             v("p99.9"),
@@ -230,5 +335,23 @@ mod tests {
             assert_eq!(placed + r.rejected, 2_000, "{kind}");
             assert!(placed > 1_000, "{kind}: most invocations are placed");
         }
+    }
+
+    #[test]
+    fn atoll_places_every_invocation_and_uses_its_proactive_sandboxes() {
+        let setup = Setup {
+            workers: 16,
+            functions: 200,
+            decisions: 20_000,
+            mean_load: 1.0,
+        };
+        let r = run_atoll(&setup).unwrap();
+        assert_eq!(r.ns.len(), 20_000);
+        let placed: usize = r.placements.values().sum();
+        assert_eq!(placed, 20_000);
+        // The synthetic load asks for far more sandboxes than the pools hold (set-up times of
+        // up to seconds at thousands of calls a second): some calls still find one free.
+        let proactive = r.placements.get("proactive").copied().unwrap_or(0);
+        assert!(proactive > 0, "{:?}", r.placements);
     }
 }
