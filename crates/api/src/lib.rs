@@ -9,6 +9,7 @@ pub mod error;
 pub mod function;
 pub mod invocation;
 pub mod namespace;
+pub mod proactive;
 pub mod status;
 
 pub use error::{ErrorBody, ErrorCode, ErrorObject};
@@ -16,6 +17,11 @@ pub use function::{FunctionSpec, SpecError, MAX_TIMEOUT_MS};
 pub use invocation::{
     raw_json, AsyncAccepted, AsyncOutcome, AsyncRecord, AsyncState, ColdPath, ColdReason,
     InvokeAnswer, PrewarmAnswer, Timing,
+};
+pub use proactive::{
+    ProactiveAnswer, ProactiveCommand, ProactiveCounts, ProactiveFailure, ProactiveOp,
+    ProactivePoolStatus, ProactiveRequest, ProactiveResult, MAX_PROACTIVE_BODY_BYTES,
+    MAX_PROACTIVE_COMMANDS,
 };
 pub use status::{
     FunctionSandboxes, GenericPoolStatus, LoadStatus, LowLatencyStatus, MemoryStatus, PolicyStatus,

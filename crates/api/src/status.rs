@@ -1,5 +1,6 @@
 //! A worker's status (`GET /v1/status`) and the report it pushes to its controller.
 
+use crate::proactive::{ProactiveCounts, ProactivePoolStatus};
 use hearth_core::balance::WorkerLoad;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -13,6 +14,9 @@ pub struct FunctionSandboxes {
     pub running: u32,
     #[serde(default)]
     pub starting: u32,
+    /// Its proactive sandboxes (not counted above); absent when it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proactive: Option<ProactiveCounts>,
 }
 
 /// Memory of a worker's sandboxes, MiB.
@@ -120,6 +124,9 @@ pub struct WorkerStatus {
     pub low_latency: Option<LowLatencyStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generic_pool: Option<GenericPoolStatus>,
+    /// The proactive pool (Atoll; `proactive_mb`), absent when it is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proactive: Option<ProactivePoolStatus>,
 }
 
 /// What a worker tells its controller (`PUT /v1/cluster/workers/{id}`) every status interval.
@@ -140,6 +147,11 @@ pub struct StatusReport {
     /// could hold. Absent from older workers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_budget_mb: Option<u64>,
+    /// The worker's proactive pool (size, use, room), for the controller's allocator; absent
+    /// when the pool is off and from older workers. Per-function proactive counts are in
+    /// `functions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proactive: Option<ProactivePoolStatus>,
 }
 
 impl StatusReport {
@@ -181,6 +193,7 @@ impl StatusReport {
             shutting_down: status.shutting_down,
             functions: status.functions.clone(),
             memory_budget_mb: (status.memory.budget_mb > 0).then_some(status.memory.budget_mb),
+            proactive: status.proactive,
         }
     }
 }
@@ -246,5 +259,37 @@ mod tests {
         };
         let back: WorkerStatus = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
         assert_eq!(back, s);
+    }
+
+    #[test]
+    fn the_report_carries_the_proactive_pool_and_older_reports_still_parse() {
+        let s = status(json!({
+            "worker": "w1", "backend": "sim",
+            "memory": {"budget_mb": 1024, "free_mb": 512},
+            "functions": {"f": {"warm": 0, "running": 0, "starting": 0,
+                                "proactive": {"active": 2, "soft": 1, "starting": 0}}},
+            "proactive": {"pool_mb": 512, "used_mb": 384, "free_mb": 128},
+        }));
+        let r = StatusReport::from_status(&s, "http://x:1", "abc", 2.0);
+        let pool = r.proactive.unwrap();
+        assert_eq!((pool.pool_mb, pool.used_mb, pool.free_mb), (512, 384, 128));
+        assert_eq!(r.functions["f"].proactive.unwrap().active, 2);
+        let wire = serde_json::to_value(&r).unwrap();
+        let back: StatusReport = serde_json::from_value(wire).unwrap();
+        assert_eq!(back, r);
+        // A report of a worker without the pool has neither field, and one of an older worker
+        // (no field at all) parses.
+        let plain =
+            StatusReport::from_status(&status(json!({"functions": {"f": {}}})), "u", "i", 1.0);
+        let wire = serde_json::to_value(&plain).unwrap();
+        assert!(wire.get("proactive").is_none(), "{wire}");
+        assert!(wire["functions"]["f"].get("proactive").is_none(), "{wire}");
+        let old: StatusReport = serde_json::from_value(json!({
+            "worker": "w", "url": "u", "incarnation": "i", "backend": "sim",
+            "load": serde_json::to_value(plain.load).unwrap(), "cpus": 1.0,
+            "shutting_down": false, "functions": {"f": {"warm": 1}},
+        }))
+        .unwrap();
+        assert_eq!(old.proactive, None);
     }
 }

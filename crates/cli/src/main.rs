@@ -119,6 +119,10 @@ struct ServerArgs {
     /// Memory budget for sandboxes, MiB.
     #[arg(long)]
     memory_mb: Option<u64>,
+    /// Proactive pool inside the memory budget, MiB, for sandboxes a controller sets up ahead
+    /// of demand (Atoll; 0: off).
+    #[arg(long)]
+    proactive_mb: Option<u64>,
     /// Queue discipline: fcfs, sjf, eedf, rare or srsf.
     #[arg(long)]
     queue: Option<QueueDiscipline>,
@@ -432,6 +436,9 @@ fn worker_policy_args(s: &ServerArgs) -> Vec<String> {
     if let Some(c) = s.cpus {
         a.extend(["--cpus".to_string(), c.to_string()]);
     }
+    if let Some(m) = s.proactive_mb {
+        a.extend(["--proactive-mb".to_string(), m.to_string()]);
+    }
     a
 }
 
@@ -501,6 +508,9 @@ fn serve(args: ServerArgs) -> Result<()> {
     }
     if let Some(m) = args.memory_mb {
         config.memory_mb = m;
+    }
+    if let Some(m) = args.proactive_mb {
+        config.proactive_mb = m;
     }
     if let Some(q) = args.queue {
         config.queue = q;

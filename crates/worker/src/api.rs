@@ -2,7 +2,9 @@
 //! facade's domain errors become status codes and error bodies.
 
 use crate::backend::SandboxError;
-use crate::errors::{InvokeError, PrewarmError, RegisterError, UnregisterError};
+use crate::errors::{
+    InvokeError, PrewarmError, ProactiveBatchError, RegisterError, UnregisterError,
+};
 use crate::facade::{CallDeadline, Worker};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
@@ -13,7 +15,10 @@ use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use hearth_api::namespace::namespace_of;
 use hearth_api::ErrorCode;
-use hearth_api::{AsyncRecord, PrewarmAnswer, WorkerStatus};
+use hearth_api::{
+    AsyncRecord, PrewarmAnswer, ProactiveAnswer, ProactiveRequest, WorkerStatus,
+    MAX_PROACTIVE_BODY_BYTES,
+};
 use hearth_service::async_api::{self, ListQuery};
 use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
@@ -45,6 +50,10 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .route("/v1/functions/{name}/prewarm", post(prewarm))
         .route("/v1/invocations", get(dead_letters))
         .route("/v1/invocations/{id}", get(invocation))
+        .route(
+            "/v1/cluster/proactive",
+            post(proactive).layer(DefaultBodyLimit::max(MAX_PROACTIVE_BODY_BYTES)),
+        )
         .route("/v1/status", get(status))
         .route("/metrics", get(metrics));
     let auth = std::sync::Arc::clone(worker.auth());
@@ -296,6 +305,37 @@ async fn prewarm(
         .await
         .map(Json)
         .map_err(prewarm_error)
+}
+
+/// `POST /v1/cluster/proactive`: a controller's commands on this worker's proactive sandboxes.
+/// The platform's own call, so only a cluster peer (the cluster key) may send it, the same
+/// guard as joining the cluster; any function of any namespace may be named.
+async fn proactive(
+    State(w): State<Arc<Worker>>,
+    Extension(p): Extension<Principal>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<ProactiveAnswer>, ApiError> {
+    p.require(Action::Join)?;
+    let body = body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(MAX_PROACTIVE_BODY_BYTES)
+        } else {
+            ApiError::bad_request(format!("could not read the request body: {r}"))
+        }
+    })?;
+    let req: ProactiveRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid proactive request: {e}")))?;
+    w.proactive(&req.commands)
+        .await
+        .map(Json)
+        .map_err(|e| match e {
+            ProactiveBatchError::Disabled => {
+                ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, e.to_string())
+            }
+            ProactiveBatchError::ShuttingDown => ApiError::shutting_down(),
+            ProactiveBatchError::TooManyCommands { .. }
+            | ProactiveBatchError::BadFunctionName { .. } => ApiError::bad_request(e.to_string()),
+        })
 }
 
 async fn invocation(

@@ -178,6 +178,10 @@ pub struct WorkerConfig {
     pub memory_mb: u64,
     /// Background eviction keeps this much of the budget free.
     pub free_buffer_mb: u64,
+    /// The proactive pool (Atoll, docs/atoll.md): memory reserved inside `memory_mb` for the
+    /// sandboxes a controller sets up ahead of demand (`POST /v1/cluster/proactive`); reactive
+    /// sandboxes use at most the rest. 0 turns it off.
+    pub proactive_mb: u64,
     /// CPUs this worker schedules for: the default concurrency limit and the load's divisor
     /// (0: the machine's; with the sim backend, the simulated CPUs).
     pub cpus: u32,
@@ -294,6 +298,7 @@ impl Default for WorkerConfig {
             backend: BackendKind::Runc,
             memory_mb: 4096,
             free_buffer_mb: 256,
+            proactive_mb: 0,
             cpus: 0,
             queue: QueueDiscipline::Eedf,
             max_queue: 10_000,
@@ -352,6 +357,7 @@ const CONFIG_KEYS: &[&str] = &[
     "backend",
     "memory_mb",
     "free_buffer_mb",
+    "proactive_mb",
     "cpus",
     "queue",
     "max_queue",
@@ -468,6 +474,13 @@ impl WorkerConfig {
         }
         if self.free_buffer_mb >= self.memory_mb {
             return bad("free_buffer_mb must be smaller than memory_mb".into());
+        }
+        if self.proactive_mb > self.memory_mb {
+            return bad(format!(
+                "proactive_mb ({} MiB) must be at most memory_mb ({} MiB): the proactive pool is \
+                 reserved inside the memory budget",
+                self.proactive_mb, self.memory_mb
+            ));
         }
         if self.max_body_bytes == 0 || self.max_code_bytes == 0 {
             return bad("max_body_bytes and max_code_bytes must be positive".into());
@@ -821,6 +834,30 @@ mod tests {
             jail.set_env("HEARTH_MAX_CODE_FILES", "0");
             let err = WorkerConfig::load(None).unwrap_err().to_string();
             assert!(err.contains("max_code_files"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn the_proactive_pool_is_off_by_default_and_fits_in_the_budget() {
+        assert_eq!(WorkerConfig::default().proactive_mb, 0);
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HEARTH_MEMORY_MB", "1024");
+            jail.set_env("HEARTH_PROACTIVE_MB", "512");
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.proactive_mb, 512);
+            jail.set_env("HEARTH_PROACTIVE_MB", "1024");
+            assert!(
+                WorkerConfig::load(None).is_ok(),
+                "the whole budget is allowed"
+            );
+            jail.set_env("HEARTH_PROACTIVE_MB", "1025");
+            let err = WorkerConfig::load(None).unwrap_err().to_string();
+            assert!(
+                err.contains("proactive_mb (1025 MiB) must be at most memory_mb (1024 MiB)"),
+                "{err}"
+            );
             Ok(())
         });
     }

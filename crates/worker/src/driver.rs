@@ -14,8 +14,8 @@ use dashmap::DashMap;
 use hearth_api::{ColdPath, FunctionSpec};
 use hearth_core::characteristics::CharacteristicsReport;
 use hearth_core::{
-    Arrival, Completion, EngineAction, EngineConfig, EngineStats, InvocationId, Micros, Reject,
-    Run, SandboxId, WorkerEngine,
+    Arrival, Completion, EngineAction, EngineConfig, EngineStats, InvocationId, Micros,
+    ProactiveError, ProactiveEvicted, Reject, Run, SandboxId, WorkerEngine,
 };
 use hearth_service::registry::{Registered, Registry};
 use parking_lot::Mutex;
@@ -507,6 +507,42 @@ impl Driver {
             }
         }
         out
+    }
+
+    /// Starts a proactive sandbox of a function (Atoll's allocator decided it): the engine
+    /// reserves its memory in the proactive pool now, and the returned task starts it exactly
+    /// as a prewarm, through the creation cap, and reports it ready or failed.
+    pub fn proactive_create(
+        self: &Arc<Self>,
+        reg: &Registered,
+    ) -> Result<tokio::task::JoinHandle<Result<(), SandboxError>>, ProactiveError> {
+        let id = self.with_engine(|engine, now| {
+            engine.proactive_create(now, &reg.spec.name, reg.spec.memory_mb)
+        })?;
+        let me = Arc::clone(self);
+        let reg = reg.clone();
+        // Counted from here, so that a shutdown now waits for it (as for policy pre-warms).
+        let creating = self.in_creation.begin();
+        Ok(tokio::spawn(async move {
+            let _creating = creating;
+            me.create_prewarmed(id, &reg).await
+        }))
+    }
+
+    /// Un-marks one soft-evicted proactive sandbox of `function`; false when it has none.
+    pub fn proactive_unmark(&self, function: &str) -> bool {
+        self.with_engine(|engine, now| engine.proactive_unmark(now, function).is_some())
+    }
+
+    /// Soft-evicts one proactive sandbox of `function`; false when it has none to mark.
+    pub fn proactive_soft_evict(&self, function: &str) -> bool {
+        self.with_engine(|engine, _| engine.proactive_soft_evict(function).is_some())
+    }
+
+    /// Destroys one proactive sandbox of `function` (now, or when its run or start ends);
+    /// `None` when it has none left.
+    pub fn proactive_evict(&self, function: &str) -> Option<ProactiveEvicted> {
+        self.with_engine(|engine, now| engine.proactive_evict(now, function))
     }
 
     /// A function was updated or deleted: its sandboxes are retired, and its code directory is

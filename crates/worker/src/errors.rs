@@ -108,6 +108,27 @@ pub enum PrewarmError {
     StartFailed(String),
 }
 
+/// Why a batch of proactive commands was refused whole (one command's failure is in its
+/// result instead).
+#[derive(Debug, thiserror::Error)]
+pub enum ProactiveBatchError {
+    #[error(
+        "the proactive pool is off on this worker (proactive_mb = 0): start it with \
+         --proactive-mb or proactive_mb to let a controller allocate proactive sandboxes here"
+    )]
+    Disabled,
+    #[error("the worker is shutting down")]
+    ShuttingDown,
+    #[error("a batch holds at most {max} commands, got {count}")]
+    TooManyCommands { count: usize, max: usize },
+    #[error("command {index}: a function key is 1 to {max} characters, got {len}")]
+    BadFunctionName {
+        index: usize,
+        len: usize,
+        max: usize,
+    },
+}
+
 impl From<hearth_service::store::StoreError> for InvokeError {
     /// A full async store is a 429 of its own; any other store failure accepted nothing.
     fn from(e: hearth_service::store::StoreError) -> Self {

@@ -5,15 +5,23 @@
 use crate::backend::{Backend, SandboxError};
 use crate::config::{BackendKind, WorkerConfig};
 use crate::driver::{Driver, LoadSampling, StartFailure};
-use crate::errors::{HandlerFailure, InvokeError, PrewarmError, RegisterError, UnregisterError};
+use crate::errors::{
+    HandlerFailure, InvokeError, PrewarmError, ProactiveBatchError, RegisterError, UnregisterError,
+};
 use crate::metrics::{ColdLabel, FnLabel, Metrics, Outcome, QueueLabel};
 use bytes::Bytes;
 use hearth_api::{
     raw_json, ColdPath, FunctionSpec, InvokeAnswer, LoadStatus, LowLatencyStatus, MemoryStatus,
-    PolicyStatus, PrewarmAnswer, QueueStatus, Timing, WorkerStatus,
+    PolicyStatus, PrewarmAnswer, ProactiveAnswer, ProactiveCommand, ProactiveCounts,
+    ProactiveFailure, ProactiveOp, ProactivePoolStatus, ProactiveResult, QueueStatus, Timing,
+    WorkerStatus,
 };
 use hearth_core::characteristics::CharacteristicsReport;
-use hearth_core::{EngineConfig, EngineStats, LoadSource, Micros, PoolConfig, Reject};
+use hearth_core::pool::FunctionPoolStats;
+use hearth_core::{
+    EngineConfig, EngineStats, LoadSource, Micros, PoolConfig, PoolConfigError, ProactiveError,
+    Reject,
+};
 use hearth_service::auth::{Auth, AuthError, AuthSettings, ClusterKey};
 use hearth_service::dedup::Dedup;
 use hearth_service::delivery::{Accepted, Attempted, Delivery, DeliverySettings, Runner};
@@ -66,6 +74,8 @@ pub enum StartError {
     Auth(#[from] AuthError),
     #[error("async store: {0}")]
     Store(#[from] StoreError),
+    #[error("configuration: {0}")]
+    Pool(#[from] PoolConfigError),
 }
 
 impl Worker {
@@ -99,15 +109,17 @@ impl Worker {
         };
         backend.cleanup_all().await;
         let cpus = config.effective_cpus();
+        let pool = PoolConfig {
+            memory_budget_mb: config.memory_mb,
+            free_buffer_mb: config.free_buffer_mb,
+            keepalive: config.keepalive_config(),
+            generic: config.generic_config(),
+            // Atoll's proactive pool, filled by a controller (`POST /v1/cluster/proactive`).
+            proactive_mb: config.proactive_mb,
+        };
+        pool.validate()?;
         let engine = EngineConfig {
-            pool: PoolConfig {
-                memory_budget_mb: config.memory_mb,
-                free_buffer_mb: config.free_buffer_mb,
-                keepalive: config.keepalive_config(),
-                generic: config.generic_config(),
-                // Atoll's proactive pool: off until a controller allocates into it (issue 14).
-                proactive_mb: 0,
-            },
+            pool,
             queue: config.queue,
             max_queue: config.max_queue,
             regulator: config.regulator()?,
@@ -590,10 +602,11 @@ impl Worker {
     pub fn status(&self) -> WorkerStatus {
         let stats = self.stats();
         let pool = &stats.pool;
+        // What a reactive sandbox can still get: the proactive pool is reserved whole.
         let used = pool.memory_running_mb
             + pool.memory_warm_mb
             + pool.memory_generic_mb
-            + pool.memory_proactive_mb;
+            + pool.proactive_pool_mb.max(pool.memory_proactive_mb);
         let ttl = self.config.keepalive == hearth_core::KeepAliveKind::Ttl;
         let bypass = self.config.bypass_ms > 0.0;
         WorkerStatus {
@@ -629,10 +642,12 @@ impl Worker {
                 .functions
                 .iter()
                 .map(|(name, f)| {
+                    let counts = proactive_counts(f);
                     let sandboxes = hearth_api::FunctionSandboxes {
                         warm: f.warm,
                         running: f.running,
                         starting: f.starting,
+                        proactive: (counts != ProactiveCounts::default()).then_some(counts),
                     };
                     (name.clone(), sandboxes)
                 })
@@ -657,7 +672,124 @@ impl Worker {
                 .generic_config()
                 .enabled()
                 .then_some(pool.generic),
+            proactive: (pool.proactive_pool_mb > 0).then_some(ProactivePoolStatus {
+                pool_mb: pool.proactive_pool_mb,
+                used_mb: pool.memory_proactive_mb,
+                free_mb: pool
+                    .proactive_pool_mb
+                    .saturating_sub(pool.memory_proactive_mb),
+            }),
         }
+    }
+
+    /// Runs a controller's proactive commands in order (Atoll §4.3): creates start like
+    /// prewarms, through the creation cap, and the answer waits until each has started or
+    /// failed, at most [`PROACTIVE_CREATE_WAIT`]. One command's failure is in its result.
+    pub async fn proactive(
+        &self,
+        commands: &[ProactiveCommand],
+    ) -> Result<ProactiveAnswer, ProactiveBatchError> {
+        if self.config.proactive_mb == 0 {
+            return Err(ProactiveBatchError::Disabled);
+        }
+        if self.is_shutting_down() {
+            return Err(ProactiveBatchError::ShuttingDown);
+        }
+        let max = hearth_api::MAX_PROACTIVE_COMMANDS;
+        if commands.len() > max {
+            return Err(ProactiveBatchError::TooManyCommands {
+                count: commands.len(),
+                max,
+            });
+        }
+        let max_key = MAX_FUNCTION_KEY_LEN;
+        if let Some((index, c)) = commands
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.function.is_empty() || c.function.len() > max_key)
+        {
+            return Err(ProactiveBatchError::BadFunctionName {
+                index,
+                len: c.function.len(),
+                max: max_key,
+            });
+        }
+        let mut results = vec![ProactiveResult::ok(); commands.len()];
+        let mut creating = Vec::new();
+        let mut touched = std::collections::BTreeSet::new();
+        for (i, c) in commands.iter().enumerate() {
+            let name = c.function.as_str();
+            touched.insert(name);
+            let Some(reg) = self.registry.get(name) else {
+                results[i] = ProactiveResult::failed(
+                    ProactiveFailure::UnknownFunction,
+                    format!("unknown function {name:?}: not registered on this worker"),
+                );
+                continue;
+            };
+            let nothing = |what: &str, has: &str| {
+                ProactiveResult::failed(
+                    ProactiveFailure::NothingToDo,
+                    format!("nothing to {what}: {name} has no {has} proactive sandbox"),
+                )
+            };
+            match c.op {
+                ProactiveOp::Create => match self.driver.proactive_create(&reg) {
+                    Ok(task) => creating.push((i, task)),
+                    Err(e) => results[i] = create_refused(e),
+                },
+                ProactiveOp::Unmark => {
+                    if !self.driver.proactive_unmark(name) {
+                        results[i] = nothing("unmark", "soft-evicted");
+                    }
+                }
+                ProactiveOp::SoftEvict => {
+                    if !self.driver.proactive_soft_evict(name) {
+                        results[i] = nothing("soft-evict", "usable");
+                    }
+                }
+                ProactiveOp::Evict => {
+                    if self.driver.proactive_evict(name).is_none() {
+                        results[i] = nothing("evict", "remaining");
+                    }
+                }
+            }
+        }
+        let deadline = tokio::time::Instant::now() + PROACTIVE_CREATE_WAIT;
+        for (i, mut task) in creating {
+            let name = &commands[i].function;
+            results[i] = match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(Ok(Ok(()))) => ProactiveResult::ok(),
+                Ok(Ok(Err(e))) => {
+                    tracing::warn!(function = %name, error = %e, "proactive sandbox failed to start");
+                    ProactiveResult::failed(
+                        ProactiveFailure::StartFailed,
+                        format!("the proactive sandbox of {name} failed to start: {e}"),
+                    )
+                }
+                Ok(Err(_)) => ProactiveResult::failed(
+                    ProactiveFailure::StartFailed,
+                    format!("the start of {name}'s proactive sandbox ended without an answer"),
+                ),
+                // It goes on starting; the counts show it, and a failure shows in later ones.
+                Err(_) => ProactiveResult {
+                    still_starting: true,
+                    ..ProactiveResult::ok()
+                },
+            };
+        }
+        let pool = self.stats().pool;
+        let functions = touched
+            .into_iter()
+            .map(|name| {
+                let counts = pool
+                    .function(name)
+                    .map(proactive_counts)
+                    .unwrap_or_default();
+                (name.to_string(), counts)
+            })
+            .collect();
+        Ok(ProactiveAnswer { results, functions })
     }
 
     /// New invocations are refused with 503 from now on.
@@ -687,6 +819,38 @@ impl Worker {
         }
         self.driver.shutdown().await;
         tracing::info!("all sandboxes removed");
+    }
+}
+
+/// How long an answer to proactive commands waits for its creates to start.
+pub const PROACTIVE_CREATE_WAIT: Duration = Duration::from_secs(30);
+
+/// Longest function key: a namespace, a dot and a name of at most 64 characters.
+const MAX_FUNCTION_KEY_LEN: usize = hearth_api::namespace::MAX_NAMESPACE_LEN + 1 + 64;
+
+/// A function's proactive sandboxes as the wire counts them.
+fn proactive_counts(f: &FunctionPoolStats) -> ProactiveCounts {
+    ProactiveCounts {
+        active: f.proactive_idle + f.proactive_busy,
+        soft: f.proactive_soft,
+        starting: f.proactive_starting,
+    }
+}
+
+/// The result of a create the engine refused.
+fn create_refused(e: ProactiveError) -> ProactiveResult {
+    match e {
+        ProactiveError::PoolFull { needed_mb, free_mb } => ProactiveResult::failed(
+            ProactiveFailure::PoolFull,
+            format!("proactive pool full: needs {needed_mb} MiB, {free_mb} free"),
+        ),
+        ProactiveError::Disabled => {
+            ProactiveResult::failed(ProactiveFailure::Disabled, "proactive pool disabled")
+        }
+        ProactiveError::ShuttingDown => ProactiveResult::failed(
+            ProactiveFailure::ShuttingDown,
+            "the worker is shutting down",
+        ),
     }
 }
 
