@@ -159,11 +159,6 @@ impl StatusReport {
     /// the queued invocations per CPU ([`WorkerLoad::of_worker`]); where the status has no
     /// `load` or `queue` section, the load is the running sandboxes per CPU (`host_cpus` CPUs
     /// when the status does not say) and the queue is empty.
-    /// The proactive pool the worker lends (Atoll); 0 when it has none.
-    pub fn proactive_mb(&self) -> u64 {
-        0
-    }
-
     pub fn from_status(
         status: &WorkerStatus,
         url: &str,

@@ -254,7 +254,8 @@ impl Driver {
             b.report(now, id, report.load);
             if let (Some(a), false) = (&self.atoll, was_up) {
                 let cpus = report.cpus.clamp(1.0, 4096.0) as u32;
-                a.lock().add_worker(id.0, cpus, report.proactive_mb());
+                a.lock()
+                    .add_worker(id.0, cpus, report.proactive.map_or(0, |p| p.pool_mb));
             }
             let existing = self.member(id);
             let (member, new_incarnation) = match existing {

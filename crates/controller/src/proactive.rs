@@ -9,9 +9,11 @@
 
 use crate::facade::Controller;
 use crate::metrics::ProactiveLabel;
+use hearth_api::{
+    ProactiveAnswer, ProactiveCommand, ProactiveOp, ProactiveRequest, MAX_PROACTIVE_COMMANDS,
+};
 use hearth_core::balance::WorkerId;
 use hearth_core::proactive::{AllocAction, Command};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -20,44 +22,19 @@ use tokio::sync::mpsc;
 /// The worker's endpoint for proactive commands.
 pub const PATH: &str = "/v1/cluster/proactive";
 /// Most commands in one request (the worker's limit).
-pub const MAX_BATCH: usize = 4096;
+const MAX_BATCH: usize = MAX_PROACTIVE_COMMANDS;
 /// Batches waiting for one worker before a tick's commands are dropped.
 const QUEUE: usize = 8;
-/// A batch may take this long: its creations start sandboxes.
-const BATCH_TIMEOUT: Duration = Duration::from_secs(120);
+/// A batch may take this long: the worker answers within 30 s of its creations starting.
+const BATCH_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// One command on the wire.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireCommand {
-    pub op: String,
-    pub function: String,
-}
-
-#[derive(Debug, Serialize)]
-struct Batch<'a> {
-    commands: &'a [WireCommand],
-}
-
-/// One command's result from the worker.
-#[derive(Debug, Clone, Deserialize)]
-struct WireResult {
-    ok: bool,
-    #[serde(default)]
-    error: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct BatchAnswer {
-    results: Vec<WireResult>,
-}
-
-/// The wire name of an action (None for `Skipped`, which is not sent).
-pub fn op(action: &AllocAction) -> Option<(&'static str, &str)> {
+/// The wire op of an action and its function (None for `Skipped`, which is not sent).
+pub fn op(action: &AllocAction) -> Option<(ProactiveOp, &str)> {
     match action {
-        AllocAction::Create { function, .. } => Some(("create", function)),
-        AllocAction::Unmark { function, .. } => Some(("unmark", function)),
-        AllocAction::SoftEvict { function, .. } => Some(("soft-evict", function)),
-        AllocAction::Evict { function, .. } => Some(("evict", function)),
+        AllocAction::Create { function, .. } => Some((ProactiveOp::Create, function)),
+        AllocAction::Unmark { function, .. } => Some((ProactiveOp::Unmark, function)),
+        AllocAction::SoftEvict { function, .. } => Some((ProactiveOp::SoftEvict, function)),
+        AllocAction::Evict { function, .. } => Some((ProactiveOp::Evict, function)),
         AllocAction::Skipped { .. } => None,
     }
 }
@@ -138,15 +115,15 @@ async fn send(c: &Arc<Controller>, worker: WorkerId, batch: &[Command]) {
             ready.insert(name, ok);
         }
     }
-    let (sent, wire): (Vec<&Command>, Vec<WireCommand>) = batch
+    let (sent, commands): (Vec<&Command>, Vec<ProactiveCommand>) = batch
         .iter()
         .filter_map(|cmd| {
             let (op, name) = op(&cmd.action)?;
             if ready.get(name) == Some(&true) {
                 Some((
                     cmd,
-                    WireCommand {
-                        op: op.to_string(),
+                    ProactiveCommand {
+                        op,
                         function: name.to_string(),
                     },
                 ))
@@ -156,10 +133,10 @@ async fn send(c: &Arc<Controller>, worker: WorkerId, batch: &[Command]) {
             }
         })
         .unzip();
-    if wire.is_empty() {
+    if commands.is_empty() {
         return;
     }
-    let body = match serde_json::to_vec(&Batch { commands: &wire }) {
+    let body = match serde_json::to_vec(&ProactiveRequest { commands }) {
         Ok(b) => bytes::Bytes::from(b),
         Err(_) => return fail_refs(c, worker, &sent),
     };
@@ -168,7 +145,7 @@ async fn send(c: &Arc<Controller>, worker: WorkerId, batch: &[Command]) {
         .send(hyper::Method::POST, &m.url, PATH, body, BATCH_TIMEOUT)
         .await;
     let results = match answer {
-        Ok(a) if a.is_success() => match serde_json::from_slice::<BatchAnswer>(&a.body) {
+        Ok(a) if a.is_success() => match serde_json::from_slice::<ProactiveAnswer>(&a.body) {
             Ok(b) if b.results.len() == sent.len() => b.results,
             _ => {
                 tracing::warn!(worker = %m.name, "unreadable answer to proactive commands");
@@ -197,12 +174,15 @@ fn book(c: &Controller, worker: WorkerId, cmd: &Command, ok: bool, result: &'sta
     let Some((op, name)) = op(&cmd.action) else {
         return;
     };
-    if op == "create" {
+    if op == ProactiveOp::Create {
         c.driver().atoll_created(worker, name, ok);
     }
     c.metrics
         .proactive
-        .get_or_create(&ProactiveLabel { op, result })
+        .get_or_create(&ProactiveLabel {
+            op: op.as_str(),
+            result,
+        })
         .inc();
 }
 
