@@ -4,11 +4,14 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hearth_core::balance::{BalanceKind, BalanceParams};
 use hearth_core::bypass::BypassConfig;
+use hearth_core::proactive::{AtollConfig, Ladder, ScaleOutMode, VictimPolicy};
 use hearth_core::{
     AimdConfig, GenericConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig,
 };
 use hearth_loadgen::{metadata, Metadata, Trace};
-use hearth_sim::{CsvSink, Routing, SimConfig, Workload};
+use hearth_sim::config::ATOLL_TTL_US;
+use hearth_sim::record::Tee;
+use hearth_sim::{CsvSink, Record, Routing, SimConfig, Sink, Workload};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -34,10 +37,34 @@ pub struct SimArgs {
     /// Memory background eviction keeps free on each worker.
     #[arg(long, default_value = "256MiB", value_parser = parse_size_mb)]
     free_buffer: u64,
-    /// round-robin, random, least-loaded, ch, ch-bl, ch-rlu, k-ch-rlu, or greedy (the
-    /// omniscient baseline that only a simulator can run).
-    #[arg(long, default_value = "ch-rlu", value_parser = parse_routing)]
+    /// round-robin, random, least-loaded, ch, ch-bl, ch-rlu, k-ch-rlu, greedy (the
+    /// omniscient baseline that only a simulator can run), or atoll (Atoll's balancer and
+    /// group sandbox managers; see --ladder).
+    #[arg(long, visible_alias = "routing", default_value = "ch-rlu", value_parser = parse_routing)]
     balance: RoutingName,
+    /// atoll: the Table 1 rung: gfr, gdr, gdpi, atoll or d-atoll. It also sets the queue
+    /// (fcfs for gfr, srsf above) and a 15-minute keep-alive unless --queue or
+    /// --keepalive-ttl say otherwise.
+    #[arg(long, default_value = "atoll", value_parser = parse_ladder)]
+    ladder: Ladder,
+    /// atoll: workers per group (an SGS's worker pool); workers fill groups in order.
+    #[arg(long, default_value_t = 1)]
+    group_size: u32,
+    /// atoll: how a function moves onto a new group: gradual (lottery over sandboxes) or
+    /// instant (equal shares at once).
+    #[arg(long, default_value = "gradual", value_parser = parse_scale_out)]
+    scale_out: ScaleOutMode,
+    /// atoll: hard-eviction victims in a full proactive pool: fair or lru.
+    #[arg(long, default_value = "fair", value_parser = parse_victim)]
+    victim: VictimPolicy,
+    /// atoll: share of each worker's memory reserved for proactive sandboxes (gdpi, atoll,
+    /// d-atoll), 0 to 0.95.
+    #[arg(long, default_value_t = hearth_sim::config::PROACTIVE_SHARE)]
+    proactive_share: f64,
+    /// Every function's sandbox set-up (cold start) time, in ms, instead of the metadata's
+    /// (Atoll's Fig. 12a allocation overheads).
+    #[arg(long)]
+    alloc_overhead_ms: Option<f64>,
     /// CH-BL/CH-RLU load bound b.
     #[arg(long)]
     b: Option<f64>,
@@ -47,12 +74,12 @@ pub struct SimArgs {
     /// Keep-alive policy: ttl, lru, gdsf, lfu, landlord or hist.
     #[arg(long, default_value = "ttl")]
     keepalive: KeepAliveKind,
-    /// Idle time before a sandbox expires under ttl.
-    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
-    keepalive_ttl: Duration,
-    /// Queue discipline: fcfs, sjf, eedf, rare or srsf.
-    #[arg(long, default_value = "eedf")]
-    queue: QueueDiscipline,
+    /// Idle time before a sandbox expires under ttl (default 10m; atoll: 15m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    keepalive_ttl: Option<Duration>,
+    /// Queue discipline: fcfs, sjf, eedf, rare or srsf (default eedf; atoll: the ladder's).
+    #[arg(long)]
+    queue: Option<QueueDiscipline>,
     /// Queued invocations per worker beyond which it refuses.
     #[arg(long, default_value_t = 10_000)]
     max_queue: usize,
@@ -96,16 +123,48 @@ pub struct SimArgs {
 pub enum RoutingName {
     Balancer(BalanceKind),
     Greedy,
+    Atoll,
 }
 
 fn parse_routing(s: &str) -> Result<RoutingName, String> {
-    if s == "greedy" {
-        return Ok(RoutingName::Greedy);
+    match s {
+        "greedy" => return Ok(RoutingName::Greedy),
+        "atoll" => return Ok(RoutingName::Atoll),
+        _ => {}
     }
     s.parse::<BalanceKind>()
         .map(RoutingName::Balancer)
-        .map_err(|e| format!("{e} or greedy"))
+        .map_err(|e| format!("{e}, greedy or atoll"))
 }
+
+pub fn parse_ladder(s: &str) -> Result<Ladder, String> {
+    Ladder::parse(s).ok_or_else(|| {
+        format!("unknown ladder rung {s:?} (expected gfr, gdr, gdpi, atoll or d-atoll)")
+    })
+}
+
+pub fn parse_scale_out(s: &str) -> Result<ScaleOutMode, String> {
+    match s {
+        "gradual" => Ok(ScaleOutMode::Gradual),
+        "instant" => Ok(ScaleOutMode::Instant),
+        _ => Err(format!(
+            "unknown scale-out {s:?} (expected gradual or instant)"
+        )),
+    }
+}
+
+pub fn parse_victim(s: &str) -> Result<VictimPolicy, String> {
+    match s {
+        "fair" => Ok(VictimPolicy::Fair),
+        "lru" => Ok(VictimPolicy::Lru),
+        _ => Err(format!(
+            "unknown victim policy {s:?} (expected fair or lru)"
+        )),
+    }
+}
+
+/// The longest set-up time `--alloc-overhead-ms` accepts (10 minutes).
+const MAX_OVERHEAD_MS: f64 = 600_000.0;
 
 /// A memory size in MiB: `32GiB`, `32G`, `512MiB`, `512M`, or a plain number of MiB.
 pub fn parse_size_mb(s: &str) -> Result<u64, String> {
@@ -151,8 +210,23 @@ pub fn concurrency_name(r: &RegulatorConfig) -> String {
 
 impl SimArgs {
     fn config(&self) -> Result<SimConfig> {
+        let atoll = matches!(self.balance, RoutingName::Atoll);
         let routing = match self.balance {
             RoutingName::Greedy => Routing::Greedy,
+            RoutingName::Atoll => {
+                if !(1..=1024).contains(&self.group_size) {
+                    bail!("--group-size must be between 1 and 1024");
+                }
+                let mut c = AtollConfig {
+                    ladder: self.ladder,
+                    group_size: self.group_size,
+                    scale_out: self.scale_out,
+                    seed: self.seed,
+                    ..AtollConfig::default()
+                };
+                c.alloc.victim = self.victim;
+                Routing::Atoll(c)
+            }
             RoutingName::Balancer(kind) => {
                 let mut params = BalanceParams {
                     seed: self.seed,
@@ -170,12 +244,30 @@ impl SimArgs {
         if !(self.bypass_ms.is_finite() && self.bypass_ms >= 0.0) {
             bail!("--bypass-ms must be a non-negative number");
         }
+        if !(self.proactive_share.is_finite() && (0.0..=0.95).contains(&self.proactive_share)) {
+            bail!("--proactive-share must be a fraction between 0 and 0.95");
+        }
+        if let Some(ms) = self.alloc_overhead_ms {
+            if !(ms.is_finite() && (0.0..=MAX_OVERHEAD_MS).contains(&ms)) {
+                bail!("--alloc-overhead-ms must be between 0 and {MAX_OVERHEAD_MS} ms");
+            }
+        }
+        let queue = self.queue.unwrap_or(if atoll {
+            self.ladder.queue()
+        } else {
+            QueueDiscipline::Eedf
+        });
+        let ttl_us = match self.keepalive_ttl {
+            Some(d) => d.as_micros() as u64,
+            None if atoll => ATOLL_TTL_US,
+            None => 600_000_000,
+        };
         Ok(SimConfig {
             workers: self.workers,
             cpus: self.cpus,
             memory_mb: self.memory,
             free_buffer_mb: self.free_buffer,
-            queue: self.queue,
+            queue,
             max_queue: self.max_queue,
             regulator: parse_concurrency(&self.concurrency, self.cpus)?,
             bypass: BypassConfig {
@@ -183,7 +275,7 @@ impl SimArgs {
                 ..BypassConfig::default()
             },
             keepalive: KeepAliveConfig {
-                ttl: self.keepalive_ttl.as_micros() as u64,
+                ttl: ttl_us,
                 ..KeepAliveConfig::new(self.keepalive)
             },
             routing,
@@ -200,7 +292,36 @@ impl SimArgs {
                 }
             },
             generic_create_us: self.generic_create.as_micros() as u64,
+            proactive_share: self.proactive_share,
         })
+    }
+}
+
+/// Counts invocations that ended later than their function's deadline after arrival (a dropped
+/// one misses it too).
+struct Deadlines {
+    deadline_us: Vec<Option<u64>>,
+    with: u64,
+    missed: u64,
+}
+
+impl Deadlines {
+    fn new(w: &Workload) -> Self {
+        Deadlines {
+            deadline_us: w.functions.iter().map(|f| f.deadline_us).collect(),
+            with: 0,
+            missed: 0,
+        }
+    }
+}
+
+impl Sink for Deadlines {
+    fn record(&mut self, r: &Record) -> hearth_sim::Result<()> {
+        if let Some(d) = self.deadline_us.get(r.function as usize).copied().flatten() {
+            self.with += 1;
+            self.missed += u64::from(!r.is_done() || r.e2e_us() > d);
+        }
+        Ok(())
     }
 }
 
@@ -221,11 +342,15 @@ pub fn run(a: SimArgs) -> Result<()> {
     if a.prewarm {
         workload.prewarm_by_littles_law(&trace, &metadata);
     }
+    if let Some(ms) = a.alloc_overhead_ms {
+        workload.set_init_us((ms * 1000.0).round() as u64);
+    }
     drop(trace);
     let read_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut sink = CsvSink::create(&workload, &a.out)?;
-    let stats = hearth_sim::simulate(&workload, &config, &mut sink)?;
+    let mut deadlines = Deadlines::new(&workload);
+    let stats = hearth_sim::simulate(&workload, &config, &mut Tee(&mut sink, &mut deadlines))?;
     sink.finish()
         .with_context(|| format!("writing {}", a.out.display()))?;
     let sim_s = t1.elapsed().as_secs_f64();
@@ -248,6 +373,23 @@ pub fn run(a: SimArgs) -> Result<()> {
         stats.cold,
         100.0 * stats.cold as f64 / stats.completed.max(1) as f64
     );
+    if deadlines.with > 0 {
+        println!(
+            "deadlines missed {} of {} ({:.2}%; dropped ones count as missed)",
+            deadlines.missed,
+            deadlines.with,
+            100.0 * deadlines.missed as f64 / deadlines.with as f64
+        );
+    }
+    if let Routing::Atoll(c) = &config.routing {
+        println!(
+            "atoll {}: {} proactive sandboxes created, {} refused by full pools, {} commands without a sandbox",
+            c.ladder.as_str(),
+            stats.proactive_created,
+            stats.proactive_refused,
+            stats.proactive_mismatched
+        );
+    }
     println!(
         "virtual time {span_s:.1} s in {sim_s:.2} s of wall time ({:.0} invocations/s, {:.0}× real time; reading the trace took {read_s:.2} s)",
         stats.invocations as f64 / sim_s.max(1e-9),

@@ -5,9 +5,11 @@ use crate::error::{Result, SimError};
 use hearth_core::balance::{BalanceKind, BalanceParams};
 use hearth_core::bypass::BypassConfig;
 use hearth_core::pool::{GenericConfig, PoolConfig};
+use hearth_core::proactive::AtollConfig;
 use hearth_core::time::secs;
 use hearth_core::{
-    EngineConfig, KeepAliveConfig, LoadSource, Micros, QueueDiscipline, RegulatorConfig,
+    EngineConfig, KeepAliveConfig, KeepAliveKind, LoadSource, Micros, QueueDiscipline,
+    RegulatorConfig,
 };
 
 /// Who places invocations on workers.
@@ -18,6 +20,9 @@ pub enum Routing {
     /// The CH-RLU paper's omniscient online greedy baseline (§6.3), which only a simulator can
     /// run: the server with the lowest expected time, knowing every worker's warm sandboxes.
     Greedy,
+    /// Atoll's load balancer and group sandbox managers ([`hearth_core::proactive::Atoll`]),
+    /// ticked every `interval_us` with its commands carried out on the workers' engines.
+    Atoll(AtollConfig),
 }
 
 impl Routing {
@@ -36,6 +41,13 @@ impl Routing {
         match self {
             Routing::Balancer(k, _) => k.as_str(),
             Routing::Greedy => "greedy",
+            Routing::Atoll(c) => match c.ladder {
+                hearth_core::proactive::Ladder::Gfr => "atoll:gfr",
+                hearth_core::proactive::Ladder::Gdr => "atoll:gdr",
+                hearth_core::proactive::Ladder::Gdpi => "atoll:gdpi",
+                hearth_core::proactive::Ladder::Atoll => "atoll:atoll",
+                hearth_core::proactive::Ladder::DAtoll => "atoll:d-atoll",
+            },
         }
     }
 }
@@ -65,7 +77,15 @@ pub struct SimConfig {
     /// generic one: its init becomes the function's init minus this (measured with runc on
     /// the 2-CPU VM, `bench/RESULTS.md`).
     pub generic_create_us: Micros,
+    /// Share of each worker's memory reserved for Atoll's proactive pool when the routing is
+    /// Atoll with a proactive rung (GDPI, Atoll, D-Atoll); 0 otherwise.
+    pub proactive_share: f64,
 }
+
+/// Atoll's keep-alive for reactive sandboxes (Table 1: 15 minutes).
+pub const ATOLL_TTL_US: Micros = 15 * 60 * 1_000_000;
+/// The proactive pool's default share of a worker's memory.
+pub const PROACTIVE_SHARE: f64 = 0.5;
 
 /// Sandbox creation measured with runc here: a cold start of 47 ms of which the handler's
 /// import and the agent's start-up inside a made sandbox are under 10 ms.
@@ -90,6 +110,7 @@ impl Default for SimConfig {
             warm_wait: false,
             generic: GenericConfig::OFF,
             generic_create_us: GENERIC_CREATE_US,
+            proactive_share: PROACTIVE_SHARE,
         }
     }
 }
@@ -116,10 +137,53 @@ impl SimConfig {
         if self.status_interval_us == 0 {
             return bad("--status-interval must be positive");
         }
-        if let Routing::Balancer(_, params) = &self.routing {
-            params.check()?;
+        if !(self.proactive_share.is_finite() && (0.0..=0.95).contains(&self.proactive_share)) {
+            return bad("--proactive-share must be between 0 and 0.95");
+        }
+        match &self.routing {
+            Routing::Balancer(_, params) => params.check()?,
+            Routing::Atoll(c) => {
+                c.validate()
+                    .map_err(|e| SimError::Config(format!("atoll: {e}")))?;
+                if c.ladder.proactive() && self.proactive_mb() == 0 {
+                    return bad("a proactive ladder rung needs --proactive-share above 0");
+                }
+            }
+            Routing::Greedy => {}
         }
         Ok(())
+    }
+
+    /// A cluster of `workers` workers of `cpus` CPUs and `memory_mb` each set up as Atoll's
+    /// Table 1 describes the rung `atoll.ladder`: its queue discipline (FIFO for GFR, SRSF
+    /// above), reactive sandboxes kept 15 minutes, one invocation per CPU at a time (the rest
+    /// wait in the worker's queue) and, for proactive rungs, half the memory for the
+    /// proactive pool.
+    pub fn atoll(workers: usize, cpus: u32, memory_mb: u64, atoll: AtollConfig) -> Self {
+        SimConfig {
+            workers,
+            cpus,
+            memory_mb,
+            queue: atoll.ladder.queue(),
+            regulator: RegulatorConfig::Fixed(cpus),
+            keepalive: KeepAliveConfig {
+                ttl: ATOLL_TTL_US,
+                ..KeepAliveConfig::new(KeepAliveKind::Ttl)
+            },
+            routing: Routing::Atoll(atoll),
+            ..SimConfig::default()
+        }
+    }
+
+    /// Each worker's proactive pool (MiB): the share of memory under a proactive Atoll rung,
+    /// else 0.
+    pub fn proactive_mb(&self) -> u64 {
+        match &self.routing {
+            Routing::Atoll(c) if c.ladder.proactive() => {
+                (self.memory_mb as f64 * self.proactive_share).floor() as u64
+            }
+            _ => 0,
+        }
     }
 
     /// The engine configuration of every worker, built as the real worker builds it for its
@@ -131,8 +195,8 @@ impl SimConfig {
                 free_buffer_mb: self.free_buffer_mb,
                 keepalive: self.keepalive.clone(),
                 generic: self.generic.clone(),
-                // Atoll's proactive pool: off until a controller allocates into it (issue 14).
-                proactive_mb: 0,
+                // Atoll's proactive pool, reserved inside the budget (0 unless proactive).
+                proactive_mb: self.proactive_mb(),
             },
             queue: self.queue,
             max_queue: self.max_queue,

@@ -26,14 +26,23 @@ pub enum Kind {
         sandbox: SandboxId,
         generic: bool,
     },
+    /// A proactive sandbox Atoll asked for (function `function`, by workload index) finished
+    /// its set-up.
+    ProactiveReady {
+        worker: u32,
+        sandbox: SandboxId,
+        function: u32,
+    },
     /// A worker engine's timer (keep-alive expiry, pre-warms, load-average sample).
     Timer { worker: u32 },
+    /// Atoll re-estimates demand, re-allocates sandboxes and scales (every interval).
+    AtollTick,
     /// A worker pushes its status to the balancer.
     Status { worker: u32 },
 }
 
 /// The rank of arrivals among kinds at the same instant: after all of them.
-pub const ARRIVAL_RANK: u8 = 6;
+pub const ARRIVAL_RANK: u8 = 7;
 
 impl Kind {
     fn rank(&self) -> u8 {
@@ -41,9 +50,10 @@ impl Kind {
             Kind::Cpu { .. } => 0,
             Kind::Timeout { .. } => 1,
             Kind::InitDone { .. } => 2,
-            Kind::SandboxReady { .. } => 3,
+            Kind::SandboxReady { .. } | Kind::ProactiveReady { .. } => 3,
             Kind::Timer { .. } => 4,
-            Kind::Status { .. } => 5,
+            Kind::AtollTick => 5,
+            Kind::Status { .. } => 6,
         }
     }
 }

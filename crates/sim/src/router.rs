@@ -7,6 +7,7 @@ use crate::workload::{SimFunction, Workload};
 use hearth_core::balance::{
     Balancer, Decision, Finished, FunctionInfo, Rejection, WorkerId, WorkerLoad,
 };
+use hearth_core::proactive::{Atoll, FunctionSpec, Outcome};
 use hearth_core::{Micros, WorkerEngine};
 
 /// The CH-RLU paper's "online greedy optimal" policy (§6.3): every server's expected time for
@@ -74,6 +75,9 @@ pub enum Router {
         index: Vec<usize>,
     },
     Greedy(Greedy),
+    /// Atoll's balancer; worker `i` is Atoll's worker `i`. The simulation ticks it and carries
+    /// out its commands ([`Router::atoll_mut`]).
+    Atoll(Box<Atoll>),
 }
 
 impl Router {
@@ -87,6 +91,9 @@ impl Router {
     ) -> Result<Self> {
         match routing {
             Routing::Greedy => Ok(Router::Greedy(Greedy::new(workers))),
+            Routing::Atoll(_) => Err(crate::error::SimError::Config(
+                "Atoll routing needs the workers' CPUs and pools: use Router::new_atoll".into(),
+            )),
             Routing::Balancer(kind, params) => {
                 let mut balancer = Balancer::new(*kind, params.clone())?;
                 let ids: Vec<WorkerId> = (0..workers as u32)
@@ -115,6 +122,35 @@ impl Router {
         }
     }
 
+    /// Atoll over `workers` workers of `cpus` CPUs, each lending `pool_mb` of proactive memory
+    /// (workers fill groups in index order), with every function registered with its memory,
+    /// deadline, set-up (init) and execution (warm) times.
+    pub fn new_atoll(
+        config: &hearth_core::proactive::AtollConfig,
+        workers: usize,
+        cpus: u32,
+        pool_mb: u64,
+        workload: &Workload,
+    ) -> Result<Self> {
+        let mut atoll = Atoll::new(config.clone())
+            .map_err(|e| crate::error::SimError::Config(format!("atoll: {e}")))?;
+        for w in 0..workers as u32 {
+            atoll.add_worker(w, cpus, pool_mb);
+        }
+        for f in &workload.functions {
+            atoll.register(
+                &f.name,
+                FunctionSpec {
+                    memory_mb: f.memory_mb,
+                    deadline_us: f.deadline_us,
+                    setup_us: Some(f.init_us),
+                    exec_us: Some(f.warm_us),
+                },
+            );
+        }
+        Ok(Router::Atoll(Box::new(atoll)))
+    }
+
     /// Places one invocation; `engines` are the workers' engines in order.
     pub fn route<'e>(
         &mut self,
@@ -134,6 +170,10 @@ impl Router {
                     .ok_or(Rejection::NoWorkers),
                 Decision::Reject(r) => Err(r),
             },
+            Router::Atoll(a) => a
+                .route(now, &f.name)
+                .map(|r| r.worker as usize)
+                .ok_or(Rejection::NoWorkers),
         }
     }
 
@@ -142,16 +182,42 @@ impl Router {
         match self {
             Router::Greedy(g) => g.loads[worker] = load.load,
             Router::Balancer { balancer, ids, .. } => balancer.report(now, ids[worker], load),
+            // Atoll's groups see their workers' queues directly (in-flight counts).
+            Router::Atoll(_) => {}
         }
     }
 
-    /// An invocation placed on `worker` ended.
-    pub fn finished(&mut self, now: Micros, worker: usize, f: &SimFunction, how: Finished) {
+    /// An invocation placed on `worker` ended; `outcome` is what Atoll learns from it (its
+    /// queueing delay, its set-up if cold, its execution if it ran to the end).
+    pub fn finished(
+        &mut self,
+        now: Micros,
+        worker: usize,
+        f: &SimFunction,
+        how: Finished,
+        outcome: Outcome,
+    ) {
         match self {
             Router::Greedy(g) => g.in_flight[worker] = g.in_flight[worker].saturating_sub(1),
             Router::Balancer { balancer, ids, .. } => {
                 balancer.finished(now, ids[worker], f.key, how)
             }
+            Router::Atoll(a) => a.finished(now, worker as u32, &f.name, outcome),
+        }
+    }
+
+    /// Atoll's state, when it routes.
+    pub fn atoll(&self) -> Option<&Atoll> {
+        match self {
+            Router::Atoll(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    pub fn atoll_mut(&mut self) -> Option<&mut Atoll> {
+        match self {
+            Router::Atoll(a) => Some(a),
+            _ => None,
         }
     }
 
@@ -159,7 +225,7 @@ impl Router {
     pub fn balancer(&self) -> Option<&Balancer> {
         match self {
             Router::Balancer { balancer, .. } => Some(balancer),
-            Router::Greedy(_) => None,
+            Router::Greedy(_) | Router::Atoll(_) => None,
         }
     }
 }

@@ -4,7 +4,7 @@
 //! Nothing here sleeps, spawns or reads a clock; the run is a pure function of the workload and
 //! the configuration, so the same inputs give the same records in the same order.
 
-use crate::config::SimConfig;
+use crate::config::{Routing, SimConfig};
 use crate::cpu::ProcessorSharing;
 use crate::error::{Result, SimError};
 use crate::events::{EventQueue, Kind};
@@ -12,6 +12,7 @@ use crate::record::{worker_name, End, Record, Refusal, Sink};
 use crate::router::Router;
 use crate::workload::Workload;
 use hearth_core::balance::{Finished, WorkerLoad};
+use hearth_core::proactive::{AllocAction, Command, Outcome};
 use hearth_core::{
     Arrival, Completion, DestroyReason, EngineAction, InvocationId, Micros, Run, SandboxId,
     WorkerEngine,
@@ -93,6 +94,13 @@ pub struct SimStats {
     pub end_us: Micros,
     /// Events processed, arrivals included.
     pub events: u64,
+    /// Atoll: proactive sandboxes created on the workers, and creations they refused (pool
+    /// full: memory of evicted busy sandboxes not yet freed).
+    pub proactive_created: u64,
+    pub proactive_refused: u64,
+    /// Atoll: commands the worker had nothing to apply to (un-mark, soft or hard eviction of a
+    /// sandbox it does not hold); reported to Atoll as lost sandboxes where it counts one.
+    pub proactive_mismatched: u64,
 }
 
 /// A simulation in progress.
@@ -123,7 +131,16 @@ pub fn simulate(workload: &Workload, config: &SimConfig, sink: &mut dyn Sink) ->
 impl<'a> Simulation<'a> {
     pub fn new(workload: &'a Workload, config: SimConfig, sink: &'a mut dyn Sink) -> Result<Self> {
         config.check()?;
-        let router = Router::new(&config.routing, config.workers, worker_name, workload)?;
+        let router = match &config.routing {
+            Routing::Atoll(a) => Router::new_atoll(
+                a,
+                config.workers,
+                config.cpus,
+                config.proactive_mb(),
+                workload,
+            )?,
+            other => Router::new(other, config.workers, worker_name, workload)?,
+        };
         let workers = (0..config.workers)
             .map(|_| SimWorker {
                 engine: WorkerEngine::new(config.engine()),
@@ -139,6 +156,9 @@ impl<'a> Simulation<'a> {
         for w in 0..config.workers {
             let offset = config.status_interval_us * w as u64 / n;
             events.push(offset, Kind::Status { worker: w as u32 });
+        }
+        if let Some(a) = router.atoll() {
+            events.push(a.next_tick(), Kind::AtollTick);
         }
         let by_name = workload
             .functions
@@ -230,7 +250,13 @@ impl<'a> Simulation<'a> {
                     sandbox,
                     generic,
                 } => self.on_ready(worker as usize, sandbox, generic)?,
+                Kind::ProactiveReady {
+                    worker,
+                    sandbox,
+                    function,
+                } => self.on_proactive_ready(worker as usize, sandbox, function)?,
                 Kind::Timer { worker } => self.on_timer(worker as usize)?,
+                Kind::AtollTick => self.on_atoll_tick()?,
                 Kind::Status { worker } => self.on_status(worker as usize),
             }
         }
@@ -446,7 +472,12 @@ impl<'a> Simulation<'a> {
         } else {
             Finished::Warm { e2e_us }
         };
-        self.router.finished(self.now, w, f, how);
+        let outcome = Outcome {
+            queue_us: j.run.queued_us,
+            init_us: cold.map(|_| j.init_us),
+            exec_us: Some(exec_us),
+        };
+        self.router.finished(self.now, w, f, how, outcome);
         self.stats.completed += 1;
         self.stats.cold += u64::from(cold.is_some());
         self.end(Record {
@@ -486,6 +517,7 @@ impl<'a> Simulation<'a> {
         let arrival = self.workload.arrivals[id as usize];
         let f = self.workload.function(arrival.function);
         let cold = j.run.cold;
+        let proactive = self.workers[w].engine.pool().is_proactive(j.run.sandbox) == Some(true);
         self.workers[w].engine.on_completed(
             self.now,
             &j.run,
@@ -495,7 +527,19 @@ impl<'a> Simulation<'a> {
                 reusable: false,
             },
         );
-        self.router.finished(self.now, w, f, Finished::Failed);
+        let outcome = Outcome {
+            queue_us: j.run.queued_us,
+            init_us: cold.map(|_| j.init_us),
+            exec_us: None,
+        };
+        self.router
+            .finished(self.now, w, f, Finished::Failed, outcome);
+        if proactive {
+            // Its proactive sandbox is destroyed with it, never reused.
+            if let Some(a) = self.router.atoll_mut() {
+                a.on_lost(w as u32, &f.name);
+            }
+        }
         self.stats.timed_out += 1;
         self.end(Record {
             id,
@@ -517,7 +561,8 @@ impl<'a> Simulation<'a> {
         let arrival = self.workload.arrivals[id as usize];
         if let Some(w) = w {
             let f = self.workload.function(arrival.function);
-            self.router.finished(self.now, w, f, Finished::Failed);
+            self.router
+                .finished(self.now, w, f, Finished::Failed, Outcome::default());
         }
         self.stats.dropped += 1;
         self.end(Record {
@@ -556,6 +601,98 @@ impl<'a> Simulation<'a> {
             engine.on_sandbox_ready(self.now, sandbox, None);
         }
         self.after_engine(w)
+    }
+
+    /// A proactive sandbox finished its set-up: the worker may run on it, and Atoll counts it
+    /// usable (or, evicted meanwhile, the engine destroys it now).
+    fn on_proactive_ready(&mut self, w: usize, sandbox: SandboxId, function: u32) -> Result<()> {
+        self.starting -= 1;
+        let f = self.workload.function(function);
+        self.workers[w]
+            .engine
+            .on_sandbox_ready(self.now, sandbox, Some(f.init_us));
+        if let Some(a) = self.router.atoll_mut() {
+            a.on_ready(w as u32, &f.name);
+        }
+        self.after_engine(w)
+    }
+
+    /// Atoll's periodic tick: its commands are carried out on the workers, in order; a
+    /// creation the worker refuses is reported back at once.
+    fn on_atoll_tick(&mut self) -> Result<()> {
+        let Some(a) = self.router.atoll_mut() else {
+            return Ok(());
+        };
+        let commands = a.tick(self.now);
+        let next = a.next_tick();
+        let mut touched = Vec::new();
+        for c in commands {
+            let w = c.worker as usize;
+            if w >= self.workers.len() {
+                return Err(SimError::Internal(format!(
+                    "atoll addressed unknown worker {w}"
+                )));
+            }
+            self.command(w, c)?;
+            if !touched.contains(&w) {
+                touched.push(w);
+            }
+        }
+        for w in touched {
+            self.after_engine(w)?;
+        }
+        self.events.push(next.max(self.now + 1), Kind::AtollTick);
+        Ok(())
+    }
+
+    fn command(&mut self, w: usize, c: Command) -> Result<()> {
+        let now = self.now;
+        let engine = &mut self.workers[w].engine;
+        let (function, lost) = match &c.action {
+            AllocAction::Create { function, .. } => {
+                match engine.proactive_create(now, function, c.memory_mb) {
+                    Ok(sandbox) => {
+                        let f = self.by_name.get(function).copied().ok_or_else(|| {
+                            SimError::Internal(format!("atoll created unknown function {function}"))
+                        })?;
+                        let took = self.workload.function(f).init_us;
+                        self.starting += 1;
+                        self.stats.proactive_created += 1;
+                        let ready = Kind::ProactiveReady {
+                            worker: w as u32,
+                            sandbox,
+                            function: f,
+                        };
+                        self.events.push(now + took, ready);
+                    }
+                    Err(_) => {
+                        self.stats.proactive_refused += 1;
+                        if let Some(a) = self.router.atoll_mut() {
+                            a.on_create_failed(w as u32, function);
+                        }
+                    }
+                }
+                return Ok(());
+            }
+            AllocAction::Unmark { function, .. } => {
+                (function, engine.proactive_unmark(now, function).is_none())
+            }
+            AllocAction::SoftEvict { function, .. } => {
+                (function, engine.proactive_soft_evict(function).is_none())
+            }
+            AllocAction::Evict { function, .. } => {
+                (function, engine.proactive_evict(now, function).is_none())
+            }
+            AllocAction::Skipped { .. } => return Ok(()),
+        };
+        if lost {
+            // Atoll counts a sandbox the worker does not hold: it forgets one.
+            self.stats.proactive_mismatched += 1;
+            if let Some(a) = self.router.atoll_mut() {
+                a.on_lost(w as u32, function);
+            }
+        }
+        Ok(())
     }
 
     fn on_timer(&mut self, w: usize) -> Result<()> {

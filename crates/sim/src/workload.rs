@@ -139,6 +139,14 @@ impl Workload {
         }
     }
 
+    /// Gives every function the same sandbox set-up (cold start) time, `init_us`: Atoll's
+    /// Fig. 12a varies the allocation overhead this way.
+    pub fn set_init_us(&mut self, init_us: Micros) {
+        for f in &mut self.functions {
+            f.init_us = init_us;
+        }
+    }
+
     pub fn function(&self, i: u32) -> &SimFunction {
         &self.functions[i as usize]
     }

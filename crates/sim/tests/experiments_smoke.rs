@@ -80,6 +80,57 @@ fn every_experiment_writes_its_table_and_figures() {
             serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap())
                 .unwrap();
         assert_eq!(json["experiment"], e.name());
+        if e == Experiment::Atoll {
+            check_atoll(&json);
+        }
+    }
+}
+
+/// Atoll's JSON has every rung on every workload, every overhead, and both sides of the
+/// eviction and scale-out studies, each with its numbers.
+fn check_atoll(json: &serde_json::Value) {
+    let ladder = json["ladder"].as_array().unwrap();
+    let workloads: Vec<u64> = ladder
+        .iter()
+        .map(|w| w["workload"].as_u64().unwrap())
+        .collect();
+    assert_eq!(workloads, [1, 2, 3]);
+    for w in ladder {
+        let rungs: Vec<&str> = w["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["rung"].as_str().unwrap())
+            .collect();
+        assert_eq!(rungs, ["gfr", "gdr", "gdpi", "atoll", "d-atoll"]);
+        for r in w["runs"].as_array().unwrap() {
+            assert!(r["invocations"].as_u64().unwrap() > 0, "{r}");
+            assert!(r["missed_pct"].as_f64().is_some(), "{r}");
+            assert!(r["p999_ms"].as_f64().unwrap() > 0.0, "{r}");
+        }
+        if w["workload"] != 3 {
+            let classes = w["runs"][0]["missed_pct_by_class"].as_object().unwrap();
+            let names: Vec<&String> = classes.keys().collect();
+            assert_eq!(names, ["C1", "C2", "C3", "C4"]);
+        }
+    }
+    let overheads: Vec<u64> = json["overhead"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["overhead_ms"].as_u64().unwrap())
+        .collect();
+    assert_eq!(overheads, [100, 50, 10, 1]);
+    for (study, a, b) in [
+        ("eviction", "fair", "lru"),
+        ("scale_out", "gradual", "instant"),
+    ] {
+        for side in [a, b] {
+            assert!(
+                json[study][side]["invocations"].as_u64().unwrap() > 0,
+                "{study} {side}"
+            );
+        }
     }
 }
 

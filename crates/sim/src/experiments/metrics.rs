@@ -76,6 +76,21 @@ pub struct RunMetrics {
     /// Σ over status rounds of the variance of load across workers, and the rounds.
     sum_load_variance: f64,
     load_rounds: u64,
+    /// End-to-end times of completed invocations in buckets 1 % wide (see [`e2e_bucket`]),
+    /// for tail quantiles without keeping every invocation.
+    #[serde(skip)]
+    e2e_hist: Vec<u64>,
+}
+
+/// Growth factor of the latency histogram's buckets: quantiles within 1 %.
+const HIST_GROWTH: f64 = 1.01;
+/// Buckets up to about 3 × 10⁹ µs (almost an hour); later ends go in the last.
+const HIST_BUCKETS: usize = 2200;
+
+/// The bucket of an end-to-end time: ⌊log₁.₀₁(µs)⌋.
+fn e2e_bucket(us: Micros) -> usize {
+    let b = (us.max(1) as f64).ln() / HIST_GROWTH.ln();
+    (b.floor() as usize).min(HIST_BUCKETS - 1)
 }
 
 impl RunMetrics {
@@ -88,7 +103,43 @@ impl RunMetrics {
             latest_load: vec![0.0; workers],
             sum_load_variance: 0.0,
             load_rounds: 0,
+            e2e_hist: vec![0; HIST_BUCKETS],
         }
+    }
+
+    /// The `q` quantile (0–1) of completed invocations' end-to-end times, in ms (within 1 %:
+    /// the upper edge of its bucket); 0 when none completed.
+    pub fn e2e_quantile_ms(&self, q: f64) -> f64 {
+        let n: u64 = self.e2e_hist.iter().sum();
+        if n == 0 {
+            return 0.0;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * n as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (b, c) in self.e2e_hist.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return HIST_GROWTH.powi(b as i32 + 1) / 1000.0;
+            }
+        }
+        HIST_GROWTH.powi(HIST_BUCKETS as i32) / 1000.0
+    }
+
+    /// Invocations of functions with a deadline that missed it, over those invocations
+    /// (the paper's "% deadlines missed"), for the functions `select` picks: late completions,
+    /// and drops and timeouts, which never meet one. Returns (missed, invocations).
+    pub fn deadlines_missed_of(&self, select: impl Fn(usize) -> bool) -> (u64, u64) {
+        self.functions
+            .iter()
+            .zip(&self.deadline_us)
+            .enumerate()
+            .filter(|(i, (_, d))| d.is_some() && select(*i))
+            .fold((0, 0), |(m, n), (_, (f, _))| {
+                (
+                    m + f.missed_deadline + f.dropped + f.timed_out,
+                    n + f.invocations,
+                )
+            })
     }
 
     fn total(&self, pick: impl Fn(&FunctionMetrics) -> u64) -> u64 {
@@ -235,6 +286,7 @@ impl Sink for RunMetrics {
                 }
                 f.sum_exec_us += exec_us;
                 f.sum_e2e_us += r.e2e_us();
+                self.e2e_hist[e2e_bucket(r.e2e_us())] += 1;
                 f.missed_deadline += u64::from(deadline.is_some_and(|d| r.e2e_us() > d));
                 if warm > 0 {
                     f.sum_stretch += r.e2e_us() as f64 / warm as f64;

@@ -6,6 +6,7 @@
 //! Every workload is made with the load generator's trace making (seeded), every simulation is
 //! deterministic, so an experiment's output depends only on its options.
 
+pub mod atoll;
 mod balance;
 pub mod fidelity;
 mod keepalive;
@@ -34,14 +35,17 @@ pub enum Experiment {
     Queue,
     /// k-CH-RLU's priority pools (thesis Figs. 4.10–4.11).
     Priority,
+    /// Atoll's ladder, eviction, scale-out and overhead studies (SoCC '21 Figs. 7, 11, 12a).
+    Atoll,
 }
 
 impl Experiment {
-    pub const ALL: [Experiment; 4] = [
+    pub const ALL: [Experiment; 5] = [
         Experiment::Keepalive,
         Experiment::Balance,
         Experiment::Queue,
         Experiment::Priority,
+        Experiment::Atoll,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +54,7 @@ impl Experiment {
             Experiment::Balance => "balance",
             Experiment::Queue => "queue",
             Experiment::Priority => "priority",
+            Experiment::Atoll => "atoll",
         }
     }
 }
@@ -61,7 +66,7 @@ impl std::str::FromStr for Experiment {
             .into_iter()
             .find(|e| e.name() == s)
             .ok_or_else(|| {
-                format!("unknown experiment {s:?} (expected keepalive, balance, queue or priority)")
+                format!("unknown experiment {s:?} (expected keepalive, balance, queue, priority or atoll)")
             })
     }
 }
@@ -99,6 +104,7 @@ pub fn run(e: Experiment, o: &Options) -> Result<Report> {
         Experiment::Balance => balance::run(o)?,
         Experiment::Queue => queue::run(o)?,
         Experiment::Priority => priority::run(o)?,
+        Experiment::Atoll => atoll::run(o)?,
     };
     let md = o.out.join("results.md");
     write(&md, &markdown)?;
