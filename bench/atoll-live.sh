@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Atoll's ladder (Table 1) on a live cluster and in the simulator, on the same trace: a
+# controller with `[atoll]` in front of 3 `sim`-backend workers (`hearth up --workers 3`), one
+# group per worker, each lending a proactive pool; then `hearth sim` with the same cluster.
+# Prints % deadlines missed (overall and per class), cold starts and p99.9 per rung and side
+# (scripts/atoll_summary.py).
+#
+#   bench/atoll-live.sh [OUT_DIR]        (default: bench/out/atoll-live; after cargo build --release)
+#
+# Environment: WORKLOAD (1), APPS (12), DURATION (30s), CPUS (4 per worker), TARGET (the trace's
+# mean concurrency, default 0.9 × all CPUs), MEMORY (4096 MiB per worker), PROACTIVE (2048 MiB of
+# it), RUNGS ("gfr gdr gdpi atoll d-atoll"), BACKEND (sim; runc needs functions with code: the
+# trace's `busy` sample).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/lib.sh
+hearth_bin
+out=${1:-bench/out/atoll-live}
+WORKLOAD=${WORKLOAD:-1}
+APPS=${APPS:-12}
+DURATION=${DURATION:-30s}
+CPUS=${CPUS:-4}
+TARGET=${TARGET:-$(python3 -c "print(0.9 * 3 * $CPUS)")}
+MEMORY=${MEMORY:-4096}
+PROACTIVE=${PROACTIVE:-2048}
+RUNGS=${RUNGS:-gfr gdr gdpi atoll d-atoll}
+BACKEND=${BACKEND:-sim}
+mkdir -p "$out"
+
+"$H" trace make atoll --workload "$WORKLOAD" --apps "$APPS" --duration "$DURATION" --seed 1 \
+    --target-concurrency "$TARGET" -o "$out/trace.csv" | sed -n 1p
+
+runs=()
+for rung in $RUNGS; do
+    queue=srsf
+    [ "$rung" = gfr ] && queue=fcfs
+    port=$(free_port)
+    data=$(mktemp -d /tmp/hearth-bench-atoll-XXXXXX)
+    HEARTH_ATOLL__LADDER=$rung HEARTH_ATOLL__GROUP_SIZE=1 HEARTH_FREE_BUFFER_MB=0 HEARTH_LOG=warn \
+        "$H" up --workers 3 --backend "$BACKEND" --listen "127.0.0.1:$port" --data-dir "$data" \
+        --cpus "$CPUS" --concurrency "$CPUS" --queue "$queue" --keepalive ttl \
+        --memory-mb "$MEMORY" --proactive-mb "$PROACTIVE" >"$data.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 200); do
+        export HEARTH_API_KEY=$(key_of "$data")
+        n=$(curl -sf -H "Authorization: Bearer $HEARTH_API_KEY" "http://127.0.0.1:$port/v1/status" 2>/dev/null |
+            python3 -c 'import json,sys; print(sum(1 for w in json.load(sys.stdin)["workers"] if w["up"]))' 2>/dev/null || echo 0)
+        [ "$n" = 3 ] && break
+        sleep 0.1
+    done
+    echo "== live $rung" >&2
+    "$H" load trace "$out/trace.csv" --url "http://127.0.0.1:$port" \
+        -o "$out/live-$rung.csv" >"$out/live-$rung.load.txt" 2>&1
+    kill -TERM "$pid"
+    wait "$pid" || true
+    rm -rf "$data" "$data.log"
+    echo "== sim $rung" >&2
+    "$H" sim --trace "$out/trace.csv" --workers 3 --cpus "$CPUS" --concurrency "$CPUS" \
+        --memory "${MEMORY}MiB" --queue "$queue" --keepalive ttl --balance atoll --ladder "$rung" \
+        --group-size 1 --proactive-share "$(python3 -c "print($PROACTIVE / $MEMORY)")" \
+        -o "$out/sim-$rung.csv" >/dev/null
+    runs+=("live-$rung=$out/live-$rung.csv" "sim-$rung=$out/sim-$rung.csv")
+done
+python3 scripts/atoll_summary.py "$out/trace.meta.csv" "${runs[@]}" | tee "$out/summary.txt"
