@@ -602,6 +602,11 @@ impl Atoll {
         let proactive = self.config.ladder.proactive();
         let (default_setup, default_slack) =
             (self.config.default_setup_us, self.config.default_slack_us);
+        let shares = if proactive {
+            self.shares()
+        } else {
+            HashMap::new()
+        };
         let mut first = 0;
         for (gid, g) in &mut self.groups {
             g.estimator.tick(now);
@@ -620,7 +625,15 @@ impl Atoll {
                 if now >= floor.until {
                     floor.count = 0;
                 }
-                let demand = estimate.max(floor.count);
+                // A group active for a function keeps at least the average of its active
+                // groups (what it was told to allocate when it joined): its estimator sees
+                // only the share the lottery gives it, which its sandboxes set, so without
+                // this floor a new group's share shrinks back towards nothing.
+                let share = shares
+                    .get(name)
+                    .and_then(|(groups, avg)| groups.contains(gid).then_some(*avg))
+                    .unwrap_or(0);
+                let demand = estimate.max(floor.count).max(share);
                 if proactive {
                     let actions = g.alloc.set_demand(name, f.spec.memory_mb, demand, None);
                     push_commands(&mut out, &mut self.stats, *gid, f.spec.memory_mb, actions);
@@ -685,6 +698,29 @@ impl Atoll {
             }
         }
         self.scaler.expire(now);
+        out
+    }
+
+    /// For each function active on several groups: those groups and the average allocation
+    /// over them (rounded up), the floor each keeps while it stays active.
+    fn shares(&self) -> HashMap<Arc<str>, (Vec<GroupId>, u32)> {
+        let mut out = HashMap::new();
+        for name in self.functions.keys() {
+            let active = self.scaler.active_groups(name);
+            if active.len() < 2 {
+                continue;
+            }
+            let sum: u64 = active
+                .iter()
+                .filter_map(|g| self.groups.get(g))
+                .map(|g| u64::from(g.alloc.allocation(name)))
+                .sum();
+            let avg = sum.div_ceil(active.len() as u64);
+            out.insert(
+                name.clone(),
+                (active, u32::try_from(avg).unwrap_or(u32::MAX)),
+            );
+        }
         out
     }
 

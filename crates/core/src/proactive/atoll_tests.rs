@@ -393,3 +393,24 @@ fn learned_times_drive_the_estimate_when_none_is_given() {
     let (commands, _) = drive(&mut a, 100, 0, SEC, 0);
     assert_eq!(count(&commands, is_create), 31);
 }
+
+#[test]
+fn groups_active_for_a_function_keep_the_average_so_its_load_spreads_evenly() {
+    let mut a = Atoll::new(AtollConfig::default()).unwrap();
+    for w in 0..2 {
+        a.add_worker(w, 4, 8192);
+    }
+    a.register(F, spec());
+    drive(&mut a, 200, 0, SEC, 0);
+    // Queueing 30 ms of 40 ms slack scales out once (both groups are then active).
+    drive(&mut a, 200, SEC, 2 * SEC, 30 * MS);
+    assert_eq!(a.stats().scale_outs, 1);
+    // 10 ms of queueing: between the thresholds, no further scaling, for 3 s.
+    let (_, used) = drive(&mut a, 200, 2 * SEC, 5 * SEC, 10 * MS);
+    assert_eq!((a.stats().scale_outs, a.stats().scale_ins), (1, 0));
+    let (home, new) = (a.sandboxes_on(0, F).0, a.sandboxes_on(1, F).0);
+    assert!(home.abs_diff(new) <= 1, "home {home}, new {new}");
+    // And the traffic follows the sandboxes: about half each.
+    let (u0, u1) = (used[&0], used[&1]);
+    assert!(u0.abs_diff(u1) < (u0 + u1) / 5, "{used:?}");
+}
