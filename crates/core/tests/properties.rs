@@ -386,6 +386,7 @@ impl Driver {
                         function: FUNCTIONS[*f],
                         memory_mb: self.memory[*f],
                         deadline_us: Some(500 * MS),
+                        drop_late: false,
                     },
                 );
                 self.issued += 1;
