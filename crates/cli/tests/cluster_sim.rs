@@ -342,7 +342,11 @@ fn a_drop_late_call_travels_through_the_controller_and_is_dropped_at_the_worker(
     let r = call("f", &[("Hearth-Drop-Late", "maybe")]).join().unwrap();
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("Hearth-Drop-Late"), "{}", r.text());
-    assert_eq!(workers_up(&c), ids(&[&w]), "a dropped call is no worker failure");
+    assert_eq!(
+        workers_up(&c),
+        ids(&[&w]),
+        "a dropped call is no worker failure"
+    );
 }
 
 #[test]

@@ -369,7 +369,11 @@ fn a_call_that_asked_to_drop_late_work_is_dropped_when_its_deadline_passes_in_th
     let (status, v) = invoke_bg_with(&s, "f", &[roomy, ("Hearth-Drop-Late", "false")])
         .join()
         .unwrap();
-    assert_eq!((status, v["deadline_missed"].clone()), (200, json!(false)), "{v}");
+    assert_eq!(
+        (status, v["deadline_missed"].clone()),
+        (200, json!(false)),
+        "{v}"
+    );
 
     let mut c = s.client();
     for bad in ["yes", "2", "", "truee"] {

@@ -581,8 +581,15 @@ impl WorkerEngine {
 
     /// Rejects `id` (out of the queue or parked) with [`Reject::Late`] when `drop_after` is set
     /// and `now` is past it; true when it did.
-    fn refuse_if_late(&mut self, now: Micros, id: InvocationId, drop_after: Option<Micros>) -> bool {
-        let Some(late_by_us) = drop_after.and_then(|d| now.checked_sub(d)).filter(|&l| l > 0)
+    fn refuse_if_late(
+        &mut self,
+        now: Micros,
+        id: InvocationId,
+        drop_after: Option<Micros>,
+    ) -> bool {
+        let Some(late_by_us) = drop_after
+            .and_then(|d| now.checked_sub(d))
+            .filter(|&l| l > 0)
         else {
             return false;
         };

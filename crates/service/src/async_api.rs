@@ -111,7 +111,10 @@ impl InvokeHeaders {
 
 /// A header holding a yes/no flag: `None` when absent, a 400 with `message` when it is
 /// anything else.
-fn flag(v: Option<&HeaderValue>, message: impl FnOnce() -> String) -> Result<Option<bool>, ApiError> {
+fn flag(
+    v: Option<&HeaderValue>,
+    message: impl FnOnce() -> String,
+) -> Result<Option<bool>, ApiError> {
     let Some(v) = v else {
         return Ok(None);
     };

@@ -705,7 +705,13 @@ fn srsf_never_blocks_behind_an_invocation_waiting_for_memory() {
 
 // Dropping late work (`Hearth-Drop-Late`).
 
-fn arrive_late(e: &mut WorkerEngine, now: Micros, f: &str, deadline: Micros, drop: bool) -> Admission {
+fn arrive_late(
+    e: &mut WorkerEngine,
+    now: Micros,
+    f: &str,
+    deadline: Micros,
+    drop: bool,
+) -> Admission {
     admit(
         e,
         now,
