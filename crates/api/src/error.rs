@@ -45,6 +45,7 @@ error_codes! {
     InsufficientMemory => "insufficient_memory",
     ShuttingDown => "shutting_down",
     Timeout => "timeout",
+    DeadlinePassed => "deadline_passed",
     HandlerError => "handler_error",
     InitError => "init_error",
     SandboxCrashed => "sandbox_crashed",

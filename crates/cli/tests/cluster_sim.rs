@@ -291,6 +291,64 @@ fn an_invocation_queued_past_its_deadline_gets_504_and_its_worker_stays_in_the_r
     assert_eq!(r.json()["worker"], w.worker_id().as_str());
 }
 
+/// `Hearth-Drop-Late` travels through the controller: on a worker that runs one invocation at
+/// a time, a drop-late call whose deadline passes while it waits behind a long one is dropped
+/// there (504 `deadline_passed`, passed on as the worker said it), and the same call without the
+/// header runs late. A bad value is refused at the controller.
+#[test]
+fn a_drop_late_call_travels_through_the_controller_and_is_dropped_at_the_worker() {
+    let c = Server::start_controller("ch-bl", &[]);
+    let w = join(&c, None, &[("HEARTH_CONCURRENCY", "1")]);
+    wait_members(&c, &ids(&[&w]));
+    assert_eq!(c.put_fn("long", sim_fn(1500, 0)).status, 201);
+    assert_eq!(c.put_fn("f", sim_fn(5, 0)).status, 201);
+    let call = |function: &str, headers: &[(&str, &str)]| {
+        let mut cl = patient_client(&c);
+        for (name, value) in headers {
+            cl.set_header(name, Some(value)).unwrap();
+        }
+        let path = format!("/v1/functions/{function}/invoke");
+        std::thread::spawn(move || cl.post(&path, b"{}").unwrap())
+    };
+    let long = call("long", &[]);
+    wait_until("long runs", Duration::from_secs(10), || {
+        w.status()["functions"]["long"]["running"] == 1
+    });
+    let deadline = ("Hearth-Deadline-Ms", "50");
+    let dropped = call("f", &[deadline, ("Hearth-Drop-Late", "true")]);
+    wait_until("the drop-late call queues", Duration::from_secs(10), || {
+        w.status()["queue"]["length"] == 1
+    });
+    let kept = call("f", &[deadline]);
+    wait_until("the plain call queues", Duration::from_secs(10), || {
+        w.status()["queue"]["length"] == 2
+    });
+
+    let r = dropped.join().unwrap();
+    assert_eq!(r.status, 504, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["error"]["code"], "deadline_passed", "{v}");
+    assert!(v["error"]["late_by_us"].as_u64().unwrap() > 0, "{v}");
+    let r = kept.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["deadline_missed"], true);
+    assert_eq!(long.join().unwrap().status, 200);
+
+    let worker_metrics = w.client().get("/metrics").unwrap().text();
+    assert!(
+        worker_metrics.contains("hearth_deadlines_dropped_total{function=\"f\"} 1"),
+        "{worker_metrics}"
+    );
+    let r = call("f", &[("Hearth-Drop-Late", "maybe")]).join().unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("Hearth-Drop-Late"), "{}", r.text());
+    assert_eq!(
+        workers_up(&c),
+        ids(&[&w]),
+        "a dropped call is no worker failure"
+    );
+}
+
 #[test]
 fn a_silent_worker_leaves_the_ring_and_rejoins_when_it_comes_back() {
     let c = Server::start_controller(

@@ -306,3 +306,89 @@ fn answers_judge_the_deadline_and_a_call_may_set_its_own() {
         "{metrics}"
     );
 }
+
+/// Invokes `f` with `headers` on a thread of its own; the answer's status and body come back.
+fn invoke_bg_with(s: &Server, f: &str, headers: &[(&str, &str)]) -> JoinHandle<(u16, Value)> {
+    let mut c = common::client_for(&s.url).unwrap();
+    for (name, value) in headers {
+        c.set_header(name, Some(value)).unwrap();
+    }
+    let path = format!("/v1/functions/{f}/invoke");
+    std::thread::spawn(move || {
+        let r = c.post(&path, b"{}").unwrap();
+        (r.status, r.json())
+    })
+}
+
+/// `Hearth-Drop-Late` (Atoll): with one invocation at a time, a call whose deadline passes
+/// while it waits behind a long one is answered 504 `deadline_passed` without running when it
+/// asked to drop late work; the same call without the header still runs and is judged late.
+/// Without any deadline the header changes nothing; a bad value is a 400 naming the header.
+#[test]
+fn a_call_that_asked_to_drop_late_work_is_dropped_when_its_deadline_passes_in_the_queue() {
+    let s = Server::start_with_args("sim", &[], &["--queue", "fcfs", "--concurrency", "1"]);
+    s.put_fn("long", sim_fn(1500, 0, 64));
+    s.put_fn("f", sim_fn(5, 0, 64));
+    let long = invoke_bg(&s, "long");
+    wait_until(&s, "long runs", |st| {
+        st["functions"]["long"]["running"] == 1
+    });
+    let deadline = ("Hearth-Deadline-Ms", "50");
+    let dropped = invoke_bg_with(&s, "f", &[deadline, ("Hearth-Drop-Late", "true")]);
+    wait_until(&s, "the drop-late call queues", |st| {
+        st["queue"]["length"] == 1
+    });
+    let kept = invoke_bg_with(&s, "f", &[deadline]);
+    wait_until(&s, "the plain call queues behind it", |st| {
+        st["queue"]["length"] == 2
+    });
+
+    let (status, v) = dropped.join().unwrap();
+    assert_eq!(status, 504, "{v}");
+    assert_eq!(v["error"]["code"], "deadline_passed", "{v}");
+    assert_eq!(v["error"]["deadline_ms"], 50, "{v}");
+    let late_by = v["error"]["late_by_us"].as_u64().unwrap();
+    assert!(late_by > 0, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("deadline") && message.contains(&late_by.to_string()),
+        "{message}"
+    );
+    let (status, v) = kept.join().unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["deadline_missed"], true, "{v}");
+    assert_eq!(long.join().unwrap().0["deadline_missed"], Value::Null);
+
+    // No deadline at all: accepted, and it runs.
+    let (status, v) = invoke_bg_with(&s, "f", &[("Hearth-Drop-Late", "1")])
+        .join()
+        .unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert!(v.get("deadline_missed").is_none(), "{v}");
+    let roomy = ("Hearth-Deadline-Ms", "60000");
+    let (status, v) = invoke_bg_with(&s, "f", &[roomy, ("Hearth-Drop-Late", "false")])
+        .join()
+        .unwrap();
+    assert_eq!(
+        (status, v["deadline_missed"].clone()),
+        (200, json!(false)),
+        "{v}"
+    );
+
+    let mut c = s.client();
+    for bad in ["yes", "2", "", "truee"] {
+        c.set_header("Hearth-Drop-Late", Some(bad)).unwrap();
+        let r = c.post("/v1/functions/f/invoke", b"{}").unwrap();
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert!(r.text().contains("Hearth-Drop-Late"), "{}", r.text());
+    }
+    let metrics = s.client().get("/metrics").unwrap().text();
+    assert!(
+        metrics.contains("hearth_deadlines_dropped_total{function=\"f\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("hearth_deadlines_missed_total{function=\"f\"} 1"),
+        "{metrics}"
+    );
+}

@@ -4,7 +4,7 @@
 //! bodies; a worker's own answers pass through unchanged.
 
 use crate::errors::{InvokeError, PrewarmError, RegisterError, UnregisterError};
-use crate::facade::Controller;
+use crate::facade::{CallDeadline, Controller};
 use crate::forward::Answer;
 use crate::status::ControllerStatus;
 use axum::body::Bytes;
@@ -136,7 +136,10 @@ async fn invoke(
         let name = p.authorized_key(&name, Access::Invoke)?;
         let (q, args) = invoke_request(query, body, c.config().max_body_bytes)?;
         let idempotency_key = headers.idempotency_key()?;
-        let deadline_ms = headers.deadline_ms()?;
+        let deadline = CallDeadline {
+            deadline_ms: headers.deadline_ms()?,
+            drop_late: headers.drop_late()?,
+        };
         let slot = c
             .admit_namespace(namespace_of(&name))
             .map_err(|e| e.api_error())?;
@@ -156,7 +159,7 @@ async fn invoke(
             return Ok(async_api::respond(c.delivery(), &a, q.is_async, timeout).await);
         }
         let _slot = slot;
-        match c.invoke(&name, args, t0, deadline_ms).await {
+        match c.invoke(&name, args, t0, deadline).await {
             Ok(answer) => Ok(json_bytes(StatusCode::OK, answer.to_vec())),
             Err(InvokeError::WorkerAnswer(a)) => Ok(pass_through(a)),
             Err(e) => Err(invoke_error(e)),

@@ -700,15 +700,16 @@ impl Controller {
 
     /// One invocation of `name` with JSON `args`; `t0` is when the request arrived. A worker's
     /// error answer comes back as [`InvokeError::WorkerAnswer`], to be passed on unchanged.
-    /// `deadline_ms` is the call's own deadline (`Hearth-Deadline-Ms`), counted from `t0`.
+    /// `deadline` is what the call set itself (`Hearth-Deadline-Ms`, counted from `t0`, and
+    /// `Hearth-Drop-Late`).
     pub async fn invoke(
         &self,
         name: &str,
         args: Bytes,
         t0: Instant,
-        deadline_ms: Option<u64>,
+        deadline: CallDeadline,
     ) -> Result<InvokeAnswer, InvokeError> {
-        self.invoke_as(name, args, t0, None, deadline_ms).await
+        self.invoke_as(name, args, t0, None, deadline).await
     }
 
     /// [`Self::invoke`] of an async invocation: its `id` goes to the worker, which runs a
@@ -719,7 +720,7 @@ impl Controller {
         args: Bytes,
         t0: Instant,
         id: Option<&str>,
-        deadline_ms: Option<u64>,
+        deadline: CallDeadline,
     ) -> Result<InvokeAnswer, InvokeError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(InvokeError::ShuttingDown);
@@ -741,11 +742,7 @@ impl Controller {
                     .leave(worker, "its address is unknown", "failed");
                 continue;
             };
-            let call = Call {
-                id,
-                t0,
-                deadline_ms,
-            };
+            let call = Call { id, t0, deadline };
             match self.attempt(&m, &reg, args.clone(), timeout, call).await {
                 Ok(answer) => return self.answered(worker, key, name, answer, t0),
                 Err(Attempt::NotStarted(why)) => {
@@ -786,15 +783,19 @@ impl Controller {
         timeout: Duration,
         call: Call<'_>,
     ) -> Result<Answer, Attempt> {
-        use hearth_service::async_api::{DEADLINE_MS, ELAPSED_US, INVOCATION_ID};
+        use hearth_service::async_api::{DEADLINE_MS, DROP_LATE, ELAPSED_US, INVOCATION_ID};
         use hyper::header::HeaderValue;
         let name = &reg.spec.name;
         let mut headers: Vec<(&'static str, HeaderValue)> = Vec::new();
         if let Some(v) = call.id.and_then(|id| HeaderValue::from_str(id).ok()) {
             headers.push((INVOCATION_ID, v));
         }
-        if let Some(d) = call.deadline_ms {
+        if let Some(d) = call.deadline.deadline_ms {
             headers.push((DEADLINE_MS, HeaderValue::from(d)));
+        }
+        if let Some(drop) = call.deadline.drop_late {
+            let v = if drop { "true" } else { "false" };
+            headers.push((DROP_LATE, HeaderValue::from_static(v)));
         }
         let path = format!("/v1/functions/{name}/invoke");
         let failed = |why: &str| {
@@ -812,7 +813,7 @@ impl Controller {
                 )));
             }
             // The worker's share of the deadline is what is left of it now.
-            if call.deadline_ms.is_some() || reg.spec.deadline_ms.is_some() {
+            if call.deadline.deadline_ms.is_some() || reg.spec.deadline_ms.is_some() {
                 headers.retain(|(n, _)| *n != ELAPSED_US);
                 let elapsed = call.t0.elapsed().as_micros() as u64;
                 headers.push((ELAPSED_US, HeaderValue::from(elapsed)));
@@ -1223,12 +1224,21 @@ impl Ran {
     }
 }
 
+/// What a call set of its own deadline, forwarded to the worker as it came.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallDeadline {
+    /// `Hearth-Deadline-Ms`; the function's `deadline_ms` applies without it.
+    pub deadline_ms: Option<u64>,
+    /// `Hearth-Drop-Late` as the caller sent it (`None`: absent, the worker's default).
+    pub drop_late: Option<bool>,
+}
+
 /// One forwarded call: its async id, when this controller accepted it, its own deadline.
 #[derive(Clone, Copy)]
 struct Call<'a> {
     id: Option<&'a str>,
     t0: Instant,
-    deadline_ms: Option<u64>,
+    deadline: CallDeadline,
 }
 
 /// A worker's success answer with the controller's share of `total_us` (the end-to-end time
@@ -1261,7 +1271,13 @@ impl Runner for ControllerRunner {
         };
         let args = Bytes::from(inv.args.clone());
         match c
-            .invoke_as(&inv.function, args, Instant::now(), Some(&inv.id), None)
+            .invoke_as(
+                &inv.function,
+                args,
+                Instant::now(),
+                Some(&inv.id),
+                CallDeadline::default(),
+            )
             .await
         {
             Ok(answer) => Attempted::answer(200, Bytes::from(answer.to_vec())),

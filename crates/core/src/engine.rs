@@ -64,6 +64,9 @@ pub struct Arrival<'a> {
     pub memory_mb: u64,
     /// Deadline relative to arrival (SRSF).
     pub deadline_us: Option<Micros>,
+    /// Reject it with [`Reject::Late`] rather than start it once its deadline has passed (the
+    /// caller's `Hearth-Drop-Late`); without a deadline it changes nothing.
+    pub drop_late: bool,
 }
 
 /// Permission to run an invocation on a sandbox. The driver keeps it and hands it back with the
@@ -102,6 +105,12 @@ pub enum Reject {
         budget_mb: u64,
     },
     ShuttingDown,
+    /// Its deadline had passed when it would have started, and its caller asked to drop late
+    /// work rather than run it: `late_by_us` past the deadline (0 when it arrived with none
+    /// left).
+    Late {
+        late_by_us: Micros,
+    },
 }
 
 /// An action for the driver: the engine's one exit for decisions.
@@ -148,6 +157,8 @@ struct Queued {
     /// Absolute deadline, for SRSF: arrival + deadline, or arrival + twice the expected time
     /// without one (its EEDF key, as the static key has it).
     due: Micros,
+    /// Absolute deadline past which it is dropped rather than started (drop-late calls only).
+    drop_after: Option<Micros>,
 }
 
 /// The engine.
@@ -250,6 +261,10 @@ impl WorkerEngine {
         if self.shutting_down {
             return reject(Reject::ShuttingDown);
         }
+        // No deadline left on arrival: a drop-late call is refused before it costs anything.
+        if a.drop_late && a.deadline_us == Some(0) {
+            return reject(Reject::Late { late_by_us: 0 });
+        }
         let function = self.intern(a.function);
         let queued_here = self.queued_per_fn.get(&function).copied().unwrap_or(0) as usize;
         let warm_expected = self.pool.idle_count(&function) > queued_here;
@@ -300,6 +315,7 @@ impl WorkerEngine {
                         memory_mb: a.memory_mb,
                         arrival: now,
                         deadline_us: a.deadline_us,
+                        drop_late: a.drop_late,
                         give_up_at,
                     },
                 );
@@ -332,7 +348,7 @@ impl WorkerEngine {
             iat_us: iat,
             deadline_us: a.deadline_us,
         };
-        self.enqueue(id, function, a.memory_mb, now, &keys);
+        self.enqueue(id, function, a.memory_mb, now, &keys, a.drop_late);
         None
     }
 
@@ -343,6 +359,7 @@ impl WorkerEngine {
         memory_mb: u64,
         arrival: Micros,
         keys: &KeyInputs,
+        drop_late: bool,
     ) {
         *self.queued_per_fn.entry(function.clone()).or_insert(0) += 1;
         let due = arrival.saturating_add(
@@ -360,6 +377,7 @@ impl WorkerEngine {
                 memory_mb,
                 arrival,
                 due,
+                drop_after: late_at(arrival, keys.deadline_us, drop_late),
             },
         );
     }
@@ -367,6 +385,9 @@ impl WorkerEngine {
     /// A waiter whose wait ran out, or that found no sandbox free when one should have:
     /// started now if it can be, queued otherwise.
     fn start_waiter(&mut self, now: Micros, function: Arc<str>, w: warm_wait::Waiter) {
+        if self.refuse_if_late(now, w.id, late_at(w.arrival, w.deadline_us, w.drop_late)) {
+            return;
+        }
         if self.queue.is_empty() && self.running < self.regulator.limit() {
             if let Some(run) = self.try_start(now, w.id, &function, w.memory_mb, w.arrival, false) {
                 self.actions.push_back(EngineAction::Run(run));
@@ -392,7 +413,7 @@ impl WorkerEngine {
             iat_us: iat,
             deadline_us: w.deadline_us,
         };
-        self.enqueue(w.id, function, w.memory_mb, w.arrival, &keys);
+        self.enqueue(w.id, function, w.memory_mb, w.arrival, &keys, w.drop_late);
     }
 
     /// Waiters of `function` that nothing running will serve (its last busy sandbox failed, or
@@ -412,6 +433,9 @@ impl WorkerEngine {
             let Some(w) = self.warm_wait.take(function) else {
                 break;
             };
+            if self.refuse_if_late(now, w.id, late_at(w.arrival, w.deadline_us, w.drop_late)) {
+                continue;
+            }
             match self.try_start(now, w.id, function, w.memory_mb, w.arrival, false) {
                 Some(run) => {
                     if run.cold.is_none() {
@@ -489,6 +513,10 @@ impl WorkerEngine {
             };
             let (function, memory_mb, arrival) = (q.function.clone(), q.memory_mb, q.arrival);
             let id = InvocationId(seq);
+            if self.refuse_if_late(now, id, q.drop_after) {
+                self.unqueue(seq);
+                continue;
+            }
             match self.try_start(now, id, &function, memory_mb, arrival, false) {
                 Some(run) => {
                     self.unqueue(seq);
@@ -524,7 +552,10 @@ impl WorkerEngine {
                     break;
                 };
                 if let Some(q) = self.unqueue(pick.seq) {
-                    self.refuse_no_memory(InvocationId(pick.seq), q.memory_mb);
+                    let id = InvocationId(pick.seq);
+                    if !self.refuse_if_late(now, id, q.drop_after) {
+                        self.refuse_no_memory(id, q.memory_mb);
+                    }
                 }
                 continue;
             };
@@ -532,6 +563,9 @@ impl WorkerEngine {
                 break;
             };
             let id = InvocationId(pick.seq);
+            if self.refuse_if_late(now, id, q.drop_after) {
+                continue;
+            }
             match self.try_start(now, id, &q.function, q.memory_mb, q.arrival, false) {
                 Some(run) => self.actions.push_back(EngineAction::Run(run)),
                 None => {
@@ -543,6 +577,27 @@ impl WorkerEngine {
             }
         }
         self.absorb_pool_actions();
+    }
+
+    /// Rejects `id` (out of the queue or parked) with [`Reject::Late`] when `drop_after` is set
+    /// and `now` is past it; true when it did.
+    fn refuse_if_late(
+        &mut self,
+        now: Micros,
+        id: InvocationId,
+        drop_after: Option<Micros>,
+    ) -> bool {
+        let Some(late_by_us) = drop_after
+            .and_then(|d| now.checked_sub(d))
+            .filter(|&l| l > 0)
+        else {
+            return false;
+        };
+        self.actions.push_back(EngineAction::Reject {
+            invocation: id,
+            reason: Reject::Late { late_by_us },
+        });
+        true
     }
 
     /// Rejects `id` (out of the queue) for memory that nothing will free.
@@ -861,6 +916,14 @@ impl WorkerEngine {
             warm_waits_gave_up: self.warm_wait.gave_up,
         }
     }
+}
+
+/// The absolute time past which an invocation that arrived at `arrival` is dropped rather than
+/// started: only for a drop-late call with a deadline.
+fn late_at(arrival: Micros, deadline_us: Option<Micros>, drop_late: bool) -> Option<Micros> {
+    deadline_us
+        .filter(|_| drop_late)
+        .map(|d| arrival.saturating_add(d))
 }
 
 /// A snapshot for status pages and status pushes.

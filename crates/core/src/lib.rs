@@ -62,7 +62,7 @@
 //!     // Events in, each with the time.
 //!     if arrival_at == Some(now) {
 //!         let (_, function) = next_arrival.next().unwrap();
-//!         let arrival = Arrival { function, memory_mb: 128, deadline_us: None };
+//!         let arrival = Arrival { function, memory_mb: 128, deadline_us: None, drop_late: false };
 //!         let _id = engine.on_invocation(now, arrival); // its fate comes out of poll_action
 //!     } else if end_at == Some(now) {
 //!         for run in ends.remove(&now).unwrap() {

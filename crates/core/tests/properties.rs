@@ -32,6 +32,8 @@ const MS: Micros = 1000;
 enum Op {
     Arrive {
         f: usize,
+        /// The caller asked to drop it once its deadline passes (`Hearth-Drop-Late`).
+        drop_late: bool,
     },
     Complete {
         pick: usize,
@@ -92,7 +94,7 @@ fn memory() -> impl Strategy<Value = u64> {
 fn op() -> impl Strategy<Value = Op> {
     let f = 0..FUNCTIONS.len();
     prop_oneof![
-        10 => f.clone().prop_map(|f| Op::Arrive { f }),
+        10 => (f.clone(), any::<bool>()).prop_map(|(f, drop_late)| Op::Arrive { f, drop_late }),
         6 => (any::<usize>(), prop::bool::weighted(0.85), prop::option::of(1..200u64),
               prop::option::of(1..500u64))
             .prop_map(|(pick, reusable, exec_ms, init_ms)| Op::Complete { pick, reusable, exec_ms, init_ms }),
@@ -379,13 +381,14 @@ impl Driver {
     fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
         let now = self.now;
         match op {
-            Op::Arrive { f } => {
+            Op::Arrive { f, drop_late } => {
                 let id = self.engine.on_invocation(
                     now,
                     Arrival {
                         function: FUNCTIONS[*f],
                         memory_mb: self.memory[*f],
                         deadline_us: Some(500 * MS),
+                        drop_late: *drop_late,
                     },
                 );
                 self.issued += 1;
@@ -664,7 +667,11 @@ fn hist_with_regular_arrivals_keeps_its_promises() {
     let mut prewarms = 0;
     for i in 0..40 {
         let f = i % 2;
-        d.apply(&Op::Arrive { f }).unwrap();
+        d.apply(&Op::Arrive {
+            f,
+            drop_late: false,
+        })
+        .unwrap();
         d.apply(&Op::Advance { ms: 5 }).unwrap();
         d.apply(&Op::Complete {
             pick: 0,

@@ -31,6 +31,9 @@ pub const DEADLINE_MS: &str = "hearth-deadline-ms";
 /// The µs a controller had already spent on an invocation when it forwarded it: the worker's
 /// share of the deadline is what is left.
 pub const ELAPSED_US: &str = "hearth-elapsed-us";
+/// `true` (or `1`): a call whose deadline has passed before it starts is refused (504
+/// `deadline_passed`) rather than run late; the controller forwards it to the worker.
+pub const DROP_LATE: &str = "hearth-drop-late";
 /// Set on an answer that is the first call's, for a repeated idempotency key.
 pub const REPLAYED: &str = "hearth-idempotent-replay";
 /// The longest idempotency key.
@@ -45,6 +48,7 @@ pub struct InvokeHeaders {
     invocation_id: Option<HeaderValue>,
     deadline_ms: Option<HeaderValue>,
     elapsed_us: Option<HeaderValue>,
+    drop_late: Option<HeaderValue>,
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for InvokeHeaders {
@@ -59,6 +63,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for InvokeHeaders {
             invocation_id: parts.headers.get(INVOCATION_ID).cloned(),
             deadline_ms: parts.headers.get(DEADLINE_MS).cloned(),
             elapsed_us: parts.headers.get(ELAPSED_US).cloned(),
+            drop_late: parts.headers.get(DROP_LATE).cloned(),
         })
     }
 }
@@ -94,6 +99,29 @@ impl InvokeHeaders {
             format!("Hearth-Elapsed-Us must be a whole number of microseconds up to {max}")
         })?;
         Ok(e.unwrap_or(0))
+    }
+
+    /// `Hearth-Drop-Late`: `true`/`false` (any case) or `1`/`0`; `None` when absent.
+    pub fn drop_late(&self) -> Result<Option<bool>, ApiError> {
+        flag(self.drop_late.as_ref(), || {
+            "Hearth-Drop-Late must be true, false, 1 or 0".to_string()
+        })
+    }
+}
+
+/// A header holding a yes/no flag: `None` when absent, a 400 with `message` when it is
+/// anything else.
+fn flag(
+    v: Option<&HeaderValue>,
+    message: impl FnOnce() -> String,
+) -> Result<Option<bool>, ApiError> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    match v.to_str().map(str::trim) {
+        Ok(s) if s == "1" || s.eq_ignore_ascii_case("true") => Ok(Some(true)),
+        Ok(s) if s == "0" || s.eq_ignore_ascii_case("false") => Ok(Some(false)),
+        _ => Err(ApiError::bad_request(message())),
     }
 }
 

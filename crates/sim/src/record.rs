@@ -23,6 +23,7 @@ impl Refusal {
     pub fn status(&self) -> u16 {
         match self {
             Refusal::Balancer(Rejection::NoWorkers) | Refusal::Worker(Reject::ShuttingDown) => 503,
+            Refusal::Worker(Reject::Late { .. }) => 504,
             _ => 429,
         }
     }
@@ -47,6 +48,9 @@ impl Refusal {
                 "insufficient_memory: {needed_mb} MiB per sandbox, budget {budget_mb} MiB"
             ),
             Refusal::Worker(Reject::ShuttingDown) => "shutting_down: the worker is stopping".into(),
+            Refusal::Worker(Reject::Late { late_by_us }) => format!(
+                "deadline_passed: dropped {late_by_us} µs past its deadline, before it started"
+            ),
         }
     }
 }

@@ -245,6 +245,7 @@ mod tests {
             function: &f.name,
             memory_mb: f.memory_mb,
             deadline_us: None,
+            drop_late: false,
         };
         let id = e[1].on_invocation(0, arrival);
         let Some(EngineAction::Run(run)) = e[1].poll_action() else {

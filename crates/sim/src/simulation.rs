@@ -283,6 +283,7 @@ impl<'a> Simulation<'a> {
                 function: &f.name,
                 memory_mb: f.memory_mb,
                 deadline_us: f.deadline_us,
+                drop_late: false,
             },
         );
         self.carry_out(w, Some((inv, id)))

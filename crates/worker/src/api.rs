@@ -161,6 +161,7 @@ async fn invoke(
         let call = CallDeadline {
             deadline_ms: headers.deadline_ms()?,
             elapsed_us: headers.elapsed_us(&p)?,
+            drop_late: headers.drop_late()?.unwrap_or(false),
         };
         let slot = w
             .admit_namespace(namespace_of(&name))
@@ -223,6 +224,17 @@ pub fn api_error(e: InvokeError) -> ApiError {
         InvokeError::Timeout { .. } => {
             ApiError::new(StatusCode::GATEWAY_TIMEOUT, ErrorCode::Timeout, message)
         }
+        InvokeError::DeadlinePassed {
+            deadline_ms,
+            late_by_us,
+            ..
+        } => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            ErrorCode::DeadlinePassed,
+            message,
+        )
+        .with("deadline_ms", json!(deadline_ms))
+        .with("late_by_us", json!(late_by_us)),
         InvokeError::Sandbox(error) => {
             let code = match error {
                 SandboxError::OutOfMemory { .. } => ErrorCode::OutOfMemory,

@@ -288,11 +288,13 @@ impl Driver {
 
     /// Admission: the invocation runs at once, waits in the queue until dispatched, or is
     /// refused. A warm run carries its sandbox; a cold one must start it ([`Self::cold_start`]).
-    /// `deadline_us` is the time left to the invocation's deadline as it arrives here.
+    /// `deadline_us` is the time left to the invocation's deadline as it arrives here;
+    /// `drop_late` refuses it ([`Reject::Late`]) rather than start it once that has passed.
     pub async fn admit(
         self: &Arc<Self>,
         spec: &FunctionSpec,
         deadline_us: Option<u64>,
+        drop_late: bool,
     ) -> Result<Admitted<'_>, Reject> {
         let (id, admission, rx) = {
             let now = self.now();
@@ -303,6 +305,7 @@ impl Driver {
                     function: &spec.name,
                     memory_mb: spec.memory_mb,
                     deadline_us,
+                    drop_late,
                 },
             );
             let admission = self.drain_for(&mut st, Some(id));

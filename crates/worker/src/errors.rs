@@ -42,6 +42,17 @@ pub enum InvokeError {
         "{function} did not finish within its timeout of {timeout_ms} ms; its sandbox was killed"
     )]
     Timeout { function: String, timeout_ms: u64 },
+    /// The caller asked to drop late work (`Hearth-Drop-Late`) and its deadline passed before
+    /// the invocation started: it never ran.
+    #[error(
+        "{function} was dropped without running: its deadline of {deadline_ms} ms passed \
+         {late_by_us} µs before it could start (Hearth-Drop-Late)"
+    )]
+    DeadlinePassed {
+        function: String,
+        deadline_ms: u64,
+        late_by_us: u64,
+    },
     /// The sandbox died or broke its connection while running.
     #[error("{0}")]
     Sandbox(SandboxError),

@@ -246,7 +246,14 @@ impl Worker {
         self.shutting_down.load(Ordering::Acquire)
     }
 
-    fn rejected(&self, name: &str, reason: Reject) -> InvokeError {
+    /// `deadline_ms` and `elapsed_us` are the call's, for a late one's answer.
+    fn rejected(
+        &self,
+        name: &str,
+        reason: Reject,
+        deadline_ms: Option<u64>,
+        elapsed_us: u64,
+    ) -> InvokeError {
         self.metrics.outcome(name, Outcome::rejected);
         match reason {
             Reject::QueueFull { length } => InvokeError::QueueFull { length },
@@ -265,6 +272,22 @@ impl Worker {
                 budget_mb,
             },
             Reject::ShuttingDown => InvokeError::ShuttingDown,
+            Reject::Late { late_by_us } => {
+                self.metrics
+                    .deadlines_dropped
+                    .get_or_create(&FnLabel {
+                        function: name.to_string(),
+                    })
+                    .inc();
+                // One that arrived with nothing left is late by what was spent before it came.
+                let deadline_ms = deadline_ms.unwrap_or(0);
+                let overspent = elapsed_us.saturating_sub(deadline_ms.saturating_mul(1000));
+                InvokeError::DeadlinePassed {
+                    function: name.to_string(),
+                    deadline_ms,
+                    late_by_us: late_by_us.max(overspent),
+                }
+            }
         }
     }
 
@@ -290,9 +313,9 @@ impl Worker {
         let left_us = deadline_ms.map(|d| (d * 1000).saturating_sub(call.elapsed_us));
         let admitted = self
             .driver
-            .admit(spec, left_us)
+            .admit(spec, left_us, call.drop_late)
             .await
-            .map_err(|r| self.rejected(&spec.name, r))?;
+            .map_err(|r| self.rejected(&spec.name, r, deadline_ms, call.elapsed_us))?;
         let run = admitted.run().clone();
         if run.queued_us > 0 {
             self.metrics
@@ -889,6 +912,9 @@ pub struct CallDeadline {
     pub deadline_ms: Option<u64>,
     /// Time a controller had already spent on it (`Hearth-Elapsed-Us`).
     pub elapsed_us: u64,
+    /// Refuse it rather than start it once the deadline has passed (`Hearth-Drop-Late`);
+    /// nothing without a deadline.
+    pub drop_late: bool,
 }
 
 /// How long a controller's repeated invocation id gets the first run's answer, and the bytes

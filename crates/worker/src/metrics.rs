@@ -58,6 +58,7 @@ pub struct Metrics {
     pub cold_starts: Family<ColdLabel, Counter>,
     pub warm_starts: Family<FnLabel, Counter>,
     pub deadlines_missed: Family<FnLabel, Counter>,
+    pub deadlines_dropped: Family<FnLabel, Counter>,
     pub overhead: Histogram,
     pub exec: Family<FnLabel, Histogram>,
     pub init: Family<FnLabel, Histogram>,
@@ -113,6 +114,13 @@ impl Default for Metrics {
                 &mut r,
                 "deadlines_missed",
                 "Successful invocations that ended after their deadline, by function",
+                Family::default(),
+            ),
+            deadlines_dropped: registered(
+                &mut r,
+                "deadlines_dropped",
+                "Drop-late invocations refused because their deadline passed before they started, \
+                 by function",
                 Family::default(),
             ),
             overhead: registered(

@@ -65,6 +65,7 @@ fn arrive(e: &mut WorkerEngine, now: Micros, f: &str) -> Admission {
             function: f,
             memory_mb: 128,
             deadline_us: None,
+            drop_late: false,
         },
     )
 }
@@ -204,6 +205,7 @@ fn an_invocation_without_memory_waits_for_running_ones_then_runs_warm() {
                 function: "big",
                 memory_mb: 200,
                 deadline_us: None,
+                drop_late: false,
             },
         )
     };
@@ -224,7 +226,8 @@ fn an_invocation_without_memory_waits_for_running_ones_then_runs_warm() {
             Arrival {
                 function: "huge",
                 memory_mb: 300,
-                deadline_us: None
+                deadline_us: None,
+                drop_late: false
             }
         ),
         Admission::Rejected(Reject::TooLarge {
@@ -249,6 +252,7 @@ fn an_invocation_waits_for_memory_held_by_a_starting_prewarm() {
             function: "q",
             memory_mb: 100,
             deadline_us: None,
+            drop_late: false,
         },
     );
     let q = queued(q);
@@ -645,6 +649,7 @@ fn arrive_by(e: &mut WorkerEngine, now: Micros, f: &str, mb: u64, deadline: Micr
             function: f,
             memory_mb: mb,
             deadline_us: Some(deadline),
+            drop_late: false,
         },
     )
 }
@@ -696,6 +701,123 @@ fn srsf_never_blocks_behind_an_invocation_waiting_for_memory() {
     assert_eq!(next.len(), 1, "{next:?}");
     assert_eq!(next[0].invocation, big);
     assert!(next[0].cold.is_some());
+}
+
+// Dropping late work (`Hearth-Drop-Late`).
+
+fn arrive_late(
+    e: &mut WorkerEngine,
+    now: Micros,
+    f: &str,
+    deadline: Micros,
+    drop: bool,
+) -> Admission {
+    admit(
+        e,
+        now,
+        Arrival {
+            function: f,
+            memory_mb: 128,
+            deadline_us: Some(deadline),
+            drop_late: drop,
+        },
+    )
+}
+
+/// With concurrency 1, a long invocation holds the slot while three queue behind it: a drop-late
+/// one whose 100 ms deadline passes while it waits, an identical one that did not ask to drop,
+/// and a drop-late one with a deadline long enough. When the slot frees at 500 ms, the first is
+/// rejected as late (by 400 ms) and never runs; the other two run in turn.
+fn a_queued_invocation_past_its_deadline_is_dropped_only_if_asked(discipline: QueueDiscipline) {
+    let mut e = WorkerEngine::new(config(discipline, 1));
+    let long = run_of(arrive(&mut e, 0, "long"));
+    let dropped = queued(arrive_late(&mut e, 0, "f", ms(100), true));
+    let kept = queued(arrive_late(&mut e, 0, "f", ms(100), false));
+    let in_time = queued(arrive_late(&mut e, 0, "f", secs(10), true));
+    e.on_completed(ms(500), &long, done(ms(500)));
+    let actions: Vec<EngineAction> = std::iter::from_fn(|| e.poll_action()).collect();
+    assert!(
+        actions.contains(&EngineAction::Reject {
+            invocation: dropped,
+            reason: Reject::Late {
+                late_by_us: ms(400)
+            },
+        }),
+        "{actions:?}"
+    );
+    let started: Vec<InvocationId> = actions
+        .iter()
+        .filter_map(|a| match a {
+            EngineAction::Run(r) => Some(r.invocation),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(started, [kept], "the late one without drop_late still runs");
+    let kept_run = actions
+        .iter()
+        .find_map(|a| match a {
+            EngineAction::Run(r) => Some(r.clone()),
+            _ => None,
+        })
+        .unwrap();
+    e.on_completed(ms(600), &kept_run, done(ms(100)));
+    let next = runs(&mut e);
+    assert_eq!(
+        next.iter().map(|r| r.invocation).collect::<Vec<_>>(),
+        [in_time],
+        "a drop-late invocation still in time runs"
+    );
+    assert_eq!(e.queue_length(), 0);
+}
+
+#[test]
+fn fcfs_drops_a_queued_drop_late_invocation_past_its_deadline_and_runs_the_others() {
+    a_queued_invocation_past_its_deadline_is_dropped_only_if_asked(QueueDiscipline::Fcfs);
+}
+
+#[test]
+fn srsf_drops_a_queued_drop_late_invocation_past_its_deadline_and_runs_the_others() {
+    a_queued_invocation_past_its_deadline_is_dropped_only_if_asked(QueueDiscipline::Srsf);
+}
+
+/// An invocation that arrives with no deadline left (a controller spent it all) is refused at
+/// once when it asked to drop late work, and admitted as before when it did not.
+#[test]
+fn an_arrival_with_no_deadline_left_is_dropped_at_once_only_if_asked() {
+    for discipline in [QueueDiscipline::Fcfs, QueueDiscipline::Srsf] {
+        let mut e = WorkerEngine::new(config(discipline, 1));
+        assert!(
+            matches!(
+                arrive_late(&mut e, 0, "f", 0, true),
+                Admission::Rejected(Reject::Late { late_by_us: 0 })
+            ),
+            "{discipline:?}"
+        );
+        run_of(arrive_late(&mut e, 1, "f", 0, false));
+    }
+}
+
+/// A parked warm-wait waiter is an invocation that has not started either: one that asked to
+/// drop late work and whose deadline passed while it waited is refused when a sandbox frees.
+#[test]
+fn a_warm_waiter_past_its_deadline_is_dropped_if_asked() {
+    let mut c = config(QueueDiscipline::Fcfs, 4);
+    c.warm_wait = true;
+    let mut e = WorkerEngine::new(c);
+    let mut t = 0;
+    // Cold start 100 ms + 10 ms; warm 10 ms: a waiter expects its sandbox sooner than a cold one.
+    learn(&mut e, &mut t, "f", ms(10));
+    let busy = run_of(arrive(&mut e, t, "f"));
+    let waiter = queued(arrive_late(&mut e, t + 1, "f", ms(1), true));
+    assert_eq!(e.stats().warm_waiting, 1, "it waits for the busy sandbox");
+    e.on_completed(t + ms(10), &busy, done(ms(10)));
+    let actions: Vec<EngineAction> = std::iter::from_fn(|| e.poll_action()).collect();
+    assert!(
+        actions.iter().any(|a| matches!(a, EngineAction::Reject {
+            invocation, reason: Reject::Late { late_by_us } } if *invocation == waiter && *late_by_us == ms(9) - 1)),
+        "{actions:?}"
+    );
+    assert!(!actions.iter().any(|a| matches!(a, EngineAction::Run(_))));
 }
 
 // Proactive sandboxes (Atoll §4.3) through the engine.
@@ -794,6 +916,7 @@ fn an_invocation_larger_than_the_reactive_part_is_too_large_without_a_proactive_
         function: "f",
         memory_mb: 384,
         deadline_us: None,
+        drop_late: false,
     };
     match admit(&mut e, 0, big) {
         Admission::Rejected(Reject::TooLarge {

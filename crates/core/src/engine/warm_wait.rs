@@ -27,6 +27,8 @@ pub(super) struct Waiter {
     pub memory_mb: u64,
     pub arrival: Micros,
     pub deadline_us: Option<Micros>,
+    /// Dropped rather than started once its deadline has passed.
+    pub drop_late: bool,
     /// When it stops waiting and starts a sandbox.
     pub give_up_at: Micros,
 }
