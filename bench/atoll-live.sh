@@ -34,12 +34,15 @@ runs=()
 for rung in $RUNGS; do
     queue=srsf
     [ "$rung" = gfr ] && queue=fcfs
+    # Reactive rungs lend no proactive pool (as the simulator's rungs).
+    pro=$PROACTIVE
+    case "$rung" in gfr | gdr) pro=0 ;; esac
     port=$(free_port)
     data=$(mktemp -d /tmp/hearth-bench-atoll-XXXXXX)
     HEARTH_ATOLL__LADDER=$rung HEARTH_ATOLL__GROUP_SIZE=1 HEARTH_FREE_BUFFER_MB=0 HEARTH_LOG=warn \
         "$H" up --workers 3 --backend "$BACKEND" --listen "127.0.0.1:$port" --data-dir "$data" \
         --cpus "$CPUS" --concurrency "$CPUS" --queue "$queue" --keepalive ttl \
-        --memory-mb "$MEMORY" --proactive-mb "$PROACTIVE" >"$data.log" 2>&1 &
+        --memory-mb "$MEMORY" --proactive-mb "$pro" >"$data.log" 2>&1 &
     pid=$!
     for _ in $(seq 200); do
         export HEARTH_API_KEY=$(key_of "$data")
