@@ -7,7 +7,8 @@
 #
 #   bench/atoll-live.sh [OUT_DIR]        (default: bench/out/atoll-live; after cargo build --release)
 #
-# Environment: WORKLOAD (1), APPS (12), DURATION (30s), CPUS (4 per worker), TARGET (the trace's
+# Environment: WORKLOAD (1), APPS (12), DURATION (5s of paper time, stretched to the target
+# concurrency: about 60 s), CPUS (64 simulated CPUs per worker), TARGET (the trace's
 # mean concurrency, default 0.9 × all CPUs), MEMORY (4096 MiB per worker), PROACTIVE (2048 MiB of
 # it), RUNGS ("gfr gdr gdpi atoll d-atoll"), BACKEND (sim; runc needs functions with code: the
 # trace's `busy` sample).
@@ -18,8 +19,8 @@ hearth_bin
 out=${1:-bench/out/atoll-live}
 WORKLOAD=${WORKLOAD:-1}
 APPS=${APPS:-12}
-DURATION=${DURATION:-30s}
-CPUS=${CPUS:-4}
+DURATION=${DURATION:-5s}
+CPUS=${CPUS:-64}
 TARGET=${TARGET:-$(python3 -c "print(0.9 * 3 * $CPUS)")}
 MEMORY=${MEMORY:-4096}
 PROACTIVE=${PROACTIVE:-2048}
@@ -44,13 +45,7 @@ for rung in $RUNGS; do
         --cpus "$CPUS" --concurrency "$CPUS" --queue "$queue" --keepalive ttl \
         --memory-mb "$MEMORY" --proactive-mb "$pro" >"$data.log" 2>&1 &
     pid=$!
-    for _ in $(seq 200); do
-        export HEARTH_API_KEY=$(key_of "$data")
-        n=$(curl -sf -H "Authorization: Bearer $HEARTH_API_KEY" "http://127.0.0.1:$port/v1/status" 2>/dev/null |
-            python3 -c 'import json,sys; print(sum(1 for w in json.load(sys.stdin)["workers"] if w["up"]))' 2>/dev/null || echo 0)
-        [ "$n" = 3 ] && break
-        sleep 0.1
-    done
+    wait_workers "http://127.0.0.1:$port" "$data" 3
     echo "== live $rung" >&2
     "$H" load trace "$out/trace.csv" --url "http://127.0.0.1:$port" \
         -o "$out/live-$rung.csv" >"$out/live-$rung.load.txt" 2>&1

@@ -41,13 +41,7 @@ for policy in least-loaded ch-bl ch-rlu; do
         --listen "127.0.0.1:$port" --data-dir "$data" --cpus 8 --concurrency 64 \
         --memory-mb "$per_worker" >"$data.log" 2>&1 &
     pid=$!
-    for _ in $(seq 200); do
-        export HEARTH_API_KEY=$(key_of "$data")
-        n=$(curl -sf -H "Authorization: Bearer $HEARTH_API_KEY" "http://127.0.0.1:$port/v1/status" 2>/dev/null |
-            python3 -c 'import json,sys; print(sum(1 for w in json.load(sys.stdin)["workers"] if w["up"]))' 2>/dev/null || echo 0)
-        [ "$n" = 4 ] && break
-        sleep 0.1
-    done
+    wait_workers "http://127.0.0.1:$port" "$data" 4
     echo "== $policy ($per_worker MiB per worker)" >&2
     "$H" load trace "$out/trace.csv" --url "http://127.0.0.1:$port" \
         -o "$out/$policy.csv" >"$out/$policy.load.txt" 2>&1

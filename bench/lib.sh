@@ -42,3 +42,16 @@ hearth_bin() {
     H=${HEARTH:-target/release/hearth}
     [ -x "$H" ] || { echo "build first: cargo build --release -p hearth-cli" >&2; exit 1; }
 }
+
+# Waits up to 20 s until the controller at URL (data directory DIR) has N workers up; exports its
+# operator key as HEARTH_API_KEY.
+wait_workers() {
+    local url=$1 dir=$2 want=$3 n
+    for _ in $(seq 200); do
+        export HEARTH_API_KEY=$(key_of "$dir")
+        n=$(curl -sf -H "Authorization: Bearer $HEARTH_API_KEY" "$url/v1/status" 2>/dev/null |
+            python3 -c 'import json,sys; print(sum(1 for w in json.load(sys.stdin)["workers"] if w["up"]))' 2>/dev/null || echo 0)
+        [ "$n" = "$want" ] && return 0
+        sleep 0.1
+    done
+}

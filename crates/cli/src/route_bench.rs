@@ -61,13 +61,7 @@ pub fn run(setup: &Setup, kind: BalanceKind) -> Result<Report, String> {
             },
         );
     }
-    // Zipf(1) over the functions: cumulative weights 1/rank.
-    let mut cdf = Vec::with_capacity(keys.len());
-    let mut total = 0.0;
-    for r in 1..=keys.len() {
-        total += 1.0 / r as f64;
-        cdf.push(total);
-    }
+    let (cdf, total) = zipf_cdf(keys.len());
     let warmup = setup.decisions / 10;
     let mut ns = Vec::with_capacity(setup.decisions);
     let mut placements = BTreeMap::new();
@@ -128,6 +122,17 @@ pub fn run(setup: &Setup, kind: BalanceKind) -> Result<Report, String> {
         placements,
         rejected,
     })
+}
+
+/// Zipf(1) over `n` functions: the cumulative weights 1/rank and their total.
+fn zipf_cdf(n: usize) -> (Vec<f64>, f64) {
+    let mut cdf = Vec::with_capacity(n);
+    let mut total = 0.0;
+    for r in 1..=n {
+        total += 1.0 / r as f64;
+        cdf.push(total);
+    }
+    (cdf, total)
 }
 
 fn placement_name(p: Placement) -> &'static str {
@@ -196,12 +201,7 @@ pub fn run_atoll(setup: &Setup) -> Result<Report, String> {
             },
         );
     }
-    let mut cdf = Vec::with_capacity(names.len());
-    let mut total = 0.0;
-    for r in 1..=names.len() {
-        total += 1.0 / r as f64;
-        cdf.push(total);
-    }
+    let (cdf, total) = zipf_cdf(names.len());
     let warmup = setup.decisions / 10;
     let mut ns = Vec::with_capacity(setup.decisions);
     let mut placements = BTreeMap::new();
