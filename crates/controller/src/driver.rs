@@ -343,22 +343,26 @@ impl Driver {
 
 /// What the routing policy knows of a function: `sim` functions declare their times.
 pub fn function_info(spec: &FunctionSpec) -> FunctionInfo {
-    let us = |v: f64| (v > 0.0).then_some((v * 1000.0) as u64);
     FunctionInfo {
         priority: spec.priority,
-        warm_us: us(spec.sim_warm_ms),
-        cold_us: us(spec.sim_cold_ms).map(|c| c + us(spec.sim_warm_ms).unwrap_or(0)),
+        warm_us: declared_us(spec.sim_warm_ms),
+        cold_us: declared_us(spec.sim_cold_ms)
+            .map(|c| c + declared_us(spec.sim_warm_ms).unwrap_or(0)),
     }
 }
 
 /// What Atoll knows of a function: its memory and deadline; set-up and run times when the
 /// `sim` backend declares them (else Atoll learns them from answers).
 pub fn atoll_spec(spec: &FunctionSpec) -> proactive::FunctionSpec {
-    let us = |v: f64| (v > 0.0).then_some((v * 1000.0) as u64);
     proactive::FunctionSpec {
         memory_mb: spec.memory_mb,
         deadline_us: spec.deadline_ms.map(|d| d.saturating_mul(1000)),
-        setup_us: us(spec.sim_cold_ms),
-        exec_us: us(spec.sim_warm_ms),
+        setup_us: declared_us(spec.sim_cold_ms),
+        exec_us: declared_us(spec.sim_warm_ms),
     }
+}
+
+/// A time a `sim` function declares in ms (0: not declared), in µs.
+fn declared_us(ms: f64) -> Option<u64> {
+    (ms > 0.0).then_some((ms * 1000.0) as u64)
 }

@@ -71,7 +71,7 @@ pub async fn run(c: Weak<Controller>, interval_us: u64) {
                     commands = batch.len(),
                     "proactive commands dropped: the worker's queue is full"
                 );
-                fail_all(&ctl, WorkerId(w), &batch, "failed");
+                fail_all(&ctl, WorkerId(w), &batch);
                 if closed {
                     senders.remove(&w);
                 }
@@ -101,7 +101,7 @@ async fn send_batches(c: Weak<Controller>, worker: WorkerId, mut rx: mpsc::Recei
 /// Sends one batch and books its results.
 async fn send(c: &Arc<Controller>, worker: WorkerId, batch: &[Command]) {
     let Some(m) = c.driver().member(worker) else {
-        fail_all(c, worker, batch, "failed");
+        fail_all(c, worker, batch);
         return;
     };
     // The worker must know a function before it can make its sandboxes.
@@ -138,7 +138,7 @@ async fn send(c: &Arc<Controller>, worker: WorkerId, batch: &[Command]) {
     }
     let body = match serde_json::to_vec(&ProactiveRequest { commands }) {
         Ok(b) => bytes::Bytes::from(b),
-        Err(_) => return fail_refs(c, worker, &sent),
+        Err(_) => return fail_all(c, worker, sent.iter().copied()),
     };
     let answer = m
         .forwarder(c.forwarder())
@@ -149,16 +149,16 @@ async fn send(c: &Arc<Controller>, worker: WorkerId, batch: &[Command]) {
             Ok(b) if b.results.len() == sent.len() => b.results,
             _ => {
                 tracing::warn!(worker = %m.name, "unreadable answer to proactive commands");
-                return fail_refs(c, worker, &sent);
+                return fail_all(c, worker, sent.iter().copied());
             }
         },
         Ok(a) => {
             tracing::warn!(worker = %m.name, status = %a.status, "worker refused proactive commands");
-            return fail_refs(c, worker, &sent);
+            return fail_all(c, worker, sent.iter().copied());
         }
         Err(e) => {
             tracing::warn!(worker = %m.name, "proactive commands not delivered: {e}");
-            return fail_refs(c, worker, &sent);
+            return fail_all(c, worker, sent.iter().copied());
         }
     };
     for (cmd, r) in sent.iter().zip(results) {
@@ -186,13 +186,8 @@ fn book(c: &Controller, worker: WorkerId, cmd: &Command, ok: bool, result: &'sta
         .inc();
 }
 
-fn fail_all(c: &Controller, worker: WorkerId, batch: &[Command], result: &'static str) {
-    for cmd in batch {
-        book(c, worker, cmd, false, result);
-    }
-}
-
-fn fail_refs(c: &Controller, worker: WorkerId, batch: &[&Command]) {
+/// Books every command of a batch that never reached the worker (or whose answer was lost).
+fn fail_all<'a>(c: &Controller, worker: WorkerId, batch: impl IntoIterator<Item = &'a Command>) {
     for cmd in batch {
         book(c, worker, cmd, false, "failed");
     }

@@ -459,11 +459,10 @@ impl Atoll {
         let draw = self.draw();
         let group = self.scaler.route(function, draw, now)?;
         let (a, b) = (self.draw(), self.draw());
-        let name: Arc<str> = match self.functions.get_key_value(function) {
-            Some((k, _)) => k.clone(),
-            None => Arc::from(function),
+        let (name, fkey): (Arc<str>, u64) = match self.functions.get_key_value(function) {
+            Some((k, f)) => (k.clone(), f.key),
+            None => (Arc::from(function), 0),
         };
-        let fkey = self.functions.get(function).map_or(0, |f| f.key);
         let g = self.groups.get_mut(&group)?;
         g.estimator.on_arrival(function, now);
         if !g.fns.contains_key(function) {
