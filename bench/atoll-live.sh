@@ -9,7 +9,7 @@
 #
 # Environment: WORKLOAD (1), APPS (12), DURATION (5s of paper time, stretched to the target
 # concurrency: about 60 s), CPUS (64 simulated CPUs per worker), TARGET (the trace's
-# mean concurrency, default 0.9 × all CPUs), MEMORY (4096 MiB per worker), PROACTIVE (2048 MiB of
+# mean concurrency, default 0.9 × all CPUs), MEMORY (32768 MiB per worker), PROACTIVE (16384 MiB of
 # it), RUNGS ("gfr gdr gdpi atoll d-atoll"), BACKEND (sim; runc needs functions with code: the
 # trace's `busy` sample).
 set -euo pipefail
@@ -22,8 +22,8 @@ APPS=${APPS:-12}
 DURATION=${DURATION:-5s}
 CPUS=${CPUS:-64}
 TARGET=${TARGET:-$(python3 -c "print(0.9 * 3 * $CPUS)")}
-MEMORY=${MEMORY:-4096}
-PROACTIVE=${PROACTIVE:-2048}
+MEMORY=${MEMORY:-32768}
+PROACTIVE=${PROACTIVE:-16384}
 RUNGS=${RUNGS:-gfr gdr gdpi atoll d-atoll}
 BACKEND=${BACKEND:-sim}
 mkdir -p "$out"

@@ -20,8 +20,8 @@ pub use invocation::{
 };
 pub use proactive::{
     ProactiveAnswer, ProactiveCommand, ProactiveCounts, ProactiveFailure, ProactiveOp,
-    ProactivePoolStatus, ProactiveRequest, ProactiveResult, MAX_PROACTIVE_BODY_BYTES,
-    MAX_PROACTIVE_COMMANDS,
+    ProactivePoolStatus, ProactiveRequest, ProactiveResult, ProactiveStarted,
+    MAX_PROACTIVE_BODY_BYTES, MAX_PROACTIVE_COMMANDS, PROACTIVE_STREAM_TYPE,
 };
 pub use status::{
     FunctionSandboxes, GenericPoolStatus, LoadStatus, LowLatencyStatus, MemoryStatus, PolicyStatus,

@@ -130,6 +130,21 @@ pub struct ProactiveAnswer {
     pub functions: BTreeMap<String, ProactiveCounts>,
 }
 
+/// The media type of a streamed answer: a controller that sends `Accept: application/x-ndjson`
+/// gets the [`ProactiveAnswer`] as its first line as soon as every command is applied (creates
+/// still starting say `still_starting`), then one [`ProactiveStarted`] line per such create as
+/// it becomes ready or fails. It need not wait for the slowest start of a batch to send the next
+/// batch or to route to the sandboxes already up.
+pub const PROACTIVE_STREAM_TYPE: &str = "application/x-ndjson";
+
+/// A streamed answer's later line: the create at `index` of the request is ready (`ok`) or
+/// failed to start. Creates with no such line by the stream's end are still starting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProactiveStarted {
+    pub index: usize,
+    pub result: ProactiveResult,
+}
+
 /// A worker's proactive pool, MiB: its size, the memory its sandboxes hold (in every state),
 /// and the room left.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -389,6 +389,21 @@ pub fn run(a: SimArgs) -> Result<()> {
             stats.proactive_refused,
             stats.proactive_mismatched
         );
+        if let Some(s) = &stats.atoll {
+            println!(
+                "atoll {}: routed {} ({} to a free proactive sandbox), {} scale-outs, {} scale-ins; allocator: {} creates, {} unmarks, {} soft evictions, {} evictions, {} skipped",
+                c.ladder.as_str(),
+                s.routed,
+                s.routed_to_free,
+                s.scale_outs,
+                s.scale_ins,
+                s.creates,
+                s.unmarks,
+                s.soft_evicts,
+                s.evicts,
+                s.skipped
+            );
+        }
     }
     println!(
         "virtual time {span_s:.1} s in {sim_s:.2} s of wall time ({:.0} invocations/s, {:.0}× real time; reading the trace took {read_s:.2} s)",

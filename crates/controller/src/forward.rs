@@ -192,19 +192,7 @@ impl Forwarder {
         timeout: Duration,
         extra: &[(&'static str, HeaderValue)],
     ) -> Result<Answer, ForwardError> {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(format!("{base}{path}"))
-            .header(CONTENT_TYPE, "application/json");
-        if let Some(c) = &self.credential {
-            req = req.header(AUTHORIZATION, c.clone());
-        }
-        for (name, value) in extra {
-            req = req.header(*name, value.clone());
-        }
-        let req = req
-            .body(Full::new(body))
-            .map_err(|e| ForwardError::NotStarted(format!("bad request to {base}{path}: {e}")))?;
+        let req = self.request(method, base, path, body, extra)?;
         let exchange = async {
             let resp = self.client.request(req).await.map_err(|e| {
                 if e.is_connect() {
@@ -240,6 +228,116 @@ impl Forwarder {
         tokio::time::timeout(timeout, exchange)
             .await
             .map_err(|_| ForwardError::TimedOut(timeout))?
+    }
+
+    /// Sends one request whose answer is read a line at a time (`application/x-ndjson`, asked
+    /// for with `Accept`): the status comes back as soon as the head does, and [`Lines`] reads
+    /// the body as it arrives. The whole exchange is bounded by `timeout`; no line may be
+    /// longer than `max_line` bytes.
+    pub async fn send_streamed(
+        &self,
+        method: Method,
+        base: &str,
+        path: &str,
+        body: Bytes,
+        timeout: Duration,
+        max_line: usize,
+    ) -> Result<(StatusCode, Lines), ForwardError> {
+        let accept = HeaderValue::from_static(hearth_api::PROACTIVE_STREAM_TYPE);
+        let req = self.request(method, base, path, body, &[("accept", accept)])?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let resp = tokio::time::timeout_at(deadline, self.client.request(req))
+            .await
+            .map_err(|_| ForwardError::TimedOut(timeout))?
+            .map_err(|e| {
+                if e.is_connect() {
+                    ForwardError::NotStarted(error_chain(&e))
+                } else {
+                    ForwardError::MaybeStarted(error_chain(&e))
+                }
+            })?;
+        let status = resp.status();
+        Ok((
+            status,
+            Lines {
+                body: resp.into_body(),
+                buf: Vec::new(),
+                max_line,
+                deadline,
+                timeout,
+                ended: false,
+            },
+        ))
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        base: &str,
+        path: &str,
+        body: Bytes,
+        extra: &[(&'static str, HeaderValue)],
+    ) -> Result<Request<Full<Bytes>>, ForwardError> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{base}{path}"))
+            .header(CONTENT_TYPE, "application/json");
+        if let Some(c) = &self.credential {
+            req = req.header(AUTHORIZATION, c.clone());
+        }
+        for (name, value) in extra {
+            req = req.header(*name, value.clone());
+        }
+        req.body(Full::new(body))
+            .map_err(|e| ForwardError::NotStarted(format!("bad request to {base}{path}: {e}")))
+    }
+}
+
+/// A streamed answer's body, a line at a time.
+pub struct Lines {
+    body: hyper::body::Incoming,
+    buf: Vec<u8>,
+    max_line: usize,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    ended: bool,
+}
+
+impl Lines {
+    /// The next line (without its newline); `None` once the answer ended. A last line with
+    /// no newline still counts.
+    pub async fn next(&mut self) -> Result<Option<Bytes>, ForwardError> {
+        loop {
+            if let Some(at) = self.buf.iter().position(|&b| b == b'\n') {
+                let mut line: Vec<u8> = self.buf.drain(..=at).collect();
+                line.pop();
+                return Ok(Some(Bytes::from(line)));
+            }
+            if self.ended {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                return Ok(Some(Bytes::from(std::mem::take(&mut self.buf))));
+            }
+            if self.buf.len() > self.max_line {
+                return Err(ForwardError::MaybeStarted(format!(
+                    "a line of the answer is longer than {} bytes",
+                    self.max_line
+                )));
+            }
+            let frame = tokio::time::timeout_at(self.deadline, self.body.frame())
+                .await
+                .map_err(|_| ForwardError::TimedOut(self.timeout))?;
+            match frame {
+                None => self.ended = true,
+                Some(Ok(f)) => {
+                    if let Ok(data) = f.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(e)) => return Err(ForwardError::MaybeStarted(error_chain(&e))),
+            }
+        }
     }
 }
 
@@ -305,5 +403,67 @@ mod tests {
                 a.error_message()
             );
         }
+    }
+
+    /// A one-shot server answering 200 with `chunks` as a chunked body.
+    async fn chunked_answer(chunks: &'static [&'static str]) -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                .await;
+            for c in chunks {
+                let _ = s
+                    .write_all(format!("{:x}\r\n{c}\r\n", c.len()).as_bytes())
+                    .await;
+                let _ = s.flush().await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let _ = s.write_all(b"0\r\n\r\n").await;
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_streamed_answer_reads_whole_lines_across_chunks_and_caps_their_length() {
+        let tls = hearth_service::tls::client_config("tls_ca", None).unwrap();
+        let f = Forwarder::new(Duration::from_secs(1), None, tls);
+        let base = chunked_answer(&["{\"a\":", "1}\n{\"b\"", ":2}\n", "tail"]).await;
+        let (status, mut lines) = f
+            .send_streamed(
+                Method::POST,
+                &base,
+                "/",
+                Bytes::new(),
+                Duration::from_secs(5),
+                64,
+            )
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK);
+        let mut got = Vec::new();
+        while let Some(line) = lines.next().await.unwrap() {
+            got.push(String::from_utf8(line.to_vec()).unwrap());
+        }
+        assert_eq!(got, ["{\"a\":1}", "{\"b\":2}", "tail"]);
+
+        let base = chunked_answer(&["0123456789", "0123456789", "0123456789\n"]).await;
+        let (_, mut lines) = f
+            .send_streamed(
+                Method::POST,
+                &base,
+                "/",
+                Bytes::new(),
+                Duration::from_secs(5),
+                15,
+            )
+            .await
+            .unwrap();
+        let e = lines.next().await.unwrap_err();
+        assert!(e.to_string().contains("longer than 15 bytes"), "{e}");
     }
 }

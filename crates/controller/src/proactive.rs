@@ -1,23 +1,27 @@
 //! Atoll's work off the invocation path (docs/atoll.md): every interval the balancer
 //! re-estimates demand and re-allocates proactive sandboxes; its commands go to the workers,
-//! each worker's as one batch at a time (`POST /v1/cluster/proactive`), and the answers confirm
+//! each worker's in ordered batches (`POST /v1/cluster/proactive`), and the answers confirm
 //! creations to the balancer (or report them failed, so that it allocates them again).
 //!
-//! One sender task per worker keeps a worker's commands in order and never more than one batch
-//! in flight to it; a slow worker delays only its own commands. Its queue is bounded: when full,
+//! One sender task per worker keeps a worker's commands in order: the next batch goes once the
+//! worker has applied the previous one. Answers stream (`application/x-ndjson`): each create is
+//! confirmed when its sandbox is up, not when the slowest of its batch is, so routing finds the
+//! sandboxes already up and a batch of slow starts holds back nothing but its own creates (at
+//! most [`STREAMS`] batches stream per worker). A slow worker delays only its own commands. Its queue is bounded: when full,
 //! a tick's commands for that worker are dropped and their creations reported failed.
 
 use crate::facade::Controller;
 use crate::metrics::ProactiveLabel;
 use hearth_api::{
-    ProactiveAnswer, ProactiveCommand, ProactiveOp, ProactiveRequest, MAX_PROACTIVE_COMMANDS,
+    ProactiveAnswer, ProactiveCommand, ProactiveOp, ProactiveRequest, ProactiveStarted,
+    MAX_PROACTIVE_COMMANDS,
 };
 use hearth_core::balance::WorkerId;
 use hearth_core::proactive::{AllocAction, Command};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 /// The worker's endpoint for proactive commands.
 pub const PATH: &str = "/v1/cluster/proactive";
@@ -25,8 +29,14 @@ pub const PATH: &str = "/v1/cluster/proactive";
 const MAX_BATCH: usize = MAX_PROACTIVE_COMMANDS;
 /// Batches waiting for one worker before a tick's commands are dropped.
 const QUEUE: usize = 8;
-/// A batch may take this long: the worker answers within 30 s of its creations starting.
+/// A batch's answer may take this long: the worker ends it within 30 s of its creations
+/// starting.
 const BATCH_TIMEOUT: Duration = Duration::from_secs(60);
+/// Answers still streaming per worker before the next batch waits: creations in flight are
+/// bounded by this many batches.
+const STREAMS: usize = 8;
+/// Longest line of an answer: the results of [`MAX_BATCH`] commands with their messages.
+const MAX_ANSWER_LINE: usize = 4 * 1024 * 1024;
 
 /// The wire op of an action and its function (None for `Skipped`, which is not sent).
 pub fn op(action: &AllocAction) -> Option<(ProactiveOp, &str)> {
@@ -82,6 +92,7 @@ pub async fn run(c: Weak<Controller>, interval_us: u64) {
 
 /// One worker's sender: batches in order, queued ones merged up to [`MAX_BATCH`].
 async fn send_batches(c: Weak<Controller>, worker: WorkerId, mut rx: mpsc::Receiver<Vec<Command>>) {
+    let streams = Arc::new(Semaphore::new(STREAMS));
     while let Some(mut batch) = rx.recv().await {
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
@@ -93,13 +104,22 @@ async fn send_batches(c: Weak<Controller>, worker: WorkerId, mut rx: mpsc::Recei
             return;
         };
         for chunk in batch.chunks(MAX_BATCH) {
-            send(&ctl, worker, chunk).await;
+            let Ok(permit) = Arc::clone(&streams).acquire_owned().await else {
+                return;
+            };
+            send(&ctl, worker, chunk, permit).await;
         }
     }
 }
 
-/// Sends one batch and books its results.
-async fn send(c: &Arc<Controller>, worker: WorkerId, batch: &[Command]) {
+/// Sends one batch and books its results: at once those of the commands the worker applied,
+/// then, from a task holding `permit`, each create's as the worker reports it started.
+async fn send(
+    c: &Arc<Controller>,
+    worker: WorkerId,
+    batch: &[Command],
+    permit: OwnedSemaphorePermit,
+) {
     let Some(m) = c.driver().member(worker) else {
         fail_all(c, worker, batch);
         return;
@@ -140,33 +160,86 @@ async fn send(c: &Arc<Controller>, worker: WorkerId, batch: &[Command]) {
         Ok(b) => bytes::Bytes::from(b),
         Err(_) => return fail_all(c, worker, sent.iter().copied()),
     };
-    let answer = m
+    let streamed = m
         .forwarder(c.forwarder())
-        .send(hyper::Method::POST, &m.url, PATH, body, BATCH_TIMEOUT)
+        .send_streamed(
+            hyper::Method::POST,
+            &m.url,
+            PATH,
+            body,
+            BATCH_TIMEOUT,
+            MAX_ANSWER_LINE,
+        )
         .await;
-    let results = match answer {
-        Ok(a) if a.is_success() => match serde_json::from_slice::<ProactiveAnswer>(&a.body) {
-            Ok(b) if b.results.len() == sent.len() => b.results,
-            _ => {
-                tracing::warn!(worker = %m.name, "unreadable answer to proactive commands");
-                return fail_all(c, worker, sent.iter().copied());
-            }
-        },
-        Ok(a) => {
-            tracing::warn!(worker = %m.name, status = %a.status, "worker refused proactive commands");
-            return fail_all(c, worker, sent.iter().copied());
-        }
+    let (status, mut lines) = match streamed {
+        Ok(x) => x,
         Err(e) => {
             tracing::warn!(worker = %m.name, "proactive commands not delivered: {e}");
             return fail_all(c, worker, sent.iter().copied());
         }
     };
-    for (cmd, r) in sent.iter().zip(results) {
+    if !status.is_success() {
+        tracing::warn!(worker = %m.name, %status, "worker refused proactive commands");
+        return fail_all(c, worker, sent.iter().copied());
+    }
+    let first = match lines.next().await {
+        Ok(Some(line)) => serde_json::from_slice::<ProactiveAnswer>(&line).ok(),
+        _ => None,
+    };
+    let Some(answer) = first.filter(|a| a.results.len() == sent.len()) else {
+        tracing::warn!(worker = %m.name, "unreadable answer to proactive commands");
+        return fail_all(c, worker, sent.iter().copied());
+    };
+    // Every command is applied now; creates still starting are confirmed line by line.
+    let mut starting: HashMap<usize, Command> = HashMap::new();
+    for (i, (cmd, r)) in sent.iter().zip(answer.results).enumerate() {
+        if r.ok && r.still_starting {
+            starting.insert(i, (*cmd).clone());
+            continue;
+        }
         if !r.ok {
             tracing::debug!(worker = %m.name, error = r.error.as_deref().unwrap_or(""), "proactive command refused");
         }
         book(c, worker, cmd, r.ok, if r.ok { "ok" } else { "refused" });
     }
+    if starting.is_empty() {
+        return;
+    }
+    let c = Arc::downgrade(c);
+    let name = m.name.clone();
+    tokio::spawn(async move {
+        let _permit = permit;
+        let ended = loop {
+            match lines.next().await {
+                Ok(Some(line)) => {
+                    let Ok(s) = serde_json::from_slice::<ProactiveStarted>(&line) else {
+                        break false;
+                    };
+                    let (Some(cmd), Some(c)) = (starting.remove(&s.index), c.upgrade()) else {
+                        continue;
+                    };
+                    let ok = s.result.ok;
+                    if !ok {
+                        tracing::debug!(worker = %name, error = s.result.error.as_deref().unwrap_or(""), "proactive sandbox failed to start");
+                    }
+                    book(&c, worker, &cmd, ok, if ok { "ok" } else { "refused" });
+                }
+                Ok(None) => break true,
+                Err(e) => {
+                    tracing::warn!(worker = %name, "proactive answer cut short: {e}");
+                    break false;
+                }
+            }
+        };
+        let Some(c) = c.upgrade() else {
+            return;
+        };
+        // The worker's wait ran out on these: they go on starting, as counted. An answer cut
+        // short says nothing of them: they are allocated again.
+        for cmd in starting.values() {
+            book(&c, worker, cmd, ended, if ended { "ok" } else { "failed" });
+        }
+    });
 }
 
 /// Books one command's result: a creation's confirms or un-does the balancer's allocation.

@@ -101,6 +101,8 @@ pub struct SimStats {
     /// Atoll: commands the worker had nothing to apply to (un-mark, soft or hard eviction of a
     /// sandbox it does not hold); reported to Atoll as lost sandboxes where it counts one.
     pub proactive_mismatched: u64,
+    /// Atoll's own counters (routing, scaling, the allocator's actions) at the end.
+    pub atoll: Option<hearth_core::proactive::AtollStats>,
 }
 
 /// A simulation in progress.
@@ -261,6 +263,7 @@ impl<'a> Simulation<'a> {
             }
         }
         self.stats.invocations = arrivals as u64;
+        self.stats.atoll = self.router.atoll().map(|a| *a.stats());
         Ok(self.stats)
     }
 

@@ -5,10 +5,11 @@ use crate::backend::SandboxError;
 use crate::errors::{
     InvokeError, PrewarmError, ProactiveBatchError, RegisterError, UnregisterError,
 };
-use crate::facade::{CallDeadline, Worker};
+use crate::facade::{started, CallDeadline, Worker, PROACTIVE_CREATE_WAIT};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::header::{ACCEPT, CONTENT_TYPE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -16,8 +17,8 @@ use axum::{Extension, Json, Router};
 use hearth_api::namespace::namespace_of;
 use hearth_api::ErrorCode;
 use hearth_api::{
-    AsyncRecord, PrewarmAnswer, ProactiveAnswer, ProactiveRequest, WorkerStatus,
-    MAX_PROACTIVE_BODY_BYTES,
+    AsyncRecord, PrewarmAnswer, ProactiveRequest, ProactiveStarted, WorkerStatus,
+    MAX_PROACTIVE_BODY_BYTES, PROACTIVE_STREAM_TYPE,
 };
 use hearth_service::async_api::{self, ListQuery};
 use hearth_service::auth::{Access, Action, Principal};
@@ -321,12 +322,15 @@ async fn prewarm(
 
 /// `POST /v1/cluster/proactive`: a controller's commands on this worker's proactive sandboxes.
 /// The platform's own call, so only a cluster peer (the cluster key) may send it, the same
-/// guard as joining the cluster; any function of any namespace may be named.
+/// guard as joining the cluster; any function of any namespace may be named. With `Accept:
+/// application/x-ndjson` the answer streams: the results as soon as the commands are applied,
+/// then a line per create as it ends (`hearth_api::PROACTIVE_STREAM_TYPE`).
 async fn proactive(
     State(w): State<Arc<Worker>>,
     Extension(p): Extension<Principal>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<ProactiveAnswer>, ApiError> {
+) -> Result<Response, ApiError> {
     p.require(Action::Join)?;
     let body = body.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -337,17 +341,57 @@ async fn proactive(
     })?;
     let req: ProactiveRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid proactive request: {e}")))?;
-    w.proactive(&req.commands)
-        .await
-        .map(Json)
-        .map_err(|e| match e {
-            ProactiveBatchError::Disabled => {
-                ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, e.to_string())
+    let stream = headers
+        .get(ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains(PROACTIVE_STREAM_TYPE));
+    if !stream {
+        let answer = w.proactive(&req.commands).await.map_err(batch_error)?;
+        return Ok(Json(answer).into_response());
+    }
+    let batch = w.proactive_begin(&req.commands).map_err(batch_error)?;
+    let mut first = serde_json::to_vec(&batch.answer)
+        .map_err(|e| ApiError::internal(format!("could not write the answer: {e}")))?;
+    first.push(b'\n');
+    // One line per create as it ends, in the order they end; the channel closes (and the
+    // answer ends) once every create has a line or the wait ran out.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(
+        batch.creating.len() + 1,
+    );
+    let _ = tx.try_send(Ok(Bytes::from(first)));
+    let deadline = tokio::time::Instant::now() + PROACTIVE_CREATE_WAIT;
+    for (index, task) in batch.creating {
+        let tx = tx.clone();
+        let name = req.commands[index].function.clone();
+        tokio::spawn(async move {
+            let Ok(done) = tokio::time::timeout_at(deadline, task).await else {
+                return;
+            };
+            let line = ProactiveStarted {
+                index,
+                result: started(&name, done),
+            };
+            if let Ok(mut bytes) = serde_json::to_vec(&line) {
+                bytes.push(b'\n');
+                let _ = tx.send(Ok(Bytes::from(bytes))).await;
             }
-            ProactiveBatchError::ShuttingDown => ApiError::shutting_down(),
-            ProactiveBatchError::TooManyCommands { .. }
-            | ProactiveBatchError::BadFunctionName { .. } => ApiError::bad_request(e.to_string()),
-        })
+        });
+    }
+    drop(tx);
+    let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Ok(([(CONTENT_TYPE, PROACTIVE_STREAM_TYPE)], body).into_response())
+}
+
+/// A batch refused whole.
+fn batch_error(e: ProactiveBatchError) -> ApiError {
+    match e {
+        ProactiveBatchError::Disabled => {
+            ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, e.to_string())
+        }
+        ProactiveBatchError::ShuttingDown => ApiError::shutting_down(),
+        ProactiveBatchError::TooManyCommands { .. }
+        | ProactiveBatchError::BadFunctionName { .. } => ApiError::bad_request(e.to_string()),
+    }
 }
 
 async fn invocation(

@@ -31,6 +31,7 @@ use hearth_service::registry::{CodeSource, Registered, Registry, RegistryError};
 use hearth_service::serving::open_data_dir;
 use hearth_service::store::sqlite::SqliteAsyncStore;
 use hearth_service::store::{StoreError, StoredInvocation};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -712,6 +713,27 @@ impl Worker {
         &self,
         commands: &[ProactiveCommand],
     ) -> Result<ProactiveAnswer, ProactiveBatchError> {
+        let mut batch = self.proactive_begin(commands)?;
+        let deadline = tokio::time::Instant::now() + PROACTIVE_CREATE_WAIT;
+        for (i, task) in std::mem::take(&mut batch.creating) {
+            let name = &commands[i].function;
+            batch.answer.results[i] = match tokio::time::timeout_at(deadline, task).await {
+                Ok(done) => started(name, done),
+                // It goes on starting; the counts show it, and a failure shows in later ones.
+                Err(_) => batch.answer.results[i].clone(),
+            };
+        }
+        batch.answer.functions = self.proactive_counts(&batch.answer.functions);
+        Ok(batch.answer)
+    }
+
+    /// Applies a controller's proactive commands in order, without waiting for creates: the
+    /// answer says `still_starting` for each create under way, whose task is in `creating`
+    /// (the streamed answer reports each as it ends, [`proactive`](Self::proactive) waits).
+    pub fn proactive_begin(
+        &self,
+        commands: &[ProactiveCommand],
+    ) -> Result<ProactiveBatch, ProactiveBatchError> {
         if self.config.proactive_mb == 0 {
             return Err(ProactiveBatchError::Disabled);
         }
@@ -739,10 +761,10 @@ impl Worker {
         }
         let mut results = vec![ProactiveResult::ok(); commands.len()];
         let mut creating = Vec::new();
-        let mut touched = std::collections::BTreeSet::new();
+        let mut touched = BTreeMap::new();
         for (i, c) in commands.iter().enumerate() {
             let name = c.function.as_str();
-            touched.insert(name);
+            touched.insert(name.to_string(), ProactiveCounts::default());
             let Some(reg) = self.registry.get(name) else {
                 results[i] = ProactiveResult::failed(
                     ProactiveFailure::UnknownFunction,
@@ -758,7 +780,10 @@ impl Worker {
             };
             match c.op {
                 ProactiveOp::Create => match self.driver.proactive_create(&reg) {
-                    Ok(task) => creating.push((i, task)),
+                    Ok(task) => {
+                        results[i].still_starting = true;
+                        creating.push((i, task));
+                    }
                     Err(e) => results[i] = create_refused(e),
                 },
                 ProactiveOp::Unmark => {
@@ -778,41 +803,29 @@ impl Worker {
                 }
             }
         }
-        let deadline = tokio::time::Instant::now() + PROACTIVE_CREATE_WAIT;
-        for (i, mut task) in creating {
-            let name = &commands[i].function;
-            results[i] = match tokio::time::timeout_at(deadline, &mut task).await {
-                Ok(Ok(Ok(()))) => ProactiveResult::ok(),
-                Ok(Ok(Err(e))) => {
-                    tracing::warn!(function = %name, error = %e, "proactive sandbox failed to start");
-                    ProactiveResult::failed(
-                        ProactiveFailure::StartFailed,
-                        format!("the proactive sandbox of {name} failed to start: {e}"),
-                    )
-                }
-                Ok(Err(_)) => ProactiveResult::failed(
-                    ProactiveFailure::StartFailed,
-                    format!("the start of {name}'s proactive sandbox ended without an answer"),
-                ),
-                // It goes on starting; the counts show it, and a failure shows in later ones.
-                Err(_) => ProactiveResult {
-                    still_starting: true,
-                    ..ProactiveResult::ok()
-                },
-            };
-        }
+        let functions = self.proactive_counts(&touched);
+        Ok(ProactiveBatch {
+            answer: ProactiveAnswer { results, functions },
+            creating,
+        })
+    }
+
+    /// The proactive counts now of each function named in `functions`.
+    pub fn proactive_counts(
+        &self,
+        functions: &BTreeMap<String, ProactiveCounts>,
+    ) -> BTreeMap<String, ProactiveCounts> {
         let pool = self.stats().pool;
-        let functions = touched
-            .into_iter()
+        functions
+            .keys()
             .map(|name| {
                 let counts = pool
                     .function(name)
                     .map(proactive_counts)
                     .unwrap_or_default();
-                (name.to_string(), counts)
+                (name.clone(), counts)
             })
-            .collect();
-        Ok(ProactiveAnswer { results, functions })
+            .collect()
     }
 
     /// New invocations are refused with 503 from now on.
@@ -857,6 +870,38 @@ fn proactive_counts(f: &FunctionPoolStats) -> ProactiveCounts {
         active: f.proactive_idle + f.proactive_busy,
         soft: f.proactive_soft,
         starting: f.proactive_starting,
+    }
+}
+
+/// Proactive commands applied, and the creates still starting.
+pub struct ProactiveBatch {
+    /// Every command's result; creates under way say `still_starting`.
+    pub answer: ProactiveAnswer,
+    /// (index of the command, its start task) for each create under way.
+    pub creating: Vec<(usize, ProactiveStart)>,
+}
+
+/// A proactive sandbox's start: ready, or why not.
+pub type ProactiveStart = tokio::task::JoinHandle<Result<(), SandboxError>>;
+
+/// The result of a proactive create whose start ended.
+pub fn started(
+    name: &str,
+    done: Result<Result<(), SandboxError>, tokio::task::JoinError>,
+) -> ProactiveResult {
+    match done {
+        Ok(Ok(())) => ProactiveResult::ok(),
+        Ok(Err(e)) => {
+            tracing::warn!(function = %name, error = %e, "proactive sandbox failed to start");
+            ProactiveResult::failed(
+                ProactiveFailure::StartFailed,
+                format!("the proactive sandbox of {name} failed to start: {e}"),
+            )
+        }
+        Err(_) => ProactiveResult::failed(
+            ProactiveFailure::StartFailed,
+            format!("the start of {name}'s proactive sandbox ended without an answer"),
+        ),
     }
 }
 

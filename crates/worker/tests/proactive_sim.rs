@@ -284,3 +284,68 @@ async fn oversized_and_malformed_batches_are_refused_whole() {
     }
     assert_eq!(w.status().await["proactive"]["used_mb"], 0);
 }
+
+/// Reads the next line of a streamed answer (frames are appended to `buf` until a newline).
+async fn next_line(body: &mut axum::body::Body, buf: &mut Vec<u8>) -> Option<Value> {
+    use http_body_util::BodyExt;
+    loop {
+        if let Some(at) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=at).collect();
+            return Some(serde_json::from_slice(&line).unwrap());
+        }
+        let frame = body.frame().await?.unwrap();
+        buf.extend_from_slice(&frame.into_data().unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_confirms_each_create_when_it_is_up_not_with_the_slowest() {
+    use tower_service::Service;
+    let w = TestWorker::sim(1024, 512).await;
+    w.register("slow", sim_fn(128, 3_000)).await;
+    w.register("fast", sim_fn(128, 20)).await;
+    let body = json!({"commands": [
+        {"op": "create", "function": "slow"},
+        {"op": "create", "function": "fast"},
+        {"op": "soft-evict", "function": "nobody"},
+    ]});
+    let req = axum::http::Request::builder()
+        .method(Method::POST)
+        .uri("/v1/cluster/proactive")
+        .header("content-type", "application/json")
+        .header("accept", "application/x-ndjson")
+        .header("authorization", format!("Bearer {CLUSTER_KEY}"))
+        .body(axum::body::Body::from(body.to_string()))
+        .unwrap();
+    let resp = w.app.clone().call(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    let mut body = resp.into_body();
+    let mut buf = Vec::new();
+    // First: every command applied, both creates under way.
+    let first = next_line(&mut body, &mut buf).await.unwrap();
+    let results = &first["results"];
+    assert_eq!(
+        results[0],
+        json!({"ok": true, "still_starting": true}),
+        "{first}"
+    );
+    assert_eq!(
+        results[1],
+        json!({"ok": true, "still_starting": true}),
+        "{first}"
+    );
+    assert_eq!(results[2]["code"], "unknown_function", "{first}");
+    assert_eq!(counts(&first, "slow"), (0, 0, 1), "{first}");
+    // Then the fast one, while the slow one is still starting: it serves a call warm now.
+    let line = next_line(&mut body, &mut buf).await.unwrap();
+    assert_eq!(line, json!({"index": 1, "result": {"ok": true}}));
+    let v = w.invoke("fast").await;
+    assert_eq!(v["cold"], false, "{v}");
+    let st = w.status().await;
+    assert_eq!(st["functions"]["slow"]["proactive"]["starting"], 1, "{st}");
+    // Then the slow one, and the end of the answer.
+    let line = next_line(&mut body, &mut buf).await.unwrap();
+    assert_eq!(line, json!({"index": 0, "result": {"ok": true}}));
+    assert!(next_line(&mut body, &mut buf).await.is_none());
+}

@@ -21,7 +21,9 @@
 //!
 //! No clock and no I/O: time is the driver's [`Micros`]; randomness is a seeded SplitMix64.
 
-use super::allocator::{AllocAction, AllocConfig, Allocator, EvictionMode, WorkerId};
+use super::allocator::{
+    AllocAction, AllocConfig, AllocConfigError, Allocator, EvictionMode, WorkerId,
+};
 use super::estimator::{DemandEstimator, EstimatorError, PoissonConfig, PoissonEstimator};
 use super::scaling::{GroupId, ScaleAction, Scaler, ScalerConfig, ScalerError};
 use crate::balance::hash64;
@@ -120,6 +122,8 @@ pub enum AtollError {
     Estimator(#[from] EstimatorError),
     #[error("scaler: {0}")]
     Scaler(#[from] ScalerError),
+    #[error("alloc: {0}")]
+    Alloc(#[from] AllocConfigError),
 }
 
 /// Atoll's settings.
@@ -172,6 +176,7 @@ impl AtollConfig {
         }
         self.estimator.validate()?;
         self.scaler.validate()?;
+        self.alloc.validate()?;
         Ok(())
     }
 }

@@ -26,8 +26,8 @@ pub mod estimator;
 pub mod scaling;
 
 pub use allocator::{
-    AllocAction, AllocConfig, AllocStats, Allocator, EvictionMode, Placement, VictimPolicy,
-    WorkerId,
+    AllocAction, AllocConfig, AllocConfigError, AllocStats, Allocator, EvictionMode, Placement,
+    VictimPolicy, WorkerId,
 };
 pub use atoll::{
     Atoll, AtollConfig, AtollError, AtollStats, Command, FunctionSpec, Ladder, Outcome, Route,

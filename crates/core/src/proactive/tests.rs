@@ -12,6 +12,8 @@ fn alloc(placement: Placement, eviction: EvictionMode, victim: VictimPolicy) -> 
         placement,
         eviction,
         victim,
+        // The least gap: the scenarios below count single moves.
+        steal_gap: 2,
         ..AllocConfig::default()
     })
 }
@@ -118,15 +120,70 @@ fn evicted(out: &[AllocAction]) -> Vec<(&str, bool)> {
 #[test]
 fn fair_hard_eviction_picks_the_function_closest_to_its_estimate() {
     let mut a = full_worker(VictimPolicy::Fair);
-    // a loses a sandbox: it is one short of its estimate, b is at its estimate.
+    // a loses a sandbox: it is one short of its estimate, b is at its estimate, and the
+    // pool has room for one.
     assert!(a.on_lost(0, "a"));
-    let out = a.set_demand("c", MB, 2, None);
+    let out = a.set_demand("c", MB, 3, None);
+    // c's first fits; its second takes b's (c two short, b at its estimate); a third would
+    // leave a or b two short while c is one short: not fairer, so it is skipped.
     assert_eq!(evicted(&out), vec![("b", false)]);
+    assert_eq!(count(&out, |x| matches!(x, AllocAction::Skipped { .. })), 1);
     assert_eq!(a.sandboxes(0, "c"), (2, 0));
     assert_eq!((a.allocation("a"), a.allocation("b")), (1, 1));
-    // Now a and b are both one short: ties go by name.
-    let out = a.set_demand("c", MB, 3, None);
+    // c three short against a and b one short: it takes one, ties by name.
+    let out = a.set_demand("c", MB, 5, None);
     assert_eq!(evicted(&out), vec![("a", false)]);
+    assert_eq!(a.allocation("c"), 3);
+}
+
+#[test]
+fn a_pool_too_small_for_every_estimate_settles_instead_of_passing_sandboxes_around() {
+    for victim in [VictimPolicy::Fair, VictimPolicy::Lru] {
+        let mut a = alloc(Placement::Even, EvictionMode::Lazy, victim);
+        a.add_worker(0, 6 * MB);
+        // Three functions each estimated at 4 sandboxes, room for 6 in all.
+        let mut actions = 0;
+        for tick in 0..50u64 {
+            for f in ["a", "b", "c"] {
+                a.on_used(0, f, tick);
+                let out = a.set_demand(f, MB, 4, None);
+                if tick >= 2 {
+                    actions += out
+                        .iter()
+                        .filter(|x| !matches!(x, AllocAction::Skipped { .. }))
+                        .count();
+                }
+            }
+        }
+        assert_eq!(actions, 0, "{victim:?}: the allocation kept moving");
+        let mut shares: Vec<u32> = ["a", "b", "c"].iter().map(|f| a.allocation(f)).collect();
+        shares.sort_unstable();
+        assert_eq!(shares, vec![2, 2, 2], "{victim:?}: shortfalls even out");
+    }
+}
+
+#[test]
+fn a_wider_steal_gap_leaves_small_differences_alone() {
+    for (gap, moved) in [(2, true), (4, false)] {
+        let mut a = Allocator::new(AllocConfig {
+            steal_gap: gap,
+            ..AllocConfig::default()
+        });
+        a.add_worker(0, 4 * MB);
+        a.set_demand("a", MB, 4, None);
+        // b three short, a at its estimate: a move closes a gap of 3.
+        let out = a.set_demand("b", MB, 3, None);
+        assert_eq!(!evicted(&out).is_empty(), moved, "gap {gap}");
+    }
+    let bad = AllocConfig {
+        steal_gap: 1,
+        ..AllocConfig::default()
+    };
+    assert_eq!(
+        bad.validate().unwrap_err().to_string(),
+        "steal_gap must be between 2 and 1024 sandboxes, got 1"
+    );
+    assert!(AllocConfig::default().validate().is_ok());
 }
 
 #[test]
@@ -135,7 +192,8 @@ fn lru_hard_eviction_picks_the_least_recently_used_function() {
         let mut a = full_worker(VictimPolicy::Lru);
         a.on_used(0, "a", a_used);
         a.on_used(0, "b", b_used);
-        let out = a.set_demand("c", MB, 1, None);
+        // c two short against a and b at their estimates: one move evens them out.
+        let out = a.set_demand("c", MB, 2, None);
         assert_eq!(evicted(&out), vec![(victim, false)]);
     }
 }
@@ -144,7 +202,7 @@ fn lru_hard_eviction_picks_the_least_recently_used_function() {
 fn soft_evicted_sandboxes_go_before_active_ones() {
     let mut a = full_worker(VictimPolicy::Fair);
     a.set_demand("b", MB, 1, None); // one of b soft-evicted
-    let out = a.set_demand("c", MB, 2, None);
+    let out = a.set_demand("c", MB, 3, None);
     assert_eq!(evicted(&out), vec![("b", true), ("a", false)]);
     assert_eq!(a.worker_soft_evicted(0), 0);
 }
@@ -233,6 +291,7 @@ fn config_serde_defaults() {
     assert_eq!(c.eviction, EvictionMode::Lazy);
     assert_eq!(c.victim, VictimPolicy::Fair);
     assert_eq!(c.max_demand, AllocConfig::default().max_demand);
+    assert_eq!(c.steal_gap, 4);
     let c: crate::proactive::PoissonConfig = serde_json::from_str("{}").unwrap();
     assert_eq!(c, crate::proactive::PoissonConfig::default());
 }

@@ -16,7 +16,7 @@ pub const CLUSTER_KEY: &str = "test-cluster-key-0123456789abcdef0123456789";
 
 pub struct TestWorker {
     pub worker: Arc<Worker>,
-    app: Router,
+    pub app: Router,
     /// The operator's key (auth on only).
     pub admin: Option<String>,
     pub data_dir: PathBuf,
