@@ -22,7 +22,8 @@ pub struct ControllerArgs {
     /// Where the registry and function code live.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// Balancing policy: round-robin, random, least-loaded, ch, ch-bl, ch-rlu, k-ch-rlu.
+    /// Balancing policy: round-robin, random, least-loaded, ch, ch-bl, ch-rlu, k-ch-rlu,
+    /// openwhisk.
     #[arg(long)]
     pub balance: Option<BalanceKind>,
     /// The cluster's state store: sqlite (this controller alone) or etcd://HOST:PORT[,…]

@@ -1,7 +1,8 @@
 //! `hearth bench route`: the cost of one routing decision of each balancing policy, measured on
 //! the core's `Balancer` alone (no I/O), with a synthetic cluster: `workers` workers reporting a
-//! drifting load (starting uniform in [0, 2 × mean_load]) once per virtual second, `functions` functions of three priority levels with
-//! cold/warm times, and Zipf(1)-popular arrivals every 50 µs of virtual time.
+//! drifting load (starting uniform in [0, 2 × mean_load]) and 8 GiB of sandbox memory once per
+//! virtual second, `functions` functions of three priority levels with cold/warm times and
+//! 128–512 MiB each, and Zipf(1)-popular arrivals every 50 µs of virtual time.
 
 use crate::stats::percentile;
 use hearth_core::balance::{
@@ -33,6 +34,9 @@ pub struct Report {
 }
 
 const ARRIVAL_US: u64 = 50;
+/// Each worker's sandbox memory: OpenWhisk's slots (256 in flight at 128–512 MiB over the
+/// workers keep some of them full).
+const WORKER_MEMORY_MB: u64 = 8 * 1024;
 const IN_FLIGHT: usize = 256;
 
 /// Runs `setup` for one policy.
@@ -58,6 +62,7 @@ pub fn run(setup: &Setup, kind: BalanceKind) -> Result<Report, String> {
                 priority: (i % 3) as i32,
                 warm_us: Some(warm),
                 cold_us: Some(warm * rng.gen_range(1..10)),
+                memory_mb: 128 << (i % 3),
             },
         );
     }
@@ -88,6 +93,7 @@ pub fn run(setup: &Setup, kind: BalanceKind) -> Result<Report, String> {
                 ids[w],
                 WorkerLoad {
                     load: loads[w],
+                    memory_mb: WORKER_MEMORY_MB,
                     ..Default::default()
                 },
             );
@@ -108,7 +114,7 @@ pub fn run(setup: &Setup, kind: BalanceKind) -> Result<Report, String> {
         }
         if pending.len() > IN_FLIGHT {
             if let Some((w, k)) = pending.pop_front() {
-                b.finished(now, w, k, Finished::Warm { e2e_us: 10_000 });
+                b.finished(now, w, k, Finished::Warm { exec_us: 10_000 });
             }
         }
         if n >= warmup {

@@ -37,7 +37,7 @@ pub struct SimArgs {
     /// Memory background eviction keeps free on each worker.
     #[arg(long, default_value = "256MiB", value_parser = parse_size_mb)]
     free_buffer: u64,
-    /// round-robin, random, least-loaded, ch, ch-bl, ch-rlu, k-ch-rlu, greedy (the
+    /// round-robin, random, least-loaded, ch, ch-bl, ch-rlu, k-ch-rlu, openwhisk, greedy (the
     /// omniscient baseline that only a simulator can run), or atoll (Atoll's balancer and
     /// group sandbox managers; see --ladder).
     #[arg(long, visible_alias = "routing", default_value = "ch-rlu", value_parser = parse_routing)]

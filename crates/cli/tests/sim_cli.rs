@@ -118,6 +118,46 @@ fn a_simulated_run_writes_results_that_report_and_fidelity_read() {
 }
 
 #[test]
+fn openwhisk_keeps_each_function_on_its_home_while_its_memory_slots_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path());
+    let run = |memory: &str| {
+        let out = dir.path().join(format!("ow-{memory}.csv"));
+        let text = sim(
+            &t,
+            &out,
+            &[
+                "--workers",
+                "4",
+                "--memory",
+                memory,
+                "--free-buffer",
+                "0",
+                "--balance",
+                "openwhisk",
+            ],
+        );
+        assert!(text.contains("completed 200, dropped 0"), "{text}");
+        let rows = read_results(&out).unwrap();
+        let mut workers = std::collections::BTreeMap::new();
+        for r in &rows {
+            workers
+                .entry(r.function.clone())
+                .or_insert_with(std::collections::BTreeSet::new)
+                .insert(r.worker.clone());
+        }
+        workers
+    };
+    // Plenty of memory: every invocation of a function on one worker (its home).
+    let roomy = run("8GiB");
+    assert!(roomy.values().all(|w| w.len() == 1), "{roomy:?}");
+    // 200 MiB per worker: fb (128 MiB, 20 ms every 10 ms) has two in flight, and the second
+    // does not fit its home's slots: it is probed onto the next worker.
+    let tight = run("200MiB");
+    assert!(tight["fb"].len() > 1, "{tight:?}");
+}
+
+#[test]
 fn bad_input_gets_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let t = trace(dir.path());
@@ -129,7 +169,8 @@ fn bad_input_gets_a_clear_error() {
     };
     assert!(run(&["--memory", "lots"]).contains("size"));
     assert!(run(&["--workers", "0"]).contains("--workers must be at least 1"));
-    assert!(run(&["--balance", "fastest"]).contains("greedy"));
+    let err = run(&["--balance", "fastest"]);
+    assert!(err.contains("greedy") && err.contains("openwhisk"), "{err}");
     assert!(run(&["--concurrency", "many"]).contains("--concurrency"));
     assert!(run(&["--keepalive", "forever"]).contains("keep-alive policy"));
     assert!(run(&["--meta", "/nonexistent/m.csv"]).contains("/nonexistent/m.csv"));

@@ -339,6 +339,21 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn openwhisk_and_the_pool_step_are_named_in_the_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "balance = \"openwhisk\"\n").unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HEARTH_BALANCE_PARAMS__POOL_B_MAX_STEP", "3.5");
+            let c = ControllerConfig::load(Some(&path)).map_err(|e| e.to_string())?;
+            assert_eq!(c.balance, BalanceKind::OpenWhisk);
+            assert_eq!(c.balance_params.pool_b_max_step, 3.5);
+            Ok(())
+        });
+    }
+
+    #[test]
     fn atoll_is_off_by_default_and_configured_by_its_section() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");

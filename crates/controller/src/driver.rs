@@ -251,7 +251,13 @@ impl Driver {
                 .and_then(|id| b.workers().get(id))
                 .is_some_and(|w| w.up);
             let id = b.join(now, &report.worker);
-            b.report(now, id, report.load);
+            // The memory budget rides beside the load in the report; OpenWhisk's balancer
+            // slots it.
+            let load = hearth_core::balance::WorkerLoad {
+                memory_mb: report.memory_budget_mb.unwrap_or(report.load.memory_mb),
+                ..report.load
+            };
+            b.report(now, id, load);
             if let (Some(a), false) = (&self.atoll, was_up) {
                 let cpus = report.cpus.clamp(1.0, 4096.0) as u32;
                 a.lock()
@@ -348,6 +354,7 @@ pub fn function_info(spec: &FunctionSpec) -> FunctionInfo {
         warm_us: declared_us(spec.sim_warm_ms),
         cold_us: declared_us(spec.sim_cold_ms)
             .map(|c| c + declared_us(spec.sim_warm_ms).unwrap_or(0)),
+        memory_mb: spec.memory_mb,
     }
 }
 

@@ -1031,7 +1031,9 @@ impl Controller {
                     priority: f.priority,
                     warm_us: f.warm_us.get().map(|v| v.round()),
                     cold_us: f.cold_us.get().map(|v| v.round()),
-                    load_bound: f.bound(p.b, p.b_max),
+                    // The bound the policy applies (its pool's under k-CH-RLU); CH-RLU's for
+                    // policies that have none.
+                    load_bound: b.load_bound(key).unwrap_or_else(|| f.bound(p.b, p.b_max)),
                 }),
                 atoll: None,
             }
@@ -1213,13 +1215,18 @@ struct Ran {
 }
 
 impl Ran {
-    /// What the policy learns from it.
+    /// What the policy learns from it: the running times (init and exec), not the worker's
+    /// end-to-end time, whose queue wait would pull CH-RLU's cold/warm ratio towards 1 under
+    /// load (CH-RLU paper §4.5).
     fn finished(self) -> Finished {
-        let e2e_us = self.e2e_us;
+        let exec_us = self.outcome.exec_us.unwrap_or(0);
         if self.cold {
-            Finished::Cold { e2e_us }
+            Finished::Cold {
+                init_us: self.outcome.init_us.unwrap_or(0),
+                exec_us,
+            }
         } else {
-            Finished::Warm { e2e_us }
+            Finished::Warm { exec_us }
         }
     }
 }
@@ -1328,12 +1335,20 @@ mod tests {
     }
 
     #[test]
-    fn a_cold_answer_is_booked_cold_with_the_workers_time() {
-        let body = String::from_utf8(BODY.to_vec())
-            .unwrap()
-            .replace(r#""cold":false"#, r#""cold":true"#);
-        let (_, ran) = with_controller_time(body.as_bytes(), 2000).unwrap();
-        assert!(matches!(ran.finished(), Finished::Cold { e2e_us: 1040 }));
+    fn the_policy_learns_running_times_not_the_queue_wait() {
+        // 5 ms in the worker's queue, 3 ms of init, 1 ms of exec.
+        let body = br#"{"result":{},"cold":true,"worker":"w","timing":{"queue":5000,"init":3000,"exec":1000,"overhead":40,"e2e":9040}}"#;
+        let (_, ran) = with_controller_time(body, 10_000).unwrap();
+        assert_eq!(
+            ran.finished(),
+            Finished::Cold {
+                init_us: 3000,
+                exec_us: 1000
+            }
+        );
+        let warm = br#"{"result":{},"cold":false,"worker":"w","timing":{"queue":5000,"init":0,"exec":1000,"overhead":40,"e2e":6040}}"#;
+        let (_, ran) = with_controller_time(warm, 7_000).unwrap();
+        assert_eq!(ran.finished(), Finished::Warm { exec_us: 1000 });
     }
 
     #[test]

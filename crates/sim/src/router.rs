@@ -110,6 +110,7 @@ impl Router {
                         priority: f.priority,
                         warm_us: Some(f.warm_us),
                         cold_us: Some(f.cold_us()),
+                        memory_mb: f.memory_mb,
                     };
                     balancer.register(0, f.key, info);
                 }

@@ -212,6 +212,10 @@ impl<'a> Simulation<'a> {
 
     /// Runs until every invocation of the workload has ended.
     pub fn run(mut self) -> Result<SimStats> {
+        self.run_to_end()
+    }
+
+    fn run_to_end(&mut self) -> Result<SimStats> {
         let arrivals = self.workload.arrivals.len();
         loop {
             let next = self.workload.arrivals.get(self.next_arrival);
@@ -264,7 +268,7 @@ impl<'a> Simulation<'a> {
         }
         self.stats.invocations = arrivals as u64;
         self.stats.atoll = self.router.atoll().map(|a| *a.stats());
-        Ok(self.stats)
+        Ok(self.stats.clone())
     }
 
     fn arrive(&mut self) -> Result<()> {
@@ -470,11 +474,14 @@ impl<'a> Simulation<'a> {
                 reusable: true,
             },
         );
-        let e2e_us = self.now - arrival.at_us;
+        // The balancer learns running times (CH-RLU's c and w), never the queue wait.
         let how = if cold.is_some() {
-            Finished::Cold { e2e_us }
+            Finished::Cold {
+                init_us: j.init_us,
+                exec_us,
+            }
         } else {
-            Finished::Warm { e2e_us }
+            Finished::Warm { exec_us }
         };
         let outcome = Outcome {
             queue_us: j.run.queued_us,
@@ -711,16 +718,68 @@ impl<'a> Simulation<'a> {
     /// The worker's status push, built as the real worker builds it from its status.
     fn on_status(&mut self, w: usize) {
         let e = &self.workers[w].engine;
-        let load = WorkerLoad::of_worker(
-            e.normalized_load(),
-            e.queue_length() as u32,
-            e.running(),
-            f64::from(e.config().cpus),
-            e.pool().free_mb(),
-        );
+        let load = WorkerLoad {
+            // The sandbox memory budget, as the worker's status reports it.
+            memory_mb: e.config().pool.memory_budget_mb,
+            ..WorkerLoad::of_worker(
+                e.normalized_load(),
+                e.queue_length() as u32,
+                e.running(),
+                f64::from(e.config().cpus),
+                e.pool().free_mb(),
+            )
+        };
         self.router.report(self.now, w, load);
         self.sink.status(self.now, w as u32, &load);
         let next = self.now + self.config.status_interval_us;
         self.events.push(next, Kind::Status { worker: w as u32 });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Collect;
+    use crate::workload::{Arrival as At, SimFunction};
+    use hearth_core::balance::BalanceKind;
+    use hearth_core::time::ms;
+    use hearth_core::RegulatorConfig;
+
+    #[test]
+    fn the_balancer_learns_running_times_not_queue_waits() {
+        // One worker that runs one invocation at a time; 40 calls of a 100 ms function with
+        // 300 ms of init arrive at once, so all but the first wait in the queue (up to 4 s).
+        let f = SimFunction::new("f", ms(100), ms(300), 128);
+        let key = f.key;
+        let workload = Workload {
+            functions: vec![f],
+            arrivals: (0..40)
+                .map(|i| At {
+                    at_us: i,
+                    function: 0,
+                })
+                .collect(),
+        };
+        let config = SimConfig {
+            workers: 1,
+            cpus: 1,
+            regulator: RegulatorConfig::Fixed(1),
+            routing: Routing::seeded(BalanceKind::ChRlu, 1),
+            ..SimConfig::default()
+        };
+        let mut sink = Collect::default();
+        let mut sim = Simulation::new(&workload, config, &mut sink).unwrap();
+        let stats = sim.run_to_end().unwrap();
+        assert_eq!((stats.completed, stats.cold), (40, 1));
+        let learned = sim.router().balancer().unwrap().function(key).unwrap();
+        // c = init + exec = 400 ms, w = exec = 100 ms: the declared ratio of 4 holds. From
+        // end-to-end times (queue waits of up to 4 s in w) it would have fallen to 1.
+        let (c, w) = (
+            learned.cold_us.get().unwrap(),
+            learned.warm_us.get().unwrap(),
+        );
+        assert!((w - 100_000.0).abs() < 1.0, "warm {w}");
+        assert!((c - 400_000.0).abs() < 1.0, "cold {c}");
+        assert!((learned.cold_warm_ratio() - 4.0).abs() < 1e-6);
     }
 }

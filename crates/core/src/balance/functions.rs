@@ -10,10 +10,14 @@ use std::collections::BTreeMap;
 pub struct FunctionInfo {
     /// Higher is more important (k-CH-RLU pools).
     pub priority: i32,
-    /// Known warm and cold (init + exec) times, e.g. from a sim spec or a trace; learned from
-    /// results otherwise.
+    /// Known warm (exec) and cold (init + exec) running times, e.g. from a sim spec or a trace;
+    /// learned from results otherwise.
     pub warm_us: Option<u64>,
     pub cold_us: Option<u64>,
+    /// Memory of one sandbox (MiB; 0: unknown): OpenWhisk's balancer takes this many memory
+    /// slots on the worker it picks.
+    #[serde(default)]
+    pub memory_mb: u64,
 }
 
 /// An exponential moving average; empty until the first sample.
@@ -47,9 +51,12 @@ pub struct FunctionState {
     pub priority: i32,
     /// Announced with `register` (routed-only functions do not size pools).
     pub registered: bool,
+    /// Running times: exec of warm runs (w), init + exec of cold runs (c); queueing excluded.
     pub warm_us: Ema,
     pub cold_us: Ema,
     pub iat: Iat,
+    /// Memory of one sandbox (MiB; 0: unknown).
+    pub memory_mb: u64,
 }
 
 impl FunctionState {
@@ -102,6 +109,7 @@ impl Functions {
         let old = f.registered.then_some(f.priority);
         f.registered = true;
         f.priority = info.priority;
+        f.memory_mb = info.memory_mb;
         if info.warm_us.is_some() {
             f.warm_us = Ema::seeded(info.warm_us);
         }

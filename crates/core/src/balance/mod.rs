@@ -12,6 +12,7 @@
 mod ch_rlu;
 mod functions;
 mod hash;
+mod openwhisk;
 mod pools;
 mod popularity;
 mod ring;
@@ -26,6 +27,7 @@ pub use workers::{WorkerId, WorkerLoad, WorkerState, Workers};
 use crate::time::Micros;
 use ch_rlu::{forward, Routed};
 use functions::Functions;
+use openwhisk::OpenWhisk;
 use pools::Pools;
 use popularity::Popularity;
 use rand::rngs::SmallRng;
@@ -45,16 +47,21 @@ pub enum BalanceKind {
     LeastLoaded,
     /// Always the function's home on the consistent-hashing ring.
     Ch,
-    /// Consistent hashing with bounded loads: forward along the ring while the load is not below `b`.
+    /// Consistent hashing with bounded loads: forward along the ring while the load is not
+    /// below `b`, at most `max_chain_len` times, then the least-loaded worker.
     ChBl,
     /// Consistent hashing with random load updates (Algorithm 2).
     ChRlu,
     /// CH-RLU inside one pool per priority level, overflowing to lower pools.
     KChRlu,
+    /// OpenWhisk's default (ShardingContainerPoolBalancer): memory slots per worker, home by
+    /// hash, co-prime step probing, a random live worker when every one is full.
+    #[serde(rename = "openwhisk")]
+    OpenWhisk,
 }
 
 impl BalanceKind {
-    pub const ALL: [BalanceKind; 7] = [
+    pub const ALL: [BalanceKind; 8] = [
         BalanceKind::RoundRobin,
         BalanceKind::Random,
         BalanceKind::LeastLoaded,
@@ -62,6 +69,7 @@ impl BalanceKind {
         BalanceKind::ChBl,
         BalanceKind::ChRlu,
         BalanceKind::KChRlu,
+        BalanceKind::OpenWhisk,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -73,6 +81,7 @@ impl BalanceKind {
             BalanceKind::ChBl => "ch-bl",
             BalanceKind::ChRlu => "ch-rlu",
             BalanceKind::KChRlu => "k-ch-rlu",
+            BalanceKind::OpenWhisk => "openwhisk",
         }
     }
 }
@@ -112,15 +121,19 @@ pub struct BalanceParams {
     pub popular_pct: f64,
     /// T: per cent of functions (by name hash) whose IATs build the popularity percentile.
     pub sample_pct: f64,
-    /// Forwards along the ring before falling back.
+    /// Forwards along the ring before falling back (CH-BL, CH-RLU, each pool of k-CH-RLU; the
+    /// paper's §6.1 sets 3 for both CH-BL and CH-RLU).
     pub max_chain_len: u32,
     /// Ring points per worker.
     pub virtual_nodes: u32,
     /// How often the popularity threshold is recomputed.
     pub popularity_refresh_ms: u64,
     /// k-CH-RLU: b_max per pool, highest priority first; the last value applies to the pools
-    /// after it; empty = `b_max` everywhere.
+    /// after it. Empty: `b_max + i × pool_b_max_step` for the pool `i` places below the top.
     pub pool_b_max: Vec<f64>,
+    /// k-CH-RLU: how much higher each lower-priority pool's b_max is than the pool above it,
+    /// when `pool_b_max` is empty (thesis §4.4.2: lower-priority pools run with a higher bound).
+    pub pool_b_max_step: f64,
     /// Seed of the balancer's random generator (random policy, load noise).
     pub seed: u64,
 }
@@ -136,6 +149,7 @@ impl Default for BalanceParams {
             virtual_nodes: 100,
             popularity_refresh_ms: 250,
             pool_b_max: Vec::new(),
+            pool_b_max_step: 2.0,
             seed: 0x4845_4152_5448, // "HEARTH"
         }
     }
@@ -146,6 +160,8 @@ impl Default for BalanceParams {
 pub enum ParamsError {
     #[error("balancing parameter {0} must be a finite number above 0, got {1}")]
     NotPositive(&'static str, f64),
+    #[error("balancing parameter {0} must be a finite number from 0 to {1}, got {2}")]
+    OutOfBounds(&'static str, f64, f64),
     #[error("balancing parameter {0} must be between 0 and 100, got {1}")]
     NotPercent(&'static str, f64),
     #[error("balancing parameter {0} must be between {1} and {2}, got {3}")]
@@ -163,8 +179,24 @@ impl BalanceParams {
         };
         positive("b", self.b)?;
         positive("b_max", self.b_max)?;
+        if self.pool_b_max.len() > MAX_POOL_B_MAX {
+            return Err(ParamsError::OutOfRange(
+                "pool_b_max (entries)",
+                0,
+                MAX_POOL_B_MAX as u64,
+                self.pool_b_max.len() as u64,
+            ));
+        }
         for v in &self.pool_b_max {
             positive("pool_b_max", *v)?;
+        }
+        let step = self.pool_b_max_step;
+        if !(step.is_finite() && (0.0..=MAX_POOL_B_MAX_STEP).contains(&step)) {
+            return Err(ParamsError::OutOfBounds(
+                "pool_b_max_step",
+                MAX_POOL_B_MAX_STEP,
+                step,
+            ));
         }
         for (name, v) in [
             ("popular_pct", self.popular_pct),
@@ -194,6 +226,11 @@ impl BalanceParams {
     }
 }
 
+/// Most entries `pool_b_max` may have (one per priority level in use is all it needs).
+const MAX_POOL_B_MAX: usize = 64;
+/// Largest `pool_b_max_step`: a bound of b_max + 100 per level is already "never forward".
+const MAX_POOL_B_MAX_STEP: f64 = 100.0;
+
 /// How a worker was chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
@@ -207,6 +244,8 @@ pub enum Placement {
     LeastLoaded,
     /// k-CH-RLU: placed in lower-priority pool `pool` after `hops` forwards there.
     Overflow { pool: u32, hops: u32 },
+    /// OpenWhisk: every live worker's memory slots were full; a random live one.
+    Random,
 }
 
 impl Placement {
@@ -217,6 +256,7 @@ impl Placement {
             Placement::Forwarded { .. } => "forwarded",
             Placement::LeastLoaded => "least_loaded",
             Placement::Overflow { .. } => "overflow",
+            Placement::Random => "random",
         }
     }
 }
@@ -237,13 +277,17 @@ pub enum Decision {
     Reject(Rejection),
 }
 
-/// How an invocation the balancer placed ended, as the driver saw it.
+/// How an invocation the balancer placed ended, as the driver saw it: its *running* times from
+/// the worker's timing, never its end-to-end time. The paper's c/w compares running times
+/// (§4.5); an end-to-end time includes the queue wait, which under load swamps both and pulls
+/// the ratio towards 1, shrinking the load bound exactly when load is high.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finished {
-    /// Ran in a warm sandbox; the worker's end-to-end time (the paper's warm time w).
-    Warm { e2e_us: u64 },
-    /// Started a sandbox; the worker's end-to-end time including init (cold time c).
-    Cold { e2e_us: u64 },
+    /// Ran in a warm sandbox for `exec_us` (the paper's warm time w).
+    Warm { exec_us: u64 },
+    /// Started a sandbox: `init_us` of sandbox start and import, then `exec_us` (the paper's
+    /// cold time c = init + exec).
+    Cold { init_us: u64, exec_us: u64 },
     /// Failed or never reached the worker: only the in-flight count changes.
     Failed,
 }
@@ -257,6 +301,7 @@ enum Policy {
     ChBl(Ring),
     ChRlu(Ring),
     KChRlu(Pools),
+    OpenWhisk(OpenWhisk),
 }
 
 /// The balancer: membership, loads, function characteristics and one policy.
@@ -284,6 +329,7 @@ impl Balancer {
             BalanceKind::ChBl => Policy::ChBl(Ring::new(vnodes)),
             BalanceKind::ChRlu => Policy::ChRlu(Ring::new(vnodes)),
             BalanceKind::KChRlu => Policy::KChRlu(Pools::new(vnodes)),
+            BalanceKind::OpenWhisk => Policy::OpenWhisk(OpenWhisk::default()),
         };
         let mut b = Balancer {
             kind,
@@ -322,6 +368,7 @@ impl Balancer {
             match &mut self.policy {
                 Policy::Ch(r) | Policy::ChBl(r) | Policy::ChRlu(r) => r.insert(id, name),
                 Policy::KChRlu(_) => self.resize_pools(),
+                Policy::OpenWhisk(ow) => ow.resize(self.workers.count()),
                 _ => {}
             }
         }
@@ -399,6 +446,27 @@ impl Balancer {
                 let pool = p.pools().get(p.pool_of(priority))?;
                 pool.ring.home(key.0).map(|h| h.1)
             }
+            Policy::OpenWhisk(ow) => ow.home(key),
+            _ => None,
+        }
+    }
+
+    /// The load bound CH-RLU applies to the function now: `min(c·b/w, b_max)`, with the
+    /// b_max of its own pool under k-CH-RLU; CH-BL's is `b`. None for policies without one.
+    pub fn load_bound(&self, key: FunctionKey) -> Option<f64> {
+        let p = &self.params;
+        let ratio = self
+            .functions
+            .get(key)
+            .map_or(1.0, FunctionState::cold_warm_ratio);
+        match &self.policy {
+            Policy::ChBl(_) => Some(p.b),
+            Policy::ChRlu(_) => Some((ratio * p.b).min(p.b_max)),
+            Policy::KChRlu(pools) => {
+                let priority = self.functions.get(key).map_or(0, |f| f.priority);
+                let pool = pools.pools().get(pools.pool_of(priority))?;
+                Some((ratio * p.b).min(pool.b_max))
+            }
             _ => None,
         }
     }
@@ -423,6 +491,7 @@ impl Balancer {
         let priority = f.priority;
         let ratio = f.cold_warm_ratio();
         let iat = f.iat;
+        let memory_mb = f.memory_mb;
         if self.popularity.refresh_due(now) {
             self.popularity.recompute(
                 now,
@@ -459,11 +528,14 @@ impl Balancer {
                     noise_mean: None,
                     ..routed
                 };
+                // The same chain limit as CH-RLU (paper §6.1); when it is exhausted, the
+                // least-loaded worker (Algorithm 2, line 4). CH-BL has no b_max, so it never
+                // rejects: that worker takes the invocation whatever its load.
                 let walked = forward(
                     ring,
                     &plain,
                     p.b,
-                    u32::MAX,
+                    p.max_chain_len,
                     &self.workers,
                     &mut self.rng,
                     &mut self.visited,
@@ -513,25 +585,32 @@ impl Balancer {
                 &mut self.rng,
                 &mut self.visited,
             ),
+            Policy::OpenWhisk(ow) => {
+                ow.route(key, slot_mb(memory_mb), &self.workers, &mut self.rng)
+            }
         };
         match placed {
             Some((worker, how)) => {
-                self.workers.dispatched(worker);
+                self.workers.dispatched(worker, slot_mb(memory_mb));
                 Decision::Run { worker, how }
             }
             None => Decision::Reject(Rejection::NoWorkers),
         }
     }
 
-    /// An invocation placed on `worker` ended; its times refine the function's cold/warm ratio.
+    /// An invocation placed on `worker` ended; its running times refine the function's cold/warm
+    /// ratio, and its memory slots there are free again.
     pub fn finished(&mut self, _now: Micros, worker: WorkerId, key: FunctionKey, how: Finished) {
-        self.workers.done(worker);
+        let memory_mb = self.functions.get(key).map_or(0, |f| f.memory_mb);
+        self.workers.done(worker, slot_mb(memory_mb));
         let Some(f) = self.functions.get_mut(key) else {
             return;
         };
         match how {
-            Finished::Warm { e2e_us } => f.warm_us.add(e2e_us as f64),
-            Finished::Cold { e2e_us } => f.cold_us.add(e2e_us as f64),
+            Finished::Warm { exec_us } => f.warm_us.add(exec_us as f64),
+            Finished::Cold { init_us, exec_us } => {
+                f.cold_us.add(init_us.saturating_add(exec_us) as f64)
+            }
             Finished::Failed => {}
         }
     }
@@ -543,8 +622,19 @@ impl Balancer {
                 self.functions.per_priority(),
                 self.params.b_max,
                 &self.params.pool_b_max,
+                self.params.pool_b_max_step,
             );
         }
+    }
+}
+
+/// The memory slots an invocation takes: its function's memory, or OpenWhisk's default action
+/// memory (256 MiB) when the function's is unknown.
+fn slot_mb(memory_mb: u64) -> u64 {
+    if memory_mb == 0 {
+        openwhisk::DEFAULT_MEMORY_MB
+    } else {
+        memory_mb
     }
 }
 

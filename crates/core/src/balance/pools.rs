@@ -7,6 +7,11 @@
 //! A function runs CH-RLU in its own pool; when the chain is exhausted it overflows to the next
 //! lower-priority pool, never to a higher one; when the last pool's chain is exhausted too, it
 //! runs on the least-loaded worker of that pool.
+//!
+//! Lower-priority pools run with a higher b_max (§4.4.2: they "tolerate more overloaded
+//! servers"): by default each pool's is `pool_b_max_step` above the one before it, so with the
+//! defaults the high pool has the paper's 6 and the next one 8, the top of the range (2–8) over
+//! which the CH-RLU paper found latency insensitive to the bound.
 
 use super::ch_rlu::{forward, Routed};
 use super::hash::hash64;
@@ -51,6 +56,7 @@ impl Pools {
         per_priority: &BTreeMap<i32, usize>,
         b_max: f64,
         pool_b_max: &[f64],
+        pool_b_max_step: f64,
     ) {
         let mut levels: Vec<(i32, usize)> = per_priority
             .iter()
@@ -82,7 +88,7 @@ impl Pools {
                 .get(i)
                 .or(pool_b_max.last())
                 .copied()
-                .unwrap_or(b_max);
+                .unwrap_or(b_max + pool_b_max_step * i as f64);
             // Keep the old ring where the membership did not change.
             let old = self
                 .pools

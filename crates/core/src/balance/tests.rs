@@ -152,6 +152,7 @@ fn the_bound_scales_with_cold_over_warm_time_up_to_b_max() {
         priority: 0,
         warm_us: Some(ms(warm_ms)),
         cold_us: Some(ms(cold_ms)),
+        memory_mb: 128,
     };
     b.register(0, slow_start, times(100, 400)); // bound min(4 × 1.2, 6) = 4.8
     b.register(0, plain, FunctionInfo::default()); // unknown times: bound b = 1.2
@@ -172,13 +173,19 @@ fn the_bound_scales_with_cold_over_warm_time_up_to_b_max() {
         home,
         "over b_max even for c/w = 1000"
     );
-    // Times learned from results raise the bound the same way.
+    // Times learned from results raise the bound the same way: c = init + exec = 500 ms,
+    // w = exec = 100 ms, bound min(5 × 1.2, 6) = 6.
     set_all(&mut b, &ids, 3.0);
     let (w, how) = run(b.route(secs(10), learned));
     assert_ne!(how, Placement::Home);
-    b.finished(secs(10), w, learned, Finished::Cold { e2e_us: ms(500) });
-    b.finished(secs(10), w, learned, Finished::Warm { e2e_us: ms(100) });
+    let cold = Finished::Cold {
+        init_us: ms(400),
+        exec_us: ms(100),
+    };
+    b.finished(secs(10), w, learned, cold);
+    b.finished(secs(10), w, learned, Finished::Warm { exec_us: ms(100) });
     assert!((b.function(learned).unwrap().bound(1.2, 6.0) - 6.0).abs() < 1e-9);
+    assert_eq!(b.load_bound(learned), Some(6.0));
     assert_eq!(run(b.route(secs(1_000), learned)).1, Placement::Home);
 }
 
@@ -205,13 +212,6 @@ fn an_exhausted_chain_goes_to_the_least_loaded_worker_then_is_rejected_over_b_ma
         "max_chain_len = 3 forwards, then least-loaded"
     );
     assert!(order[5..].contains(&w));
-    // CH-BL has no chain limit: it walks on to the first worker under the bound.
-    let (mut bl, _) = cluster(BalanceKind::ChBl, 8, 0.0);
-    script(&mut bl);
-    assert_eq!(
-        run(bl.route(secs(1), f)),
-        (order[4], Placement::Forwarded { hops: 4 })
-    );
     // Everything over b_max: CH-RLU rejects.
     for (i, w) in order.iter().enumerate() {
         set(&mut rlu, *w, 6.5 + i as f64);
@@ -430,5 +430,208 @@ fn bad_parameters_and_names_are_refused() {
     assert!(err.contains("ch-rlu"), "{err}");
     for k in BalanceKind::ALL {
         assert_eq!(k.as_str().parse::<BalanceKind>().unwrap(), k);
+    }
+}
+
+#[test]
+fn ch_bl_forwards_at_most_max_chain_len_times_then_takes_the_least_loaded_worker() {
+    let f = key(11);
+    let order = ring_order(8, f);
+    let (mut bl, _) = cluster(BalanceKind::ChBl, 8, 0.0);
+    // Home and the next three on the ring over b = 1.2; the fifth under it; the rest lighter.
+    for (pos, w) in order.iter().enumerate() {
+        let load = match pos {
+            0..=3 => 2.0,
+            4 => 1.0,
+            _ => 0.8,
+        };
+        set(&mut bl, *w, load);
+    }
+    // max_chain_len = 3 (paper §6.1, for CH-BL as for CH-RLU): home + 3 forwards are tried,
+    // then the least-loaded worker, not the fifth one on the ring.
+    let (w, how) = run(bl.route(secs(1), f));
+    assert_eq!(how, Placement::LeastLoaded);
+    assert!(order[5..].contains(&w), "{w:?} is not among the lightest");
+    // Within the limit it still forwards along the ring.
+    set(&mut bl, order[3], 1.0);
+    assert_eq!(
+        run(bl.route(secs(2), f)),
+        (order[3], Placement::Forwarded { hops: 3 })
+    );
+    // A longer chain reaches further.
+    let p = BalanceParams {
+        max_chain_len: 4,
+        ..Default::default()
+    };
+    let mut long = Balancer::new(BalanceKind::ChBl, p).unwrap();
+    for n in names(8) {
+        long.join(0, &n);
+    }
+    for (pos, w) in order.iter().enumerate() {
+        set(&mut long, *w, if pos <= 3 { 2.0 } else { 1.0 });
+    }
+    assert_eq!(
+        run(long.route(secs(1), f)),
+        (order[4], Placement::Forwarded { hops: 4 })
+    );
+    // CH-BL has no b_max: with every worker over it, the least-loaded still takes it.
+    for (i, w) in order.iter().enumerate() {
+        set(&mut bl, *w, 7.0 + i as f64);
+    }
+    assert_eq!(
+        run(bl.route(secs(3), f)),
+        (order[0], Placement::LeastLoaded)
+    );
+}
+
+#[test]
+fn lower_priority_pools_run_with_a_higher_b_max_by_default() {
+    let (mut b, _) = cluster(BalanceKind::KChRlu, 4, 0.2);
+    let info = |priority| FunctionInfo {
+        priority,
+        warm_us: Some(ms(10)),
+        cold_us: Some(ms(10_000)), // c/w = 1000: the bound is b_max itself
+        memory_mb: 128,
+    };
+    let (high, low) = (key(1), key(2));
+    b.register(0, high, info(1));
+    b.register(0, low, info(0));
+    let b_max: Vec<f64> = b.pools().iter().map(|p| p.b_max).collect();
+    assert_eq!(b_max, vec![6.0, 8.0], "the paper's 6, then one step higher");
+    assert_eq!(b.load_bound(high), Some(6.0));
+    assert_eq!(b.load_bound(low), Some(8.0));
+    // At load 7 everywhere a low-priority function stays home; a high one overflows.
+    let members: Vec<Vec<WorkerId>> = b.pools().iter().map(|p| p.members.clone()).collect();
+    for w in members.iter().flatten() {
+        set(&mut b, *w, 7.0);
+    }
+    assert_eq!(run(b.route(secs(1), low)).1, Placement::Home);
+    let (w, how) = run(b.route(secs(2), high));
+    assert!(members[1].contains(&w), "{how:?}");
+    assert!(matches!(how, Placement::Overflow { pool: 1, hops: 0 }));
+    // Explicit bounds and the step are configurable; bad ones are refused.
+    let p = BalanceParams {
+        pool_b_max_step: 0.0,
+        ..Default::default()
+    };
+    let mut flat = Balancer::new(BalanceKind::KChRlu, p).unwrap();
+    for n in names(4) {
+        flat.join(0, &n);
+    }
+    flat.register(0, high, info(1));
+    flat.register(0, low, info(0));
+    assert!(flat.pools().iter().all(|p| p.b_max == 6.0));
+    for bad in [-1.0, f64::NAN, 1e9] {
+        let p = BalanceParams {
+            pool_b_max_step: bad,
+            ..Default::default()
+        };
+        assert!(Balancer::new(BalanceKind::KChRlu, p).is_err(), "{bad}");
+    }
+}
+
+/// An OpenWhisk balancer over `n` workers, each reporting `memory_mb` of sandbox memory.
+fn openwhisk(n: usize, memory_mb: u64) -> (Balancer, Vec<WorkerId>) {
+    let mut b = Balancer::new(BalanceKind::OpenWhisk, BalanceParams::default()).unwrap();
+    let ids: Vec<WorkerId> = names(n).iter().map(|name| b.join(0, name)).collect();
+    for w in &ids {
+        b.report(
+            0,
+            *w,
+            WorkerLoad {
+                memory_mb,
+                ..Default::default()
+            },
+        );
+    }
+    (b, ids)
+}
+
+#[test]
+fn openwhisk_fills_the_home_then_probes_by_its_coprime_step_then_picks_at_random() {
+    // 8 workers: steps 1, 3, 5, 7; 1 GiB each: four 256 MiB invocations fill one.
+    let (mut b, ids) = openwhisk(8, 1024);
+    let f = key(5);
+    b.register(
+        0,
+        f,
+        FunctionInfo {
+            memory_mb: 256,
+            ..Default::default()
+        },
+    );
+    let home = (f.0 % 8) as usize;
+    let step = [1, 3, 5, 7][(f.0 % 4) as usize];
+    assert_eq!(b.home(f), Some(ids[home]));
+    let mut placed = Vec::new();
+    for i in 0..32 {
+        placed.push(run(b.route(secs(1) + i, f)));
+    }
+    // Four on each worker, in probe order: home, home + step, home + 2·step, …
+    for (probe, chunk) in placed.chunks(4).enumerate() {
+        let want = ids[(home + probe * step) % 8];
+        let how = if probe == 0 {
+            Placement::Home
+        } else {
+            Placement::Forwarded { hops: probe as u32 }
+        };
+        assert!(
+            chunk.iter().all(|p| *p == (want, how)),
+            "probe {probe}: {chunk:?}"
+        );
+    }
+    // Every slot taken: a random live worker, over its memory.
+    let mut random = BTreeSet::new();
+    for i in 0..64 {
+        let (w, how) = run(b.route(secs(2) + i, f));
+        assert_eq!(how, Placement::Random);
+        random.insert(w);
+    }
+    assert!(
+        random.len() >= 6,
+        "random over the live workers: {random:?}"
+    );
+    // Reported loads play no part; finished invocations free their slots.
+    let home_w = ids[home];
+    set(&mut b, home_w, 50.0);
+    b.finished(secs(3), home_w, f, Finished::Warm { exec_us: ms(5) });
+    assert_eq!(run(b.route(secs(3), f)), (home_w, Placement::Home));
+}
+
+#[test]
+fn openwhisk_skips_down_workers_without_moving_homes_and_sizes_unknown_functions() {
+    let (mut b, ids) = openwhisk(6, 512);
+    let f = key(9);
+    let home = ids[(f.0 % 6) as usize];
+    b.leave(secs(1), home);
+    let (w, how) = run(b.route(secs(1), f));
+    assert_ne!(w, home);
+    assert!(matches!(how, Placement::Forwarded { .. }), "{how:?}");
+    assert_eq!(
+        b.home(f),
+        Some(home),
+        "the home is the invoker index, up or not"
+    );
+    b.finished(secs(1), w, f, Finished::Failed);
+    b.join(secs(2), b.workers().name(home).to_string().as_str());
+    b.report(
+        secs(2),
+        home,
+        WorkerLoad {
+            memory_mb: 512,
+            ..Default::default()
+        },
+    );
+    // An unregistered function takes OpenWhisk's default 256 MiB: two fill 512 MiB.
+    let got: Vec<(WorkerId, Placement)> = (0..3).map(|i| run(b.route(secs(3) + i, f))).collect();
+    assert_eq!(got[0], (home, Placement::Home));
+    assert_eq!(got[1], (home, Placement::Home));
+    assert_ne!(got[2].0, home);
+    // A worker that never reported its memory has unlimited slots.
+    let mut unknown = Balancer::new(BalanceKind::OpenWhisk, BalanceParams::default()).unwrap();
+    let ids: Vec<WorkerId> = names(3).iter().map(|n| unknown.join(0, n)).collect();
+    let home = ids[(f.0 % 3) as usize];
+    for i in 0..100 {
+        assert_eq!(run(unknown.route(i, f)), (home, Placement::Home));
     }
 }

@@ -20,6 +20,10 @@ pub struct WorkerLoad {
     pub running: u32,
     #[serde(default)]
     pub free_mb: u64,
+    /// The worker's whole sandbox memory budget (0: not reported). OpenWhisk's balancer
+    /// divides it into memory slots.
+    #[serde(default)]
+    pub memory_mb: u64,
 }
 
 impl WorkerLoad {
@@ -39,6 +43,7 @@ impl WorkerLoad {
             queue_len,
             running,
             free_mb,
+            memory_mb: 0,
         }
     }
 }
@@ -69,6 +74,8 @@ pub struct WorkerState {
     pub heard_at: Micros,
     /// Invocations this balancer sent there that have not finished.
     pub in_flight: u32,
+    /// Their memory (MiB): OpenWhisk's memory slots in use.
+    pub in_flight_mb: u64,
 }
 
 /// Every worker ever seen, and which are up.
@@ -101,6 +108,7 @@ impl Workers {
             report: WorkerLoad::default(),
             heard_at: now,
             in_flight: 0,
+            in_flight_mb: 0,
         });
         self.by_name.insert(name.to_string(), id);
         self.live.push(id);
@@ -177,15 +185,31 @@ impl Workers {
             .collect()
     }
 
-    pub(crate) fn dispatched(&mut self, id: WorkerId) {
+    /// Every worker ever seen, up or not: OpenWhisk's invoker list, indexed by id.
+    pub fn count(&self) -> usize {
+        self.all.len()
+    }
+
+    /// Whether `memory_mb` more fits in the worker's memory slots (OpenWhisk's `tryAcquire`):
+    /// always while it has not reported its budget.
+    pub fn has_slots(&self, id: WorkerId, memory_mb: u64) -> bool {
+        self.all.get(id.0 as usize).is_some_and(|w| {
+            w.report.memory_mb == 0
+                || w.in_flight_mb.saturating_add(memory_mb) <= w.report.memory_mb
+        })
+    }
+
+    pub(crate) fn dispatched(&mut self, id: WorkerId, memory_mb: u64) {
         if let Some(w) = self.all.get_mut(id.0 as usize) {
             w.in_flight = w.in_flight.saturating_add(1);
+            w.in_flight_mb = w.in_flight_mb.saturating_add(memory_mb);
         }
     }
 
-    pub(crate) fn done(&mut self, id: WorkerId) {
+    pub(crate) fn done(&mut self, id: WorkerId, memory_mb: u64) {
         if let Some(w) = self.all.get_mut(id.0 as usize) {
             w.in_flight = w.in_flight.saturating_sub(1);
+            w.in_flight_mb = w.in_flight_mb.saturating_sub(memory_mb);
         }
     }
 }

@@ -18,7 +18,8 @@ pub enum QueueDiscipline {
     Sjf,
     /// Earliest effective deadline first: arrival + expected time.
     Eedf,
-    /// Rarest first: the highest inter-arrival time.
+    /// Rarest first: the highest inter-arrival time; a function with none yet (first seen)
+    /// is the most unexpected of all and goes first.
     Rare,
     /// Shortest remaining slack first: the latest time it can start and still meet its deadline.
     Srsf,
@@ -57,7 +58,13 @@ impl QueueDiscipline {
             QueueDiscipline::Fcfs => (arrival, 0),
             QueueDiscipline::Sjf => (expected, 0),
             QueueDiscipline::Eedf => (arrival + expected, 0),
-            QueueDiscipline::Rare => (-(k.iat_us as i64), 0),
+            // Thesis §5.3.2: "the most unexpected functions (i.e., functions with the highest
+            // IAT)". A function seen for the first time has no IAT (0 from the
+            // characteristics): it is infinitely unexpected, not the least.
+            QueueDiscipline::Rare => match k.iat_us {
+                IAT_UNKNOWN => (i64::MIN, 0),
+                iat => (-(iat.min(i64::MAX as u64) as i64), 0),
+            },
             QueueDiscipline::Srsf => match k.deadline_us {
                 Some(d) => (arrival + d as i64 - expected, expected),
                 None => (arrival + expected, expected),
@@ -85,13 +92,18 @@ impl std::str::FromStr for QueueDiscipline {
     }
 }
 
+/// `KeyInputs::iat_us` of a function with no inter-arrival time yet: what
+/// [`crate::characteristics::Characteristics::iat_us`] gives before the second arrival.
+pub const IAT_UNKNOWN: Micros = 0;
+
 /// What a discipline may look at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyInputs {
     pub arrival: Micros,
     /// Expected run time: warm time if a warm sandbox is expected to be free, else cold time.
     pub expected_us: Micros,
-    /// The function's inter-arrival time (moving average).
+    /// The function's inter-arrival time (moving average); [`IAT_UNKNOWN`] before its second
+    /// arrival.
     pub iat_us: Micros,
     /// The function's deadline relative to arrival, if it has one.
     pub deadline_us: Option<Micros>,
@@ -214,10 +226,11 @@ mod tests {
             order(QueueDiscipline::Eedf),
             ["new", "short", "mid", "rare", "long"]
         );
-        // Highest inter-arrival time first: 60 000, 5 000, 1 000, 50, 0.
+        // Never seen before first (no IAT: the most unexpected), then the highest
+        // inter-arrival time first: 60 000, 5 000, 1 000, 50.
         assert_eq!(
             order(QueueDiscipline::Rare),
-            ["rare", "mid", "long", "short", "new"]
+            ["new", "rare", "mid", "long", "short"]
         );
         // Latest start: short 10+100−20 = 90, rare 30+1000−200 = 830, mid 40+150−100 = 90 (tie
         // with short: less work first, so short (20) before mid (100)); without deadlines, EEDF
@@ -226,6 +239,23 @@ mod tests {
             order(QueueDiscipline::Srsf),
             ["new", "short", "mid", "rare", "long"]
         );
+    }
+
+    #[test]
+    fn rare_puts_every_unseen_function_first_in_arrival_order() {
+        let mut q = InvocationQueue::new(QueueDiscipline::Rare);
+        let k = |arrival, iat_ms: u64| KeyInputs {
+            arrival: ms(arrival),
+            expected_us: ms(10),
+            iat_us: ms(iat_ms),
+            deadline_us: None,
+        };
+        q.push(0, &k(0, 3_600_000), "hourly");
+        q.push(1, &k(1, 0), "first-a");
+        q.push(2, &k(2, 1), "every-ms");
+        q.push(3, &k(3, 0), "first-b");
+        let got: Vec<_> = std::iter::from_fn(|| q.pop().map(|(_, n)| n)).collect();
+        assert_eq!(got, ["first-a", "first-b", "hourly", "every-ms"]);
     }
 
     #[test]

@@ -171,6 +171,7 @@ impl SandboxPool {
         if let Some(e) = self.functions.get_mut(&fid) {
             e.cost_ms = init_us as f64 / 1000.0;
         }
+        self.policy.on_cost(fid, init_us);
         if self.policy.uses_function_facts() {
             self.reindex(fid);
         }

@@ -398,8 +398,11 @@ fn hist_unloads_a_regular_function_and_prewarms_it_before_its_next_arrival() {
         }
     }
     let end = last.unwrap();
-    // Every gap is 10 min (bucket 10): head = 10 min → pre-warm 0.9 × 10 = 9 min after the run;
-    // tail = the bucket's end, 11 min → keep-alive 1.1 × 11 = 12.1 min after the run.
+    // Every gap is 10 min (bucket 10): head = 10 min → pre-warm 0.9 × 10 = 9 min after the
+    // arrival; tail = the bucket's end, 11 min → keep-alive 1.1 × 11 = 12.1 min after it (the
+    // gaps are measured arrival to arrival, so the windows count from the arrival). No init
+    // time was learned (the pool's cost is 0), so the pre-warm starts at the window's head.
+    let arrived = end - secs(1);
     assert_eq!(p.idle_count("f"), 0, "unloaded right after the run");
     assert!(matches!(
         drain(&mut p).as_slice(),
@@ -408,16 +411,16 @@ fn hist_unloads_a_regular_function_and_prewarms_it_before_its_next_arrival() {
             ..
         }]
     ));
-    assert_eq!(p.next_timeout(), Some(end + 9 * MIN));
-    p.on_timeout(end + 9 * MIN);
+    assert_eq!(p.next_timeout(), Some(arrived + 9 * MIN));
+    p.on_timeout(arrived + 9 * MIN);
     let actions = drain(&mut p);
     let sb = match actions.as_slice() {
         [PoolAction::Prewarm { sandbox, function }] if &**function == "f" => *sandbox,
         other => panic!("expected one pre-warm, got {other:?}"),
     };
-    p.on_sandbox_ready(end + 9 * MIN + ms(80), sb);
+    p.on_sandbox_ready(arrived + 9 * MIN + ms(80), sb);
     assert_eq!(p.idle_count("f"), 1);
-    assert_eq!(p.next_timeout(), Some(end + 121 * MIN / 10));
+    assert_eq!(p.next_timeout(), Some(arrived + 121 * MIN / 10));
     // The next arrival at the usual time is warm.
     assert_eq!(
         p.acquire(end + 10 * MIN - secs(1), "f", 128),

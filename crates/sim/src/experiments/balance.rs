@@ -1,4 +1,5 @@
-//! `balance`: least-loaded, CH-BL, CH-RLU and the omniscient greedy policy on 1,000 random Azure
+//! `balance`: OpenWhisk's default balancer (the paper's "OW+GD" baseline: the workers keep
+//! GDSF), least-loaded, CH-BL, CH-RLU and the omniscient greedy policy on 1,000 random Azure
 //! functions (CH-RLU paper §6.3, Figs. 12–13), and the slowdown as the same 256 CPUs and 512 GiB
 //! are split into more, smaller servers (Fig. 14).
 //!
@@ -59,6 +60,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         TOTAL_MEMORY_GB / SERVERS as u64,
     );
     let policies: Vec<(&str, Routing)> = vec![
+        ("openwhisk", policy(BalanceKind::OpenWhisk)),
         ("least-loaded", policy(BalanceKind::LeastLoaded)),
         ("ch-bl", policy(BalanceKind::ChBl)),
         ("ch-rlu", policy(BalanceKind::ChRlu)),

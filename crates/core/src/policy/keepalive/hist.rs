@@ -1,7 +1,7 @@
 //! HIST, the hybrid histogram policy ([`crate::policy::hist`]): per function, a histogram of
 //! inter-arrival times decides whether a sandbox is unloaded after its run and pre-warmed before
 //! the next expected arrival, and how long it is kept; least recently used first under memory
-//! pressure.
+//! pressure. The function's init time (from the pool's cost) sets how early a pre-warm starts.
 
 use super::{
     FnId, FunctionFacts, IdleAfter, IdlePlan, KeepAliveKind, KeepAlivePolicy, SandboxFacts,
@@ -14,6 +14,8 @@ use crate::time::Micros;
 struct FunctionHistory {
     last_arrival: Option<Micros>,
     hist: IatHistogram,
+    /// How long a sandbox of it takes to start (its learned init time).
+    init_us: Micros,
     /// End of the current keep-alive window, and the scheduled pre-warm.
     keep_until: Option<Micros>,
     prewarm_at: Option<Micros>,
@@ -73,7 +75,8 @@ impl KeepAlivePolicy for Hist {
         match after {
             IdleAfter::Run => {
                 let h = history(&mut self.functions, function);
-                let plan = h.hist.plan(now, &self.config);
+                let last = h.last_arrival.unwrap_or(now);
+                let plan = h.hist.plan(now, last, h.init_us, &self.config);
                 h.keep_until = Some(plan.keep_until);
                 h.prewarm_at = plan.prewarm_at;
                 IdlePlan {
@@ -88,6 +91,10 @@ impl KeepAlivePolicy for Hist {
                 ..IdlePlan::default()
             },
         }
+    }
+
+    fn on_cost(&mut self, function: FnId, init_us: Micros) {
+        history(&mut self.functions, function).init_us = init_us;
     }
 
     fn take_prewarm(&mut self, now: Micros, function: FnId, at: Micros) -> bool {

@@ -186,6 +186,10 @@ pub trait KeepAlivePolicy: std::fmt::Debug + Send + Sync {
     /// An invocation of `function` arrived.
     fn on_arrival(&mut self, _now: Micros, _function: FnId) {}
 
+    /// The function's cold-start cost, its init time, is now `init_us` (HIST starts its
+    /// pre-warms that long before the sandbox is wanted).
+    fn on_cost(&mut self, _function: FnId, _init_us: Micros) {}
+
     /// A sandbox of `function` became idle at `now`: its keep-alive plan. By default none: a
     /// caching policy keeps an idle sandbox until its memory is needed.
     fn on_idle(&mut self, _now: Micros, _function: FnId, _after: IdleAfter) -> IdlePlan {
