@@ -29,7 +29,7 @@ fn window(n: usize, cpus: u32, load: f64, seed: u64) -> (Vec<String>, Vec<(u32, 
         let k = ((share * FUNCTIONS as f64).round() as usize).max(1);
         for _ in 0..k {
             let x: f64 = rng.gen();
-            means.push(((lo as f64).ln() + x * (hi / lo).ln()).exp());
+            means.push((lo.ln() + x * (hi / lo).ln()).exp());
         }
     }
     let names: Vec<String> = (0..means.len()).map(|i| format!("fn-{i:02}")).collect();
@@ -77,7 +77,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Times one window's training `rounds` times on `cpus` CPUs; prints medians.
 pub fn run(cpus: u32, window_s: u64, rounds: usize, as_json: bool) -> Result<()> {
-    if !(1..=4096).contains(&cpus) || !(1..=30).contains(&window_s) || !(1..=10_000).contains(&rounds)
+    if !(1..=4096).contains(&cpus)
+        || !(1..=30).contains(&window_s)
+        || !(1..=10_000).contains(&rounds)
     {
         bail!("--cpus must be 1–4096, --window-s 1–30 and --rounds 1–10000");
     }

@@ -306,7 +306,8 @@ impl SimArgs {
             proactive_share: self.proactive_share,
             cpu: {
                 let mut cpu = CpuConfig::new(self.cpu_sched);
-                cpu.params.switch_cost_us = self.switch_cost.as_micros().min(u128::from(u64::MAX)) as u64;
+                cpu.params.switch_cost_us =
+                    self.switch_cost.as_micros().min(u128::from(u64::MAX)) as u64;
                 cpu
             },
             work_spread: self.work_spread,

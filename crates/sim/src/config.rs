@@ -203,7 +203,9 @@ impl SimConfig {
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^= z >> 31;
         let u = (z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
-        (warm_us as f64 * (1.0 + self.work_spread * u)).round().max(1.0) as Micros
+        (warm_us as f64 * (1.0 + self.work_spread * u))
+            .round()
+            .max(1.0) as Micros
     }
 
     /// Each worker's proactive pool (MiB): the share of memory under a proactive Atoll rung,

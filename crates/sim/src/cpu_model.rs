@@ -210,9 +210,7 @@ impl CpuModel {
     /// The SFS or ALPS frontend (None under the others).
     pub fn frontend(&self) -> Option<&CpuScheduler> {
         match self {
-            CpuModel::Quantum(q) if q.frontend().kind() != CpuSchedKind::Cfs => {
-                Some(q.frontend())
-            }
+            CpuModel::Quantum(q) if q.frontend().kind() != CpuSchedKind::Cfs => Some(q.frontend()),
             _ => None,
         }
     }

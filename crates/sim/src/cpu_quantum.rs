@@ -269,8 +269,8 @@ impl QuantumCpu {
             return Some(self.now);
         }
         let cpu = self.events.peek().map(|Reverse((t, _, _))| *t);
-        let tick = (self.live > 0 && self.discipline == Discipline::Frontend)
-            .then_some(self.next_tick);
+        let tick =
+            (self.live > 0 && self.discipline == Discipline::Frontend).then_some(self.next_tick);
         match (cpu, tick) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -325,7 +325,7 @@ impl QuantumCpu {
             let cpu = self.events.peek().map(|Reverse((t, c, _))| (*t, *c));
             let tick = (self.discipline == Discipline::Frontend).then_some(self.next_tick);
             match (cpu, tick) {
-                (Some((t, c)), tk) if t <= now && tk.map_or(true, |tk| t <= tk) => {
+                (Some((t, c)), tk) if t <= now && tk.is_none_or(|tk| t <= tk) => {
                     self.events.pop();
                     self.now = self.now.max(t);
                     self.cpu_event(c, t);
@@ -609,7 +609,7 @@ impl QuantumCpu {
             match running.level {
                 Level::Fair => {
                     let cand = (running.vruntime + ran, Reverse(c as u32));
-                    if fair_victim.map_or(true, |v| cand > v) {
+                    if fair_victim.is_none_or(|v| cand > v) {
                         fair_victim = Some(cand);
                     }
                 }
@@ -619,7 +619,7 @@ impl QuantumCpu {
                     } else {
                         running.key
                     };
-                    if prio_victim.map_or(true, |(pk, _)| k > pk) {
+                    if prio_victim.is_none_or(|(pk, _)| k > pk) {
                         prio_victim = Some((k, c as u32));
                     }
                 }
@@ -659,7 +659,11 @@ impl QuantumCpu {
         if !self.priority.is_empty() {
             for cpu in &self.cpus {
                 let j = cpu.job.expect("busy");
-                assert_eq!(self.job(j).level, Level::Priority, "fair runs, priority waits");
+                assert_eq!(
+                    self.job(j).level,
+                    Level::Priority,
+                    "fair runs, priority waits"
+                );
             }
         }
         let running = self.cpus.iter().filter(|c| c.job.is_some()).count();
@@ -879,7 +883,9 @@ mod tests {
             let mut ends = Vec::new();
             let mut t = 0;
             for id in 0..3_000u32 {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 t += (x >> 40) % 9_000;
                 // Collect what ended before this arrival, as the simulator does.
                 while let Some(e) = q.next_event().filter(|&e| e <= t) {
@@ -888,7 +894,11 @@ mod tests {
                     }
                     q.check();
                 }
-                let w = if (x >> 20) % 4 == 0 { 60_000 } else { 2_000 + (x >> 33) % 8_000 };
+                let w = if (x >> 20).is_multiple_of(4) {
+                    60_000
+                } else {
+                    2_000 + (x >> 33) % 8_000
+                };
                 let f = if w > 20_000 { LONG } else { SHORT };
                 q.enter(t, id, w, f);
                 q.check();
@@ -900,7 +910,10 @@ mod tests {
             let mut seen = std::collections::HashSet::new();
             for (j, e) in &ends {
                 assert!(seen.insert(*j), "{d:?}: job {j} ended twice");
-                assert!(*e >= entered[j] + work[j], "{d:?}: job {j} ran faster than its work");
+                assert!(
+                    *e >= entered[j] + work[j],
+                    "{d:?}: job {j} ran faster than its work"
+                );
             }
             let total: u128 = work.values().map(|&w| u128::from(w)).sum();
             assert_eq!(q.stats().busy_us, total, "{d:?}: busy time is the work");

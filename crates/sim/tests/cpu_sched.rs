@@ -32,7 +32,11 @@ fn run(w: &Workload, c: &SimConfig) -> (Vec<(u32, u64)>, hearth_sim::SimStats) {
             panic!("{:?}: not completed: {r:?}", c.cpu.sched);
         };
         let work = c.work_us(r.id, w.function(r.function).warm_us);
-        assert!(exec_us >= work, "{:?}: faster than its work: {r:?}", c.cpu.sched);
+        assert!(
+            exec_us >= work,
+            "{:?}: faster than its work: {r:?}",
+            c.cpu.sched
+        );
         execs.push((r.function, exec_us));
     }
     assert!(seen.iter().all(|n| *n == 1), "each invocation ends once");

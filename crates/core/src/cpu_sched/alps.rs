@@ -25,6 +25,8 @@ pub struct Alps {
     next_train_at: Micros,
     /// The last training's policies.
     policies: HashMap<Box<str>, Learned>,
+    /// The median tsᵘ of the last training: the slice of a function it did not see.
+    unseen_us: f64,
     /// Eq. 3's p at the latest tick (1 with `overload` off).
     penalty: f64,
     trainings: u64,
@@ -49,6 +51,7 @@ impl Alps {
             window_from: 0,
             next_train_at,
             policies: HashMap::new(),
+            unseen_us: 0.0,
             penalty: 1.0,
             trainings: 0,
         })
@@ -130,6 +133,12 @@ impl Alps {
                 }
             }
             out.mean_wait_us = wait / invocations as f64;
+            let mut tuned: Vec<f64> = self.policies.values().map(|l| l.tuned_us).collect();
+            tuned.sort_by(f64::total_cmp);
+            self.unseen_us = tuned
+                .get(tuned.len().saturating_sub(1) / 2)
+                .copied()
+                .unwrap_or(0.0);
             self.trainings += 1;
         }
         self.window.clear();
@@ -140,22 +149,21 @@ impl Alps {
     }
 
     /// What an invocation of `function` starting now gets: its learned rank and its slice after
-    /// Eq. 3 at the latest utilization; a function the last window did not see gets the neutral
-    /// rank and no slice (fair sharing).
+    /// Eq. 3 at the latest utilization. A function the last window did not see gets the neutral
+    /// rank and the median of the learned slices (a typical function's, neither favoured nor
+    /// left behind every learned one); before the first training, no slice (fair sharing).
     pub fn policy_for(&self, function: &str) -> Slice {
-        let Some(l) = self.policies.get(function) else {
-            return Slice {
-                rank: self.config.neutral_rank,
-                slice_us: 0,
-            };
+        let (rank, tuned) = match self.policies.get(function) {
+            Some(l) => (l.rank, l.tuned_us),
+            None => (self.config.neutral_rank, self.unseen_us),
         };
         let slice = if self.config.overload {
-            learn::overload(l.tuned_us, self.penalty)
+            learn::overload(tuned, self.penalty)
         } else {
-            l.tuned_us
+            tuned
         };
         Slice {
-            rank: l.rank,
+            rank,
             slice_us: slice.round() as Micros,
         }
     }

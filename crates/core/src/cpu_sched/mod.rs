@@ -13,7 +13,8 @@
 //!   functions onto ranks 1–100, and its time slices, which train its slice (Eq. 1: average,
 //!   EWMA or linear regression) and are fine-tuned by Eq. 2 (α·ts − β·stdev). Eq. 3's overload
 //!   penalty follows the utilization handed to every tick. Both fine-tunings can be switched
-//!   off (§7.4's ablation).
+//!   off (§7.4's ablation). A function the last window did not see gets the neutral rank and
+//!   the median learned slice.
 //! * [`Sfs`]: one FIFO slice for all functions, fixed or adapted to the arrival rate.
 //! * [`CpuScheduler`]: `cfs` (no priority), `sfs` or `alps` behind one interface, chosen by
 //!   [`CpuSchedConfig::kind`].
@@ -38,7 +39,8 @@
 //! let (short, long) = (sched.policy_for("short"), sched.policy_for("long"));
 //! assert!(short.rank < long.rank);
 //! assert!(short.slice_us > 0);
-//! assert_eq!(sched.policy_for("unseen").slice_us, 0);
+//! // A function the window did not see: the neutral rank, a typical (median) slice.
+//! assert_eq!(sched.policy_for("unseen").rank, hearth_core::cpu_sched::NEUTRAL_RANK);
 //! ```
 
 mod alps;

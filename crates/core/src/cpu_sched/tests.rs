@@ -50,7 +50,14 @@ fn alps_trains_once_per_window_and_answers_from_the_last_one() {
             slice_us: 6_000
         }
     );
-    assert_eq!(a.policy_for("other"), Slice::FAIR);
+    // An unseen function: the neutral rank, the lower median of the learned slices.
+    assert_eq!(
+        a.policy_for("other"),
+        Slice {
+            rank: NEUTRAL_RANK,
+            slice_us: 4_000
+        }
+    );
     // An empty window keeps what the last one taught.
     let t = a.tick(10_000_000, 10.0).unwrap();
     assert_eq!(t.invocations, 0);
@@ -61,7 +68,8 @@ fn alps_trains_once_per_window_and_answers_from_the_last_one() {
         a.completed(done("short", 10_000_000 + k * 10_000, 2_000));
     }
     assert!(a.tick(15_000_000, 10.0).is_some());
-    assert_eq!(a.policy_for("long"), Slice::FAIR);
+    assert_eq!(a.policy_for("long").rank, NEUTRAL_RANK);
+    assert_eq!(a.policy_for("long").slice_us, 4_000);
     assert_eq!(a.policies(), 1);
 }
 
@@ -148,7 +156,8 @@ fn the_window_is_bounded() {
     a.completed(done("b", 6, 10)); // window full
     let t = a.tick(5_000_000, 0.0).unwrap();
     assert_eq!((t.invocations, t.functions, t.ignored), (3, 2, 3));
-    assert_eq!(a.policy_for("c"), Slice::FAIR);
+    assert!(a.learned("c").is_none());
+    assert_eq!(a.policy_for("c").rank, NEUTRAL_RANK);
 }
 
 #[test]
