@@ -9,7 +9,8 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct ExperimentArgs {
-    /// keepalive, balance, queue, priority, atoll; or fidelity (compares --real with --sim).
+    /// keepalive, balance, queue, priority, atoll, alps; or fidelity (compares --real with
+    /// --sim).
     name: String,
     /// The shared traces folder.
     #[arg(long, default_value = "../shared/traces")]

@@ -1,5 +1,6 @@
 //! The `hearth` command line: client commands, benchmarks and the server entry points.
 
+pub mod alps_bench;
 pub mod auth_bench;
 pub mod bench;
 pub mod client;

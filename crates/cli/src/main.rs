@@ -306,6 +306,19 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Cost of one ALPS training: a busy worker's window through the SRPT simulation and the
+    /// policy learning (no server needed).
+    Alps {
+        #[arg(long, default_value_t = 16)]
+        cpus: u32,
+        /// The window W in seconds.
+        #[arg(long, default_value_t = 5)]
+        window_s: u64,
+        #[arg(long, default_value_t = 21)]
+        rounds: usize,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -725,6 +738,12 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
             checks,
             json: as_json,
         } => hearth_cli::auth_bench::run(checks, as_json),
+        BenchCommand::Alps {
+            cpus,
+            window_s,
+            rounds,
+            json: as_json,
+        } => hearth_cli::alps_bench::run(cpus, window_s, rounds, as_json),
         BenchCommand::Async {
             url,
             n,

@@ -11,7 +11,7 @@ use hearth_core::{
 use hearth_loadgen::{metadata, Metadata, Trace};
 use hearth_sim::config::ATOLL_TTL_US;
 use hearth_sim::record::Tee;
-use hearth_sim::{CsvSink, Record, Routing, SimConfig, Sink, Workload};
+use hearth_sim::{CpuConfig, CpuSched, CsvSink, Record, Routing, SimConfig, Sink, Workload};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -116,6 +116,17 @@ pub struct SimArgs {
     /// (rate × warm time), as `hearth load trace --prewarm` does.
     #[arg(long)]
     prewarm: bool,
+    /// Each worker's CPU model: ps (processor sharing, the default), or a time-sliced
+    /// scheduler: cfs, fifo, srpt (an oracle), sfs or alps (docs/alps.md).
+    #[arg(long, default_value = "ps")]
+    cpu_sched: CpuSched,
+    /// CPU time one context switch costs under the time-sliced schedulers.
+    #[arg(long, default_value = "0us", value_parser = humantime::parse_duration)]
+    switch_cost: Duration,
+    /// Spread of each invocation's CPU work around its function's warm time (0 to 0.9: each
+    /// takes warm × (1 ± up to this), drawn per invocation from --seed).
+    #[arg(long, default_value_t = 0.0)]
+    work_spread: f64,
 }
 
 /// A routing policy by name: one of the controller's, or the simulator's greedy baseline.
@@ -293,6 +304,14 @@ impl SimArgs {
             },
             generic_create_us: self.generic_create.as_micros() as u64,
             proactive_share: self.proactive_share,
+            cpu: {
+                let mut cpu = CpuConfig::new(self.cpu_sched);
+                cpu.params.switch_cost_us =
+                    self.switch_cost.as_micros().min(u128::from(u64::MAX)) as u64;
+                cpu
+            },
+            work_spread: self.work_spread,
+            work_seed: self.seed,
         })
     }
 }
@@ -404,6 +423,16 @@ pub fn run(a: SimArgs) -> Result<()> {
                 s.skipped
             );
         }
+    }
+    if config.cpu.sched != CpuSched::Ps {
+        println!(
+            "cpu {}: {} context switches ({:.2} per invocation), {} preemptions, {} demotions to fair sharing",
+            config.cpu.sched,
+            stats.context_switches,
+            stats.context_switches as f64 / stats.completed.max(1) as f64,
+            stats.preemptions,
+            stats.demotions
+        );
     }
     println!(
         "virtual time {span_s:.1} s in {sim_s:.2} s of wall time ({:.0} invocations/s, {:.0}× real time; reading the trace took {read_s:.2} s)",

@@ -110,6 +110,7 @@
 pub mod balance;
 pub mod bypass;
 pub mod characteristics;
+pub mod cpu_sched;
 pub mod engine;
 pub mod load;
 pub mod policy;

@@ -1,6 +1,7 @@
 //! What a simulation is configured with: the cluster, each worker's engine, the balancer and the
 //! model's own parameters.
 
+use crate::cpu_model::CpuConfig;
 use crate::error::{Result, SimError};
 use hearth_core::balance::{BalanceKind, BalanceParams};
 use hearth_core::bypass::BypassConfig;
@@ -80,6 +81,13 @@ pub struct SimConfig {
     /// Share of each worker's memory reserved for Atoll's proactive pool when the routing is
     /// Atoll with a proactive rung (GDPI, Atoll, D-Atoll); 0 otherwise.
     pub proactive_share: f64,
+    /// Each worker's CPU model: processor sharing (the default) or a time-sliced scheduler.
+    pub cpu: CpuConfig,
+    /// Spread of each invocation's CPU work around its function's warm time: the work is
+    /// `warm × (1 + work_spread × u)`, u uniform in [−1, 1) drawn per invocation from
+    /// `work_seed` and its id (0: every invocation takes exactly the warm time).
+    pub work_spread: f64,
+    pub work_seed: u64,
 }
 
 /// Atoll's keep-alive for reactive sandboxes (Table 1: 15 minutes).
@@ -111,6 +119,9 @@ impl Default for SimConfig {
             generic: GenericConfig::OFF,
             generic_create_us: GENERIC_CREATE_US,
             proactive_share: PROACTIVE_SHARE,
+            cpu: CpuConfig::default(),
+            work_spread: 0.0,
+            work_seed: 0,
         }
     }
 }
@@ -151,7 +162,10 @@ impl SimConfig {
             }
             Routing::Greedy => {}
         }
-        Ok(())
+        if !(self.work_spread.is_finite() && (0.0..=0.9).contains(&self.work_spread)) {
+            return bad("the work spread must be between 0 and 0.9");
+        }
+        self.cpu.check()
     }
 
     /// A cluster of `workers` workers of `cpus` CPUs and `memory_mb` each set up as Atoll's
@@ -173,6 +187,25 @@ impl SimConfig {
             routing: Routing::Atoll(atoll),
             ..SimConfig::default()
         }
+    }
+
+    /// The CPU work of invocation `id` of a function whose warm time is `warm_us` (see
+    /// [`SimConfig::work_spread`]); deterministic, so an experiment can recompute it.
+    pub fn work_us(&self, id: u32, warm_us: Micros) -> Micros {
+        if self.work_spread == 0.0 {
+            return warm_us;
+        }
+        // SplitMix64 of (seed, id): one well-mixed draw per invocation, no state.
+        let mut z = self
+            .work_seed
+            .wrapping_add(u64::from(id).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let u = (z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+        (warm_us as f64 * (1.0 + self.work_spread * u))
+            .round()
+            .max(1.0) as Micros
     }
 
     /// Each worker's proactive pool (MiB): the share of memory under a proactive Atoll rung,

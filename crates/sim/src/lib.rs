@@ -13,6 +13,8 @@
 
 pub mod config;
 pub mod cpu;
+pub mod cpu_model;
+pub mod cpu_quantum;
 mod error;
 pub mod events;
 pub mod experiments;
@@ -22,6 +24,8 @@ pub mod simulation;
 pub mod workload;
 
 pub use config::{Routing, SimConfig};
+pub use cpu_model::{CpuConfig, CpuModel, CpuSched};
+pub use cpu_quantum::{CpuStats, QuantumParams};
 pub use error::{Result, SimError};
 pub use record::{Collect, CsvSink, End, Record, Refusal, Sink};
 pub use simulation::{simulate, SimStats, SimWorker, Simulation};

@@ -1,11 +1,12 @@
 //! The discrete-event loop: a virtual clock, one event queue, N simulated workers (each the
-//! real [`WorkerEngine`] plus a processor-sharing CPU model) and one router in front.
+//! real [`WorkerEngine`] plus a CPU model: processor sharing, or a time-sliced scheduler) and one
+//! router in front.
 //!
 //! Nothing here sleeps, spawns or reads a clock; the run is a pure function of the workload and
 //! the configuration, so the same inputs give the same records in the same order.
 
 use crate::config::{Routing, SimConfig};
-use crate::cpu::ProcessorSharing;
+use crate::cpu_model::CpuModel;
 use crate::error::{Result, SimError};
 use crate::events::{EventQueue, Kind};
 use crate::record::{worker_name, End, Record, Refusal, Sink};
@@ -25,7 +26,7 @@ use std::sync::Arc;
 pub struct SimWorker {
     /// The same state machine the real worker drives ([`hearth_core::WorkerEngine`]).
     pub engine: WorkerEngine,
-    pub cpu: ProcessorSharing,
+    pub cpu: CpuModel,
     /// The workload index of each invocation waiting in the engine's queue.
     waiting: HashMap<InvocationId, u32>,
     /// The pending CPU and timer events (earlier ones are stale and skipped).
@@ -103,6 +104,12 @@ pub struct SimStats {
     pub proactive_mismatched: u64,
     /// Atoll's own counters (routing, scaling, the allocator's actions) at the end.
     pub atoll: Option<hearth_core::proactive::AtollStats>,
+    /// Time-sliced CPU models, all workers together: context switches (a job put on a CPU that
+    /// last ran another), preemptions, and demotions from a priority slice to fair sharing.
+    /// Zero under processor sharing, which has none.
+    pub context_switches: u64,
+    pub preemptions: u64,
+    pub demotions: u64,
 }
 
 /// A simulation in progress.
@@ -143,15 +150,18 @@ impl<'a> Simulation<'a> {
             )?,
             other => Router::new(other, config.workers, worker_name, workload)?,
         };
+        let names: Arc<[Arc<str>]> = workload.functions.iter().map(|f| f.name.clone()).collect();
         let workers = (0..config.workers)
-            .map(|_| SimWorker {
-                engine: WorkerEngine::new(config.engine()),
-                cpu: ProcessorSharing::new(config.cpus),
-                waiting: HashMap::new(),
-                cpu_event_at: None,
-                timer_at: None,
+            .map(|_| {
+                Ok(SimWorker {
+                    engine: WorkerEngine::new(config.engine()),
+                    cpu: CpuModel::new(&config.cpu, config.cpus, &names)?,
+                    waiting: HashMap::new(),
+                    cpu_event_at: None,
+                    timer_at: None,
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         let mut events = EventQueue::default();
         // Pushes are spread over the interval, as independent workers' would be.
         let n = config.workers as u64;
@@ -268,6 +278,12 @@ impl<'a> Simulation<'a> {
         }
         self.stats.invocations = arrivals as u64;
         self.stats.atoll = self.router.atoll().map(|a| *a.stats());
+        for w in &self.workers {
+            let c = w.cpu.stats();
+            self.stats.context_switches += c.switches;
+            self.stats.preemptions += c.preemptions;
+            self.stats.demotions += c.demotions;
+        }
         Ok(self.stats.clone())
     }
 
@@ -399,11 +415,10 @@ impl<'a> Simulation<'a> {
         };
         j.cpu_from = self.now;
         let (w, id) = (j.worker as usize, j.id);
-        let f = self
-            .workload
-            .function(self.workload.arrivals[id as usize].function);
-        let (work, timeout) = (f.warm_us, f.timeout_us);
-        self.workers[w].cpu.enter(self.now, job, work);
+        let function = self.workload.arrivals[id as usize].function;
+        let f = self.workload.function(function);
+        let (work, timeout) = (self.config.work_us(id, f.warm_us), f.timeout_us);
+        self.workers[w].cpu.enter(self.now, job, work, function);
         // Functions without a timeout pay nothing; with one, one event that is stale (skipped) if
         // the execution ends in time.
         if let Some(t) = timeout {

@@ -83,6 +83,9 @@ fn every_experiment_writes_its_table_and_figures() {
         if e == Experiment::Atoll {
             check_atoll(&json);
         }
+        if e == Experiment::Alps {
+            check_alps(&json);
+        }
     }
 }
 
@@ -132,6 +135,35 @@ fn check_atoll(json: &serde_json::Value) {
             );
         }
     }
+}
+
+/// ALPS' JSON has every scheduler on both workloads with durations and context switches,
+/// the four ablation configurations and each sensitivity sweep.
+fn check_alps(json: &serde_json::Value) {
+    let runs = json["runs"].as_array().unwrap();
+    for w in ["huawei-like", "azure-like"] {
+        let scheds: Vec<&str> = runs
+            .iter()
+            .filter(|r| r["workload"] == w)
+            .map(|r| r["scheduler"].as_str().unwrap())
+            .collect();
+        assert_eq!(scheds, ["cfs", "sfs", "alps", "srpt", "ps"], "{w}");
+    }
+    for r in runs {
+        assert!(r["n"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["mean_ms"].as_f64().unwrap() > 0.0, "{r}");
+        let switches = r["context_switches"].as_u64().unwrap();
+        assert_eq!(switches == 0, r["scheduler"] == "ps", "{r}");
+    }
+    assert_eq!(json["ablation"].as_array().unwrap().len(), 8);
+    let params: std::collections::BTreeSet<&str> = json["sensitivity"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["parameter"].as_str().unwrap())
+        .collect();
+    assert_eq!(params.len(), 5, "{params:?}");
+    assert_eq!(json["headline"].as_array().unwrap().len(), 2);
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! Every workload is made with the load generator's trace making (seeded), every simulation is
 //! deterministic, so an experiment's output depends only on its options.
 
+mod alps;
 pub mod atoll;
 mod balance;
 pub mod fidelity;
@@ -37,15 +38,18 @@ pub enum Experiment {
     Priority,
     /// Atoll's ladder, eviction, scale-out and overhead studies (SoCC '21 Figs. 7, 11, 12a).
     Atoll,
+    /// CPU scheduling of invocations: CFS, SFS, ALPS, SRPT (ALPS, ATC '24, Figs. 5–7, 9, §7.5).
+    Alps,
 }
 
 impl Experiment {
-    pub const ALL: [Experiment; 5] = [
+    pub const ALL: [Experiment; 6] = [
         Experiment::Keepalive,
         Experiment::Balance,
         Experiment::Queue,
         Experiment::Priority,
         Experiment::Atoll,
+        Experiment::Alps,
     ];
 
     pub fn name(self) -> &'static str {
@@ -55,6 +59,7 @@ impl Experiment {
             Experiment::Queue => "queue",
             Experiment::Priority => "priority",
             Experiment::Atoll => "atoll",
+            Experiment::Alps => "alps",
         }
     }
 }
@@ -66,7 +71,7 @@ impl std::str::FromStr for Experiment {
             .into_iter()
             .find(|e| e.name() == s)
             .ok_or_else(|| {
-                format!("unknown experiment {s:?} (expected keepalive, balance, queue, priority or atoll)")
+                format!("unknown experiment {s:?} (expected keepalive, balance, queue, priority, atoll or alps)")
             })
     }
 }
@@ -105,6 +110,7 @@ pub fn run(e: Experiment, o: &Options) -> Result<Report> {
         Experiment::Queue => queue::run(o)?,
         Experiment::Priority => priority::run(o)?,
         Experiment::Atoll => atoll::run(o)?,
+        Experiment::Alps => alps::run(o)?,
     };
     let md = o.out.join("results.md");
     write(&md, &markdown)?;
