@@ -347,11 +347,11 @@ async fn spinning_invocations_are_demoted_once_their_slice_is_used() {
     );
     assert!(metric(&m, "hearth_cpu_sched_boosts_total").unwrap_or(0.0) >= 2.0);
     let before: Vec<u64> = sandboxes(&id).iter().map(|c| usage(&id, c)).collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let after: Vec<u64> = sandboxes(&id).iter().map(|c| usage(&id, c)).collect();
     assert!(
         before.iter().zip(&after).all(|(b, a)| a > b),
-        "demoted sandboxes keep running when nothing else wants the CPU"
+        "demoted sandboxes keep running when no boosted one wants the CPU: {before:?} {after:?}"
     );
     for h in spinners {
         h.abort();
@@ -632,8 +632,34 @@ async fn a_killed_worker_leaves_nothing_raised_and_a_restart_cleans_up() {
     worker.shutdown(Duration::from_secs(5)).await;
 }
 
+/// A setting of the measurement from the environment.
+fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// CPU time (user + system, clock ticks) of this process's thread named `name`.
+fn thread_ticks(name: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .filter(|s| s.contains(&format!("({name})")))
+        .filter_map(|s| {
+            let f: Vec<&str> = s.rsplit_once(") ")?.1.split_whitespace().collect();
+            Some(f.get(14 - 3)?.parse::<u64>().ok()? + f.get(15 - 3)?.parse::<u64>().ok()?)
+        })
+        .sum()
+}
+
 /// Measurement, not a test: a short CPU-bound function's latency alone and beside spinning
-/// functions under cfs and sfs. Prints a table.
+/// functions under cfs and sfs. Prints a table. `HEARTH_MEASURE_N` calls (30) of
+/// float_operation with `HEARTH_MEASURE_WORK` iterations (20000), beside
+/// `HEARTH_MEASURE_SPINNERS` spinners (4), slice `HEARTH_MEASURE_SLICE_MS` (the default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement (minutes); run with --ignored --nocapture"]
 async fn measure_short_function_beside_spinners() {
@@ -641,22 +667,24 @@ async fn measure_short_function_beside_spinners() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let n: u64 = std::env::var("HEARTH_MEASURE_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
-    let spinners: usize = std::env::var("HEARTH_MEASURE_SPINNERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4);
-    println!("# float_operation n=20000, {n} calls one after another, beside {spinners} spinning `busy` (1 CPU each)");
+    let n: usize = env_or("HEARTH_MEASURE_N", 30);
+    let work: u64 = env_or("HEARTH_MEASURE_WORK", 20_000);
+    let spinners: usize = env_or("HEARTH_MEASURE_SPINNERS", 4);
+    let slice_ms: u64 = env_or(
+        "HEARTH_MEASURE_SLICE_MS",
+        hearth_worker::cpu_sched::DEFAULT_SFS_SLICE_MS,
+    );
     println!(
-        "{:<6} {:<9} {:>8} {:>8} {:>8} {:>8}",
+        "# float_operation n={work}, {n} calls one after another (20 ms apart), beside \
+         {spinners} spinning `busy` (1 CPU each); sfs slice {slice_ms} ms; times in ms"
+    );
+    println!(
+        "{:<6} {:<9} {:>8} {:>8} {:>8} {:>9}",
         "sched", "spinners", "e2e p50", "e2e p90", "e2e max", "exec p50"
     );
     for kind in [CpuSchedKind::Cfs, CpuSchedKind::Sfs] {
         let id = worker_id();
-        let (w, _reaper) = runc_worker(&id, kind, measure_slice_ms()).await;
+        let (w, _reaper) = runc_worker(&id, kind, slice_ms).await;
         register_spinner(&w, 1.0).await;
         w.register(
             "fo",
@@ -665,6 +693,8 @@ async fn measure_short_function_beside_spinners() {
         )
         .await;
         w.invoke("fo").await;
+        let enforcer_before = thread_ticks("hearth-cpu-sche");
+        let started = Instant::now();
         for with in [0, spinners] {
             let handles = start_spinners(&w, with);
             if with > 0 {
@@ -683,7 +713,7 @@ async fn measure_short_function_beside_spinners() {
                     .call(
                         Method::POST,
                         "/v1/functions/fo/invoke",
-                        json!({"n": 20_000}),
+                        json!({ "n": work }),
                     )
                     .await;
                 assert_eq!(s, StatusCode::OK, "{v}");
@@ -695,7 +725,7 @@ async fn measure_short_function_beside_spinners() {
             exec.sort_unstable();
             let p = |v: &[u64], q: usize| v[(v.len() - 1) * q / 100] as f64 / 1000.0;
             println!(
-                "{:<6} {:<9} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
+                "{:<6} {:<9} {:>8.1} {:>8.1} {:>8.1} {:>9.1}",
                 kind.name(),
                 with,
                 p(&e2e, 50),
@@ -708,26 +738,23 @@ async fn measure_short_function_beside_spinners() {
                 let _ = h.await;
             }
         }
-        let m = metrics(&w).await;
         if kind != CpuSchedKind::Cfs {
+            let m = metrics(&w).await;
+            let get = |k: &str| metric(&m, k).unwrap_or(0.0);
+            let expired = get("hearth_cpu_slice_overshoot_seconds_count");
+            let ticks = thread_ticks("hearth-cpu-sche").saturating_sub(enforcer_before);
             println!(
-                "  boosts {:?}, expired {:?}, cgroup writes {:?}, usage reads {:?}, overshoot sum {:?} s / count {:?}",
-                metric(&m, "hearth_cpu_sched_boosts_total"),
-                metric(&m, "hearth_cpu_sched_slices_expired_total"),
-                metric(&m, "hearth_cpu_sched_cgroup_writes_total"),
-                metric(&m, "hearth_cpu_sched_usage_reads_total"),
-                metric(&m, "hearth_cpu_slice_overshoot_seconds_sum"),
-                metric(&m, "hearth_cpu_slice_overshoot_seconds_count"),
+                "  {} boosts, {} expired (overshoot mean {:.0} µs), {} cgroup writes, {} usage \
+                 reads; enforcer thread CPU {:.0} ms over {:.1} s",
+                get("hearth_cpu_sched_boosts_total"),
+                get("hearth_cpu_sched_slices_expired_total"),
+                get("hearth_cpu_slice_overshoot_seconds_sum") * 1e6 / expired.max(1.0),
+                get("hearth_cpu_sched_cgroup_writes_total"),
+                get("hearth_cpu_sched_usage_reads_total"),
+                ticks as f64 * 1000.0 / 100.0,
+                started.elapsed().as_secs_f64(),
             );
         }
         w.worker.shutdown(Duration::from_secs(5)).await;
     }
-}
-
-/// The sfs slice of the measurement (`HEARTH_MEASURE_SLICE_MS`, else the default).
-fn measure_slice_ms() -> u64 {
-    std::env::var("HEARTH_MEASURE_SLICE_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(hearth_worker::cpu_sched::DEFAULT_SFS_SLICE_MS)
 }

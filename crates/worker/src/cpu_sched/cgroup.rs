@@ -142,6 +142,15 @@ impl SandboxCpu {
     }
 }
 
+/// Whether this host has what the enforcement writes and reads: cgroup v1 `cpu` with
+/// `cpu.idle` (Linux 5.15 and later) and `cpuacct` with `cpuacct.usage`.
+pub fn host_supported() -> bool {
+    let root = std::path::Path::new(oci::CGROUP_V1_ROOT);
+    ["cpu/cpu.idle", "cpu/cpu.shares", "cpuacct/cpuacct.usage"]
+        .iter()
+        .all(|f| root.join(f).exists())
+}
+
 /// Gives a killed sandbox the most CPU weight: its tasks must run to exit, and a demoted sandbox
 /// beside boosted ones would hardly run (its teardown, and with it `runc delete`, would wait).
 /// Killed, they run no user code. Blocking; errors are ignored (the cgroup may be gone).

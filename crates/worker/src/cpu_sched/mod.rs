@@ -139,6 +139,11 @@ pub struct CpuScheduler {
 pub enum CpuSchedError {
     #[error("starting the CPU scheduler thread: {0}")]
     Thread(std::io::Error),
+    #[error(
+        "cpu_sched {0} needs cgroup v1 `cpu` with cpu.idle (Linux 5.15 or later) and `cpuacct` \
+         mounted under /sys/fs/cgroup; use cpu_sched = \"cfs\""
+    )]
+    Unsupported(CpuSchedKind),
 }
 
 impl CpuScheduler {
@@ -151,6 +156,9 @@ impl CpuScheduler {
         let Some(mut source) = source_for(kind, sfs_slice_ms) else {
             return Ok(None);
         };
+        if !cgroup::host_supported() {
+            return Err(CpuSchedError::Unsupported(kind));
+        }
         let default = source.policy_for("").clamped();
         Self::start_with(kind, source, default, metrics).map(Some)
     }
