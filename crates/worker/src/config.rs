@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+pub use crate::cpu_sched::CpuSchedKind;
 use hearth_service::config_checks;
 pub use hearth_service::config_loader::ConfigError;
 use hearth_service::config_loader::EnvKeys;
@@ -253,6 +254,12 @@ pub struct WorkerConfig {
     pub low_latency: bool,
     pub low_latency_quiet_ms: u64,
     pub runc: RuncConfig,
+    /// CPU scheduling of sandboxes: `cfs` (the kernel's alone), `sfs` (every invocation ahead
+    /// of the rest for `sfs_slice_ms` of CPU time, then demoted) or `alps` (rank and slice per
+    /// function). `sfs` and `alps` need the runc backend (docs/alps-backend.md).
+    pub cpu_sched: CpuSchedKind,
+    /// SFS's slice of CPU time (and the `alps` slice until its frontend has learned one).
+    pub sfs_slice_ms: u64,
     /// A controller to join (`http://HOST:PORT`); the worker pushes its status there.
     pub controller: Option<String>,
     /// The cluster's state store to join (`etcd://HOST:PORT[,…]`): the worker publishes itself
@@ -332,6 +339,8 @@ impl Default for WorkerConfig {
             low_latency: true,
             low_latency_quiet_ms: 1000,
             runc: RuncConfig::default(),
+            cpu_sched: CpuSchedKind::Cfs,
+            sfs_slice_ms: crate::cpu_sched::DEFAULT_SFS_SLICE_MS,
             controller: None,
             store: None,
             lease_ttl_ms: 2000,
@@ -391,6 +400,8 @@ const CONFIG_KEYS: &[&str] = &[
     "low_latency",
     "low_latency_quiet_ms",
     "runc",
+    "cpu_sched",
+    "sfs_slice_ms",
     "controller",
     "store",
     "lease_ttl_ms",
@@ -513,6 +524,19 @@ impl WorkerConfig {
         }
         self.regulator()?;
         self.runc.check()?;
+        if !(1..=10_000).contains(&self.sfs_slice_ms) {
+            return bad(format!(
+                "sfs_slice_ms must be between 1 and 10000, got {}",
+                self.sfs_slice_ms
+            ));
+        }
+        if self.cpu_sched != CpuSchedKind::Cfs && self.backend != BackendKind::Runc {
+            return bad(format!(
+                "cpu_sched {} needs the runc backend (the {} backend has no processes to \
+                 schedule); use cpu_sched = \"cfs\"",
+                self.cpu_sched, self.backend
+            ));
+        }
         for (key, url) in [
             ("controller", &self.controller),
             ("advertise_url", &self.advertise_url),
@@ -836,6 +860,43 @@ mod tests {
             assert!(err.contains("max_code_files"), "{err}");
             Ok(())
         });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn cpu_scheduling_is_cfs_by_default_and_checked_at_start() {
+        let d = WorkerConfig::default();
+        assert_eq!((d.cpu_sched, d.sfs_slice_ms), (CpuSchedKind::Cfs, 50));
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HEARTH_CPU_SCHED", "sfs");
+            jail.set_env("HEARTH_SFS_SLICE_MS", "20");
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!((c.cpu_sched, c.sfs_slice_ms), (CpuSchedKind::Sfs, 20));
+            jail.set_env("HEARTH_CPU_SCHED", "alps");
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.cpu_sched, CpuSchedKind::Alps);
+            jail.set_env("HEARTH_CPU_SCHED", "fifo");
+            let err = WorkerConfig::load(None).unwrap_err().to_string();
+            assert!(
+                err.contains("fifo") && err.to_lowercase().contains("cpu_sched"),
+                "{err}"
+            );
+            jail.set_env("HEARTH_CPU_SCHED", "sfs");
+            jail.set_env("HEARTH_SFS_SLICE_MS", "0");
+            let err = WorkerConfig::load(None).unwrap_err().to_string();
+            assert!(err.contains("sfs_slice_ms"), "{err}");
+            jail.set_env("HEARTH_SFS_SLICE_MS", "50");
+            jail.set_env("HEARTH_BACKEND", "sim");
+            let err = WorkerConfig::load(None).unwrap_err().to_string();
+            assert!(
+                err.contains("cpu_sched sfs needs the runc backend"),
+                "{err}"
+            );
+            Ok(())
+        });
+        assert_eq!("sfs".parse::<CpuSchedKind>(), Ok(CpuSchedKind::Sfs));
+        let err = "SFS".parse::<CpuSchedKind>().unwrap_err();
+        assert!(err.contains("expected cfs, sfs or alps"), "{err}");
     }
 
     #[test]

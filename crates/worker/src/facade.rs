@@ -4,6 +4,7 @@
 
 use crate::backend::{Backend, SandboxError};
 use crate::config::{BackendKind, WorkerConfig};
+use crate::cpu_sched::CpuScheduler;
 use crate::driver::{Driver, LoadSampling, StartFailure};
 use crate::errors::{
     HandlerFailure, InvokeError, PrewarmError, ProactiveBatchError, RegisterError, UnregisterError,
@@ -58,6 +59,8 @@ pub struct Worker {
     quotas: Quotas,
     /// Namespaces with functions registered here: with two or more, each gets a fair share.
     namespaces: AtomicUsize,
+    /// The CPU scheduling of sandboxes (None with `cpu_sched = cfs`).
+    cpu_sched: Option<Arc<CpuScheduler>>,
 }
 
 /// Errors of [`Worker::start`].
@@ -77,6 +80,8 @@ pub enum StartError {
     Store(#[from] StoreError),
     #[error("configuration: {0}")]
     Pool(#[from] PoolConfigError),
+    #[error("{0}")]
+    CpuSched(#[from] crate::cpu_sched::CpuSchedError),
 }
 
 impl Worker {
@@ -103,6 +108,7 @@ impl Worker {
                     &data_dir,
                     &id,
                     config.max_result_bytes,
+                    config.cpu_sched != crate::cpu_sched::CpuSchedKind::Cfs,
                 )
                 .await?,
             ),
@@ -141,6 +147,8 @@ impl Worker {
             BackendKind::Sim => LoadSampling::None,
         };
         let metrics = Arc::new(Metrics::default());
+        let cpu_sched =
+            CpuScheduler::start(config.cpu_sched, config.sfs_slice_ms, Arc::clone(&metrics))?;
         let driver = Driver::start(
             engine,
             backend,
@@ -187,6 +195,7 @@ impl Worker {
             auth,
             quotas: Quotas::new(config_quota.0, config_quota.1),
             namespaces: AtomicUsize::new(0),
+            cpu_sched,
         });
         worker.recount_namespaces();
         let _ = runner.0.set(Arc::downgrade(&worker));
@@ -371,7 +380,16 @@ impl Worker {
         }
         let timeout = Duration::from_millis(spec.timeout_ms);
         let backend = self.driver.backend();
+        // Boosted for its slice; ended (and its CPU time measured) when dropped, which every
+        // exit below does before the lease hands the sandbox back.
+        let boost = match (&self.cpu_sched, backend.cpu_controls(lease.sandbox())) {
+            (Some(sched), Some(cpu)) => {
+                Some(sched.begin(Arc::clone(cpu), &spec.name, spec.cpus, t0))
+            }
+            _ => None,
+        };
         let reply = tokio::time::timeout(timeout, backend.invoke(lease.sandbox(), args)).await;
+        drop(boost);
         let reply = match reply {
             Err(_) => {
                 self.metrics.outcome(&spec.name, Outcome::timeout);

@@ -7,6 +7,7 @@ pub mod agent_client;
 pub mod api;
 pub mod backend;
 pub mod config;
+pub mod cpu_sched;
 pub mod driver;
 pub mod errors;
 pub mod facade;

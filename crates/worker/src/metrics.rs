@@ -73,6 +73,17 @@ pub struct Metrics {
     pub running: Gauge,
     pub bypassed: Counter,
     pub load_normalized: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// CPU time of each invocation's sandbox (`cpu_sched` sfs or alps only).
+    pub invocation_cpu: Family<FnLabel, Histogram>,
+    /// Invocations boosted for their slice.
+    pub cpu_sched_boosts: Counter,
+    /// Invocations demoted because they used up their slice.
+    pub cpu_sched_expired: Counter,
+    /// CPU time used past the slice when the demotion happened.
+    pub cpu_slice_overshoot: Histogram,
+    /// The mechanism's cost: cgroup control writes and CPU-time reads.
+    pub cpu_sched_writes: Counter,
+    pub cpu_sched_reads: Counter,
 }
 
 /// Latency histogram: 10 µs .. ~84 s, doubling.
@@ -206,6 +217,42 @@ impl Default for Metrics {
                 "load_normalized",
                 "1-minute load average divided by the worker's CPUs",
                 Gauge::default(),
+            ),
+            invocation_cpu: registered(
+                &mut r,
+                "invocation_cpu_seconds",
+                "CPU time of the invocation's sandbox (cpuacct.usage delta; cpu_sched sfs or alps)",
+                latency_histograms(),
+            ),
+            cpu_sched_boosts: registered(
+                &mut r,
+                "cpu_sched_boosts",
+                "Invocations boosted for their CPU slice",
+                Counter::default(),
+            ),
+            cpu_sched_expired: registered(
+                &mut r,
+                "cpu_sched_slices_expired",
+                "Invocations demoted after using up their CPU slice",
+                Counter::default(),
+            ),
+            cpu_slice_overshoot: registered(
+                &mut r,
+                "cpu_slice_overshoot_seconds",
+                "CPU time a sandbox had used past its slice when it was demoted",
+                latency_histogram(),
+            ),
+            cpu_sched_writes: registered(
+                &mut r,
+                "cpu_sched_cgroup_writes",
+                "cgroup writes (cpu.idle, cpu.shares) of the CPU scheduling",
+                Counter::default(),
+            ),
+            cpu_sched_reads: registered(
+                &mut r,
+                "cpu_sched_usage_reads",
+                "Reads of sandboxes' cpuacct.usage by the CPU scheduling",
+                Counter::default(),
             ),
             registry: r,
         }

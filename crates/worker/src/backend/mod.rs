@@ -163,6 +163,17 @@ impl Backend {
         }
     }
 
+    /// A sandbox's CPU controls for the CPU scheduling (runc with `cpu_sched` sfs or alps).
+    pub fn cpu_controls<'a>(
+        &self,
+        sandbox: &'a Sandbox,
+    ) -> Option<&'a std::sync::Arc<crate::cpu_sched::SandboxCpu>> {
+        match sandbox {
+            Sandbox::Runc(s) => s.cpu(),
+            Sandbox::Sim(_) => None,
+        }
+    }
+
     /// Host directory of a sandbox's code, if it has one (to know when old code can go).
     pub fn code_dir<'a>(&self, sandbox: &'a Sandbox) -> Option<&'a Path> {
         match sandbox {

@@ -19,6 +19,7 @@ use super::oci::{self, OciParams};
 use super::SandboxError;
 use crate::agent_client::{AgentConn, AgentError, AgentReply};
 use crate::config::RuncConfig;
+use crate::cpu_sched::SandboxCpu;
 use hearth_api::FunctionSpec;
 use hearth_core::SandboxId;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -68,6 +69,8 @@ pub struct RuncBackend {
     anchor_frozen: std::sync::atomic::AtomicBool,
     /// Freezes idle sandboxes.
     idle: Arc<IdleFreezer>,
+    /// Whether sandboxes carry CPU controls for the CPU scheduling (off with `cfs`).
+    cpu_sched: bool,
 }
 
 pub struct RuncSandbox {
@@ -81,6 +84,8 @@ pub struct RuncSandbox {
     /// Frozen once idle for `idle_freeze_ms` ([`super::freezer`]).
     freezer: Arc<Freezer>,
     log: LogCopier,
+    /// Its CPU controls, for the CPU scheduling (None with `cfs`).
+    cpu: Option<Arc<SandboxCpu>>,
 }
 
 /// The task copying a sandbox's stdout and stderr from its pipe into the capped log. It ends
@@ -115,6 +120,10 @@ impl RuncSandbox {
     pub fn code_dir(&self) -> Option<&Path> {
         self.code_dir.as_deref()
     }
+
+    pub fn cpu(&self) -> Option<&Arc<SandboxCpu>> {
+        self.cpu.as_ref()
+    }
 }
 
 /// What a new container is made for.
@@ -140,12 +149,14 @@ fn sanitize(id: &str) -> String {
 }
 
 impl RuncBackend {
-    /// Prepares the directories and checks that runc is usable.
+    /// Prepares the directories and checks that runc is usable. With `cpu_sched`, every
+    /// sandbox carries its CPU controls ([`SandboxCpu`]).
     pub async fn new(
         cfg: RuncConfig,
         data_dir: &Path,
         worker_id: &str,
         max_result_bytes: usize,
+        cpu_sched: bool,
     ) -> Result<Self, SandboxError> {
         let fail = |what: &str, e: std::io::Error| {
             SandboxError::StartFailed(format!("preparing the runc backend ({what}): {e}"))
@@ -178,6 +189,7 @@ impl RuncBackend {
             idle: IdleFreezer::start(Duration::from_millis(cfg.idle_freeze_ms)),
             cfg,
             max_result_bytes,
+            cpu_sched,
         };
         // <data>/sandboxes/<id>/run/agent.sock must fit in sockaddr_un (108 bytes).
         let socket_len = b.sandboxes_dir.as_os_str().len()
@@ -287,6 +299,9 @@ impl RuncBackend {
                             container,
                             dir,
                             code_dir,
+                            cpu: self
+                                .cpu_sched
+                                .then(|| Arc::new(SandboxCpu::new(&cgroups_path))),
                             cgroups_path,
                             memory_mb,
                             conn,
@@ -614,6 +629,15 @@ impl RuncBackend {
             .stderr(Stdio::null())
             .status()
             .await;
+        if self.cpu_sched {
+            // Killed, its tasks run no more user code, but they must run to exit: a demoted
+            // sandbox beside boosted ones would hardly run, and `runc delete` would wait.
+            let path = format!("{parent}/{container}");
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::cpu_sched::cgroup::raise_for_teardown(&path)
+            })
+            .await;
+        }
         // In a frozen cgroup (v1) the SIGKILL takes effect only once the tasks are thawed; they
         // run no user code before dying. Fails harmlessly if the cgroup is gone.
         let _ = std::fs::write(

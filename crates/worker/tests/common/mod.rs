@@ -20,7 +20,7 @@ pub struct TestWorker {
     /// The operator's key (auth on only).
     pub admin: Option<String>,
     pub data_dir: PathBuf,
-    _tmp: tempfile::TempDir,
+    _tmp: Option<tempfile::TempDir>,
 }
 
 /// A worker configuration for `backend` in a fresh data directory, auth off.
@@ -78,7 +78,18 @@ impl TestWorker {
             app,
             admin,
             data_dir,
-            _tmp: tmp,
+            _tmp: Some(tmp),
+        }
+    }
+
+    /// A worker started elsewhere (in a data directory the caller keeps), auth off.
+    pub fn from_parts(worker: Arc<Worker>, app: Router, data_dir: PathBuf) -> TestWorker {
+        TestWorker {
+            worker,
+            app,
+            admin: None,
+            data_dir,
+            _tmp: None,
         }
     }
 
