@@ -123,6 +123,13 @@ struct ServerArgs {
     /// of demand (Atoll; 0: off).
     #[arg(long)]
     proactive_mb: Option<u64>,
+    /// CPU scheduling of runc sandboxes: cfs (the kernel alone), sfs (a fixed slice at raised
+    /// weight, then idle) or alps (learned ranks and slices; docs/alps-backend.md).
+    #[arg(long)]
+    cpu_sched: Option<hearth_worker::cpu_sched::CpuSchedKind>,
+    /// SFS's slice of CPU time, ms (cpu_sched sfs).
+    #[arg(long)]
+    sfs_slice_ms: Option<u64>,
     /// Queue discipline: fcfs, sjf, eedf, rare or srsf.
     #[arg(long)]
     queue: Option<QueueDiscipline>,
@@ -452,6 +459,12 @@ fn worker_policy_args(s: &ServerArgs) -> Vec<String> {
     if let Some(m) = s.proactive_mb {
         a.extend(["--proactive-mb".to_string(), m.to_string()]);
     }
+    if let Some(k) = s.cpu_sched {
+        a.extend(["--cpu-sched".to_string(), k.to_string()]);
+    }
+    if let Some(m) = s.sfs_slice_ms {
+        a.extend(["--sfs-slice-ms".to_string(), m.to_string()]);
+    }
     a
 }
 
@@ -524,6 +537,12 @@ fn serve(args: ServerArgs) -> Result<()> {
     }
     if let Some(m) = args.proactive_mb {
         config.proactive_mb = m;
+    }
+    if let Some(k) = args.cpu_sched {
+        config.cpu_sched = k;
+    }
+    if let Some(m) = args.sfs_slice_ms {
+        config.sfs_slice_ms = m;
     }
     if let Some(q) = args.queue {
         config.queue = q;

@@ -147,8 +147,12 @@ impl Worker {
             BackendKind::Sim => LoadSampling::None,
         };
         let metrics = Arc::new(Metrics::default());
-        let cpu_sched =
-            CpuScheduler::start(config.cpu_sched, config.sfs_slice_ms, Arc::clone(&metrics))?;
+        let cpu_sched = CpuScheduler::start(
+            config.cpu_sched,
+            config.sfs_slice_ms,
+            config.effective_cpus(),
+            Arc::clone(&metrics),
+        )?;
         let driver = Driver::start(
             engine,
             backend,

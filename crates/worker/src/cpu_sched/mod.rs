@@ -27,7 +27,7 @@ mod enforcer;
 pub mod policy;
 
 pub use cgroup::SandboxCpu;
-pub use policy::{CpuPolicy, FixedSlice, InvocationCpu, PolicySource};
+pub use policy::{CpuPolicy, FixedSlice, InvocationCpu, LearnedSlices, PolicySource};
 
 use crate::metrics::Metrics;
 use parking_lot::RwLock;
@@ -89,16 +89,19 @@ impl std::fmt::Display for CpuSchedKind {
 }
 
 /// The policy source for `kind` (None for `cfs`: nothing to enforce).
-pub fn source_for(kind: CpuSchedKind, sfs_slice_ms: u64) -> Option<Box<dyn PolicySource>> {
+pub fn source_for(
+    kind: CpuSchedKind,
+    sfs_slice_ms: u64,
+    cpus: u32,
+) -> Result<Option<Box<dyn PolicySource>>, CpuSchedError> {
     let slice_us = sfs_slice_ms.saturating_mul(1000);
-    match kind {
+    Ok(match kind {
         CpuSchedKind::Cfs => None,
         CpuSchedKind::Sfs => Some(Box::new(FixedSlice { slice_us })),
-        // MERGE (ALPS frontend): the one line to swap, for the core's learning frontend behind
-        // a `PolicySource` adapter (docs/alps-backend.md, "The frontend's hook"). Until then:
-        // SFS's slice at the neutral rank.
-        CpuSchedKind::Alps => Some(Box::new(FixedSlice { slice_us })),
-    }
+        // The core's learning frontend (hearth_core::cpu_sched::Alps, docs/alps.md) with its
+        // default settings (W = 5 s, α = 2, β = 1, γ = 1, θ = 50 %).
+        CpuSchedKind::Alps => Some(Box::new(LearnedSlices::new(cpus)?)),
+    })
 }
 
 /// What the invocation path sends the enforcer thread.
@@ -137,6 +140,8 @@ pub struct CpuScheduler {
 /// Errors of [`CpuScheduler::start`].
 #[derive(Debug, thiserror::Error)]
 pub enum CpuSchedError {
+    #[error("cpu_sched alps: {0}")]
+    Frontend(#[from] hearth_core::cpu_sched::CpuSchedError),
     #[error("starting the CPU scheduler thread: {0}")]
     Thread(std::io::Error),
     #[error(
@@ -151,9 +156,10 @@ impl CpuScheduler {
     pub fn start(
         kind: CpuSchedKind,
         sfs_slice_ms: u64,
+        cpus: u32,
         metrics: Arc<Metrics>,
     ) -> Result<Option<Arc<CpuScheduler>>, CpuSchedError> {
-        let Some(mut source) = source_for(kind, sfs_slice_ms) else {
+        let Some(mut source) = source_for(kind, sfs_slice_ms, cpus)? else {
             return Ok(None);
         };
         if !cgroup::host_supported() {

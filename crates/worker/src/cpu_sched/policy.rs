@@ -91,9 +91,69 @@ impl PolicySource for FixedSlice {
     fn tick(&mut self, _now_us: u64, _utilization_pct: f64) {}
 }
 
+/// ALPS: the core's learning frontend as a policy source. The core ranks 1 = first; the
+/// enforcer's ranks run the other way (higher weighs more), hence `101 − rank`.
+pub struct LearnedSlices {
+    alps: hearth_core::cpu_sched::Alps,
+}
+
+impl LearnedSlices {
+    pub fn new(cpus: u32) -> Result<Self, hearth_core::cpu_sched::CpuSchedError> {
+        let config = hearth_core::cpu_sched::AlpsConfig::default();
+        Ok(LearnedSlices {
+            alps: hearth_core::cpu_sched::Alps::new(config, cpus.max(1))?,
+        })
+    }
+}
+
+impl PolicySource for LearnedSlices {
+    fn policy_for(&mut self, function: &str) -> CpuPolicy {
+        let s = self.alps.policy_for(function);
+        CpuPolicy {
+            rank: 101 - s.rank.clamp(1, 100),
+            slice_us: s.slice_us,
+        }
+    }
+
+    fn completed(&mut self, done: &InvocationCpu) {
+        self.alps.completed(hearth_core::cpu_sched::Completion {
+            function: &done.function,
+            arrival_us: done.arrival_us,
+            end_us: done.end_us,
+            cpu_us: done.cpu_us,
+        });
+    }
+
+    fn tick(&mut self, now_us: u64, utilization_pct: f64) {
+        let _ = self.alps.tick(now_us, utilization_pct);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn alps_learns_to_weigh_a_short_function_above_a_long_one() {
+        let mut src = LearnedSlices::new(2).unwrap();
+        // Before any window: the same policy for both.
+        assert_eq!(src.policy_for("short"), src.policy_for("long"));
+        for i in 0..200u64 {
+            let at = i * 20_000;
+            for (f, cpu) in [("short", 2_000), ("long", 300_000)] {
+                src.completed(&InvocationCpu {
+                    function: f.to_string(),
+                    arrival_us: at,
+                    end_us: at + cpu,
+                    cpu_us: cpu,
+                });
+            }
+        }
+        src.tick(5_000_000, 30.0);
+        let (short, long) = (src.policy_for("short"), src.policy_for("long"));
+        assert!(short.rank > long.rank, "short {short:?}, long {long:?}");
+        assert!(short.slice_us > 0 && long.slice_us > 0);
+    }
 
     #[test]
     fn rank_maps_to_shares_monotonically_within_the_kernels_bounds() {
