@@ -282,7 +282,8 @@ mod tests {
     use crate::backend::oci::cgroup_v1_dir;
     use std::sync::Mutex;
 
-    /// A source that has learned one function ("hot": first rank, a 5 ms slice) and records
+    /// A source that has learned one function ("hot": first rank, a 200 ms slice, long enough
+    /// for the test to see it boosted on a loaded machine) and records
     /// what the enforcer hands it.
     struct Recording {
         done: Arc<Mutex<Vec<InvocationCpu>>>,
@@ -294,7 +295,7 @@ mod tests {
             match function {
                 "hot" => CpuPolicy {
                     rank: 100,
-                    slice_us: 5_000,
+                    slice_us: 200_000,
                 },
                 _ => CpuPolicy {
                     rank: CpuPolicy::NEUTRAL_RANK,
@@ -408,7 +409,7 @@ mod tests {
         wait_until("boosted at the first rank", || {
             read("cpu", &path, "cpu.idle") == "0" && read("cpu", &path, "cpu.shares") == "120208"
         });
-        // The spinner uses its 5 ms slice within moments and is demoted while still running.
+        // The spinner uses its 200 ms slice and is demoted while still running.
         wait_until("demoted after its slice", || {
             read("cpu", &path, "cpu.idle") == "1"
         });
