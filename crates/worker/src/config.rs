@@ -895,7 +895,7 @@ mod tests {
             Ok(())
         });
         assert_eq!("sfs".parse::<CpuSchedKind>(), Ok(CpuSchedKind::Sfs));
-        let err = "SFS".parse::<CpuSchedKind>().unwrap_err();
+        let err = "SFS".parse::<CpuSchedKind>().unwrap_err().to_string();
         assert!(err.contains("expected cfs, sfs or alps"), "{err}");
     }
 

@@ -726,7 +726,7 @@ async fn measure_short_function_beside_spinners() {
             let p = |v: &[u64], q: usize| v[(v.len() - 1) * q / 100] as f64 / 1000.0;
             println!(
                 "{:<6} {:<9} {:>8.1} {:>8.1} {:>8.1} {:>9.1}",
-                kind.name(),
+                kind.as_str(),
                 with,
                 p(&e2e, 50),
                 p(&e2e, 90),

@@ -282,6 +282,12 @@ impl CpuSchedKind {
     }
 }
 
+impl std::fmt::Display for CpuSchedKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl FromStr for CpuSchedKind {
     type Err = CpuSchedError;
     fn from_str(s: &str) -> Result<Self, CpuSchedError> {

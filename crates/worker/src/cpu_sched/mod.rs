@@ -31,7 +31,6 @@ pub use policy::{CpuPolicy, FixedSlice, InvocationCpu, LearnedSlices, PolicySour
 
 use crate::metrics::Metrics;
 use parking_lot::RwLock;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -45,48 +44,8 @@ pub const MIN_POLL: Duration = Duration::from_millis(1);
 /// SFS's slice when none is configured (`sfs_slice_ms`).
 pub const DEFAULT_SFS_SLICE_MS: u64 = 50;
 
-/// The worker's CPU scheduling of sandboxes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum CpuSchedKind {
-    /// The kernel's fair scheduler alone: no intervention.
-    #[default]
-    Cfs,
-    /// SFS: every invocation boosted for a fixed slice of CPU time, then demoted.
-    Sfs,
-    /// ALPS: rank and slice per function from the learning frontend.
-    Alps,
-}
-
-impl CpuSchedKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            CpuSchedKind::Cfs => "cfs",
-            CpuSchedKind::Sfs => "sfs",
-            CpuSchedKind::Alps => "alps",
-        }
-    }
-}
-
-impl std::str::FromStr for CpuSchedKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "cfs" => Ok(CpuSchedKind::Cfs),
-            "sfs" => Ok(CpuSchedKind::Sfs),
-            "alps" => Ok(CpuSchedKind::Alps),
-            other => Err(format!(
-                "unknown cpu_sched {other:?} (expected cfs, sfs or alps)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for CpuSchedKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// The worker's CPU scheduling of sandboxes: the core's names (`cfs`, `sfs`, `alps`).
+pub use hearth_core::cpu_sched::CpuSchedKind;
 
 /// The policy source for `kind` (None for `cfs`: nothing to enforce).
 pub fn source_for(
