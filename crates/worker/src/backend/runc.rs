@@ -666,6 +666,10 @@ impl RuncBackend {
             Err(e) => tracing::warn!(%container, error = %e, "runc delete failed"),
             Ok(_) => {}
         }
+        // runc's delete gives up on a cgroup whose last task is still exiting (EBUSY), which
+        // left an empty sandbox cgroup behind now and then; try once more now that it is done.
+        let path = format!("{parent}/{container}");
+        let _ = tokio::task::spawn_blocking(move || oci::remove_cgroup_dirs(&path)).await;
         discard_bundle(dir);
     }
 
