@@ -194,13 +194,7 @@ impl Forwarder {
     ) -> Result<Answer, ForwardError> {
         let req = self.request(method, base, path, body, extra)?;
         let exchange = async {
-            let resp = self.client.request(req).await.map_err(|e| {
-                if e.is_connect() {
-                    ForwardError::NotStarted(error_chain(&e))
-                } else {
-                    ForwardError::MaybeStarted(error_chain(&e))
-                }
-            })?;
+            let resp = self.client.request(req).await.map_err(sent_error)?;
             let status = resp.status();
             let retry_after = resp.headers().get(RETRY_AFTER).cloned();
             let limit = self.max_answer_bytes;
@@ -249,13 +243,7 @@ impl Forwarder {
         let resp = tokio::time::timeout_at(deadline, self.client.request(req))
             .await
             .map_err(|_| ForwardError::TimedOut(timeout))?
-            .map_err(|e| {
-                if e.is_connect() {
-                    ForwardError::NotStarted(error_chain(&e))
-                } else {
-                    ForwardError::MaybeStarted(error_chain(&e))
-                }
-            })?;
+            .map_err(sent_error)?;
         let status = resp.status();
         Ok((
             status,
@@ -290,6 +278,15 @@ impl Forwarder {
         }
         req.body(Full::new(body))
             .map_err(|e| ForwardError::NotStarted(format!("bad request to {base}{path}: {e}")))
+    }
+}
+
+/// What a failed request proves: one that could not connect never reached the worker.
+fn sent_error(e: hyper_util::client::legacy::Error) -> ForwardError {
+    if e.is_connect() {
+        ForwardError::NotStarted(error_chain(&e))
+    } else {
+        ForwardError::MaybeStarted(error_chain(&e))
     }
 }
 

@@ -745,7 +745,7 @@ impl Worker {
                 Err(_) => batch.answer.results[i].clone(),
             };
         }
-        batch.answer.functions = self.proactive_counts(&batch.answer.functions);
+        batch.answer.functions = self.proactive_counts_of(&batch.answer.functions);
         Ok(batch.answer)
     }
 
@@ -825,7 +825,7 @@ impl Worker {
                 }
             }
         }
-        let functions = self.proactive_counts(&touched);
+        let functions = self.proactive_counts_of(&touched);
         Ok(ProactiveBatch {
             answer: ProactiveAnswer { results, functions },
             creating,
@@ -833,7 +833,7 @@ impl Worker {
     }
 
     /// The proactive counts now of each function named in `functions`.
-    pub fn proactive_counts(
+    fn proactive_counts_of(
         &self,
         functions: &BTreeMap<String, ProactiveCounts>,
     ) -> BTreeMap<String, ProactiveCounts> {
