@@ -5,7 +5,9 @@
 #
 # Usage: bench/controller-overhead.sh [DURATION] [ROUNDS]      (defaults: 10s, 3)
 # Environment: HEARTH (binary, default target/release/hearth), BACKEND (sim|runc, default sim),
-#              BALANCE (default ch-rlu), CLIENTS (default 1).
+#              BALANCE (default ch-rlu), CLIENTS (default 1), ATOLL (a ladder rung, e.g. atoll: the
+#              controller runs Atoll's routing and allocator and the worker lends a 1 GiB
+#              proactive pool; default off).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
@@ -15,6 +17,13 @@ ROUNDS=${2:-3}
 BACKEND=${BACKEND:-sim}
 BALANCE=${BALANCE:-ch-rlu}
 CLIENTS=${CLIENTS:-1}
+ATOLL=${ATOLL:-}
+worker_extra=()
+controller_env=()
+if [ -n "$ATOLL" ]; then
+    controller_env=("HEARTH_ATOLL__LADDER=$ATOLL")
+    worker_extra=(--proactive-mb 1024)
+fi
 
 tmp=$(mktemp -d /tmp/hearth-bench-XXXXXX)
 pids=()
@@ -30,7 +39,7 @@ WPORT=$(free_port)
 CURL="http://127.0.0.1:$CPORT"
 WURL="http://127.0.0.1:$WPORT"
 
-HEARTH_LOG=warn "$H" controller --listen "127.0.0.1:$CPORT" --data-dir "$tmp/controller" \
+env "${controller_env[@]}" HEARTH_LOG=warn "$H" controller --listen "127.0.0.1:$CPORT" --data-dir "$tmp/controller" \
     --balance "$BALANCE" 2>"$tmp/controller.log" &
 pids+=($!)
 wait_healthy "$CURL"
@@ -39,7 +48,8 @@ if wait_file "$tmp/controller/cluster.key"; then
     export HEARTH_CLUSTER_KEY_FILE="$tmp/controller/cluster.key"
 fi
 HEARTH_LOG=warn HEARTH_WORKER_ID=bench-worker "$H" worker --backend "$BACKEND" \
-    --listen "127.0.0.1:$WPORT" --data-dir "$tmp/worker" --controller "$CURL" 2>"$tmp/worker.log" &
+    --listen "127.0.0.1:$WPORT" --data-dir "$tmp/worker" --controller "$CURL" "${worker_extra[@]}" \
+    2>"$tmp/worker.log" &
 pids+=($!)
 wait_healthy "$WURL"
 CKEY=$(key_of "$tmp/controller")
@@ -50,7 +60,7 @@ for _ in $(seq 100); do
 done
 HEARTH_API_KEY=$CKEY "$H" status --url "$CURL" | grep -q '"workers_up": 1' || { cat "$tmp"/*.log >&2; exit 1; }
 
-echo "controller overhead: $ROUNDS rounds of $DUR per path, $CLIENTS client(s), backend $BACKEND, policy $BALANCE"
+echo "controller overhead: $ROUNDS rounds of $DUR per path, $CLIENTS client(s), backend $BACKEND, policy $BALANCE${ATOLL:+, atoll ladder $ATOLL}"
 for r in $(seq "$ROUNDS"); do
     for path in worker controller; do
         url=$WURL; key=$WKEY; [ "$path" = controller ] && url=$CURL && key=$CKEY

@@ -157,3 +157,77 @@ fn reactive_rungs_set_no_proactive_sandbox_up() {
     assert_eq!(stats["creates"], 0, "{stats}");
     assert_eq!(ready_proactive(&workers, "f"), 0);
 }
+
+/// f's soft-evicted proactive sandboxes on one worker, as it reports them.
+fn soft_on(w: &Server, f: &str) -> u64 {
+    w.status()["functions"][f]["proactive"]["soft"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[test]
+fn sandboxes_a_worker_loses_are_forgotten_by_the_controller() {
+    let (c, workers) = cluster("atoll");
+    assert_eq!(c.put_fn("f", slow_to_start()).status, 201);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let load = s.spawn(|| background(&c, "f", 4, Duration::from_millis(20), &stop));
+        wait_until(
+            "the workers hold six ready proactive sandboxes of f",
+            Duration::from_secs(30),
+            || ready_proactive(&workers, "f") >= 6,
+        );
+        stop.store(true, Ordering::Relaxed);
+        let _ = load.join().unwrap();
+    });
+    // Load gone: the sandboxes are soft-evicted and the controller's count matches the workers'.
+    let controller_soft = || {
+        c.client().get("/v1/functions/f").unwrap().json()["balancing"]["atoll"]["soft_evicted"]
+            .as_u64()
+            .unwrap()
+    };
+    let workers_soft = || workers.iter().map(|w| soft_on(w, "f")).sum::<u64>();
+    wait_until(
+        "f's sandboxes are soft-evicted, as the controller counts them",
+        Duration::from_secs(30),
+        || {
+            ready_proactive(&workers, "f") == 0
+                && workers_soft() >= 6
+                && controller_soft() == workers_soft()
+        },
+    );
+    // The sandboxes on the worker holding most are destroyed behind the controller's back
+    // (as if killed): a cluster peer's evict commands.
+    let w = workers.iter().max_by_key(|w| soft_on(w, "f")).unwrap();
+    let held = soft_on(w, "f");
+    assert!(held > 0);
+    let before = controller_soft();
+    let key = std::fs::read_to_string(c.cluster_key_file()).unwrap();
+    let commands: Vec<Value> = (0..held)
+        .map(|_| json!({"op": "evict", "function": "f"}))
+        .collect();
+    let r = w
+        .client_with(key.trim())
+        .post(
+            "/v1/cluster/proactive",
+            json!({ "commands": commands }).to_string().as_bytes(),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(soft_on(w, "f"), 0);
+    // The controller learns it from the worker's next reports and forgets them.
+    wait_until(
+        "the controller forgets the sandboxes the worker lost",
+        Duration::from_secs(20),
+        || controller_soft() == before - held,
+    );
+    assert_eq!(controller_soft(), workers_soft());
+    assert!(c.status()["atoll"]["stats"]["lost"].as_u64().unwrap() >= held);
+    let metrics = c.client().get("/metrics").unwrap().text();
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            "hearth_controller_proactive_commands_total{op=\"create\",result=\"lost\"}"
+        )),
+        "{metrics}"
+    );
+}

@@ -73,6 +73,26 @@ impl Driver {
         }
     }
 
+    /// Brings Atoll's view of `worker`'s proactive sandboxes in line with `report`, which the
+    /// worker made while no command to it was under way; returns the sandboxes it had lost.
+    pub fn atoll_reconcile(&self, worker: WorkerId, report: &StatusReport) -> u32 {
+        let Some(a) = &self.atoll else {
+            return 0;
+        };
+        a.lock().reconcile(worker.0, |f| {
+            report
+                .functions
+                .get(f)
+                .and_then(|s| s.proactive.as_ref())
+                .map_or((0, 0), |p| (p.active + p.starting, p.soft))
+        })
+    }
+
+    /// When the controller started.
+    pub fn started(&self) -> Instant {
+        self.epoch
+    }
+
     /// Microseconds since start: the policy's clock.
     pub fn now(&self) -> Micros {
         self.epoch.elapsed().as_micros() as Micros

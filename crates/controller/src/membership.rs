@@ -117,6 +117,11 @@ impl Member {
     pub fn report(&self) -> Option<(StatusReport, Instant)> {
         self.last.lock().clone()
     }
+
+    /// When the last report arrived (without copying it).
+    pub fn report_at(&self) -> Option<Instant> {
+        self.last.lock().as_ref().map(|(_, at)| *at)
+    }
 }
 
 /// Workers that miss their status deadline leave the ring.

@@ -18,9 +18,11 @@ use hearth_api::{
 };
 use hearth_core::balance::WorkerId;
 use hearth_core::proactive::{AllocAction, Command};
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 /// The worker's endpoint for proactive commands.
@@ -38,6 +40,72 @@ const STREAMS: usize = 8;
 /// Longest line of an answer: the results of [`MAX_BATCH`] commands with their messages.
 const MAX_ANSWER_LINE: usize = 4 * 1024 * 1024;
 
+/// A worker's report counts as made after its last command had been applied only when it
+/// arrived this long after that (longer than a status push may take in transit).
+const REPORT_GRACE: Duration = Duration::from_secs(3);
+
+/// One worker's commands as the tick loop sees them: how many are queued or under way, and
+/// since when none has been. A report that arrived well after that shows what the worker
+/// holds, and sandboxes it no longer holds were lost (docs/atoll.md, "In a cluster").
+struct Pending {
+    open: AtomicUsize,
+    quiet_since: Mutex<Instant>,
+}
+
+impl Pending {
+    fn new() -> Arc<Self> {
+        Arc::new(Pending {
+            open: AtomicUsize::new(0),
+            quiet_since: Mutex::new(Instant::now()),
+        })
+    }
+
+    fn add(self: &Arc<Self>, n: usize) -> Open {
+        self.open.fetch_add(n, Ordering::AcqRel);
+        Open {
+            pending: Arc::clone(self),
+            n,
+        }
+    }
+
+    /// When the worker last had no command under way; None while it has some.
+    fn quiet_since(&self) -> Option<Instant> {
+        let since = *self.quiet_since.lock();
+        (self.open.load(Ordering::Acquire) == 0).then_some(since)
+    }
+}
+
+/// Commands counted as under way until this is dropped (their answer is over, or they were
+/// given up).
+struct Open {
+    pending: Arc<Pending>,
+    n: usize,
+}
+
+impl Open {
+    /// Splits `n` commands off into their own guard.
+    fn split(&mut self, n: usize) -> Open {
+        let n = n.min(self.n);
+        self.n -= n;
+        Open {
+            pending: Arc::clone(&self.pending),
+            n,
+        }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if self.n == 0 {
+            return;
+        }
+        let mut since = self.pending.quiet_since.lock();
+        if self.pending.open.fetch_sub(self.n, Ordering::AcqRel) == self.n {
+            *since = Instant::now();
+        }
+    }
+}
+
 /// The wire op of an action and its function (None for `Skipped`, which is not sent).
 pub fn op(action: &AllocAction) -> Option<(ProactiveOp, &str)> {
     match action {
@@ -53,7 +121,9 @@ pub fn op(action: &AllocAction) -> Option<(ProactiveOp, &str)> {
 pub async fn run(c: Weak<Controller>, interval_us: u64) {
     let mut tick = tokio::time::interval(Duration::from_micros(interval_us.max(1_000)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut senders: HashMap<u32, mpsc::Sender<Vec<Command>>> = HashMap::new();
+    let mut senders: HashMap<u32, mpsc::Sender<(Vec<Command>, Open)>> = HashMap::new();
+    let mut pending: HashMap<u32, Arc<Pending>> = HashMap::new();
+    let mut reconciled: HashMap<u32, Instant> = HashMap::new();
     loop {
         tick.tick().await;
         let Some(ctl) = c.upgrade() else {
@@ -62,6 +132,8 @@ pub async fn run(c: Weak<Controller>, interval_us: u64) {
         if ctl.is_shutting_down() {
             return;
         }
+        // Before this tick plans anything: the commands of earlier ticks are all counted.
+        reconcile(&ctl, &mut pending, &mut reconciled);
         let commands = ctl.driver().atoll_tick();
         let mut by_worker: BTreeMap<u32, Vec<Command>> = BTreeMap::new();
         for cmd in commands {
@@ -73,9 +145,13 @@ pub async fn run(c: Weak<Controller>, interval_us: u64) {
                 tokio::spawn(send_batches(c.clone(), WorkerId(w), rx));
                 tx
             });
-            if let Err(e) = tx.try_send(batch) {
+            let open = pending
+                .entry(w)
+                .or_insert_with(Pending::new)
+                .add(batch.len());
+            if let Err(e) = tx.try_send((batch, open)) {
                 let closed = matches!(e, mpsc::error::TrySendError::Closed(_));
-                let batch = e.into_inner();
+                let (batch, _open) = e.into_inner();
                 tracing::warn!(
                     worker = w,
                     commands = batch.len(),
@@ -90,13 +166,62 @@ pub async fn run(c: Weak<Controller>, interval_us: u64) {
     }
 }
 
+/// Forgets the proactive sandboxes each quiet worker has lost: a worker with no command under
+/// way whose report arrived [`REPORT_GRACE`] after its last one ended, once per report.
+fn reconcile(
+    ctl: &Controller,
+    pending: &mut HashMap<u32, Arc<Pending>>,
+    reconciled: &mut HashMap<u32, Instant>,
+) {
+    let members = ctl.driver().members();
+    pending
+        .retain(|w, p| p.open.load(Ordering::Acquire) > 0 || members.iter().any(|m| m.id.0 == *w));
+    reconciled.retain(|w, _| members.iter().any(|m| m.id.0 == *w));
+    for m in members {
+        let Some(at) = m.report_at() else {
+            continue;
+        };
+        let quiet = match pending.get(&m.id.0) {
+            Some(p) => p.quiet_since(),
+            None => Some(ctl.driver().started()),
+        };
+        let trusted = quiet.is_some_and(|q| at >= q + REPORT_GRACE);
+        if !trusted || reconciled.get(&m.id.0) == Some(&at) {
+            continue;
+        }
+        reconciled.insert(m.id.0, at);
+        let Some((report, _)) = m.report() else {
+            continue;
+        };
+        let lost = ctl.driver().atoll_reconcile(m.id, &report);
+        if lost > 0 {
+            tracing::info!(worker = %m.name, lost, "proactive sandboxes lost on the worker are allocated again");
+            ctl.metrics
+                .proactive
+                .get_or_create(&ProactiveLabel {
+                    op: "create",
+                    result: "lost",
+                })
+                .inc_by(u64::from(lost));
+        }
+    }
+}
+
 /// One worker's sender: batches in order, queued ones merged up to [`MAX_BATCH`].
-async fn send_batches(c: Weak<Controller>, worker: WorkerId, mut rx: mpsc::Receiver<Vec<Command>>) {
+async fn send_batches(
+    c: Weak<Controller>,
+    worker: WorkerId,
+    mut rx: mpsc::Receiver<(Vec<Command>, Open)>,
+) {
     let streams = Arc::new(Semaphore::new(STREAMS));
-    while let Some(mut batch) = rx.recv().await {
+    while let Some((mut batch, mut open)) = rx.recv().await {
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
-                Ok(more) => batch.extend(more),
+                Ok((more, mut more_open)) => {
+                    batch.extend(more);
+                    open.n += more_open.n;
+                    more_open.n = 0;
+                }
                 Err(_) => break,
             }
         }
@@ -107,7 +232,8 @@ async fn send_batches(c: Weak<Controller>, worker: WorkerId, mut rx: mpsc::Recei
             let Ok(permit) = Arc::clone(&streams).acquire_owned().await else {
                 return;
             };
-            send(&ctl, worker, chunk, permit).await;
+            let chunk_open = open.split(chunk.len());
+            send(&ctl, worker, chunk, permit, chunk_open).await;
         }
     }
 }
@@ -119,6 +245,7 @@ async fn send(
     worker: WorkerId,
     batch: &[Command],
     permit: OwnedSemaphorePermit,
+    open: Open,
 ) {
     let Some(m) = c.driver().member(worker) else {
         fail_all(c, worker, batch);
@@ -209,6 +336,7 @@ async fn send(
     let name = m.name.clone();
     tokio::spawn(async move {
         let _permit = permit;
+        let _open = open;
         let ended = loop {
             match lines.next().await {
                 Ok(Some(line)) => {

@@ -75,6 +75,25 @@ def test_busy_spins_and_holds_memory():
     assert r["ms"] == 10 and r["mb"] == 0
 
 
+def test_busy_cpu_mode_counts_cpu_time_not_wall_time():
+    main = load("busy").main
+    c0 = time.process_time()
+    r = main({"ms": 20, "cpu": True})
+    assert time.process_time() - c0 >= 0.02
+    assert r["iterations"] > 0
+    # The spin reads the CPU clock, never the wall clock: a CPU clock that advances 1 ms per
+    # read ends a 5 ms spin after about five reads, whatever the wall clock does.
+    module = load("busy")
+    ticks = iter(range(1000))
+    module.process_time = lambda: next(ticks) / 1000.0
+
+    def no_wall_clock():
+        raise AssertionError("cpu mode must not read the wall clock")
+
+    module.perf_counter = no_wall_clock
+    assert module.main({"ms": 5, "cpu": True})["iterations"] in (4 * 256, 5 * 256, 6 * 256)
+
+
 def test_sleep():
     t0 = time.perf_counter()
     assert load("sleep").main({"ms": 10}) == {"slept_ms": 10}

@@ -328,6 +328,32 @@ impl Allocator {
         self.forget_one(worker, function)
     }
 
+    /// Brings the counts of `worker` in line with what it reports it holds: `reported(f)` gives
+    /// (active or starting, soft-evicted) sandboxes of function `f` there. Sandboxes counted here
+    /// but not there are gone (crashed, killed, cleaned up) and are forgotten, so that the next
+    /// [`Self::set_demand`] makes them up. The caller must ask only while no command to `worker`
+    /// is under way (its counts would differ for that reason). Returns how many were forgotten.
+    pub fn reconcile(&mut self, worker: WorkerId, reported: impl Fn(&str) -> (u32, u32)) -> u32 {
+        let Some(w) = self.workers.get(&worker) else {
+            return 0;
+        };
+        let mut lost: Vec<(Arc<str>, bool)> = Vec::new();
+        for (name, slot) in &w.slots {
+            let (active, soft) = reported(name);
+            let missing_active = slot.active.saturating_sub(active);
+            let missing_soft = slot.soft.saturating_sub(soft);
+            lost.extend((0..missing_active).map(|_| (name.clone(), false)));
+            lost.extend((0..missing_soft).map(|_| (name.clone(), true)));
+        }
+        let mut sink = Vec::new();
+        for (name, soft) in &lost {
+            self.evict_one(worker, name, *soft, &mut sink);
+            // Not an eviction of ours: undo the counter.
+            self.stats.evicts -= 1;
+        }
+        lost.len() as u32
+    }
+
     /// A request used a proactive sandbox of `function` on `worker` at `now` (for LRU).
     pub fn on_used(&mut self, worker: WorkerId, function: &str, now: Micros) {
         self.clock = self.clock.max(now);

@@ -238,6 +238,10 @@ pub struct AtollStats {
     pub soft_evicts: u64,
     pub evicts: u64,
     pub skipped: u64,
+    /// Sandboxes a worker no longer held when it reported (crashed, killed): forgotten and
+    /// allocated again.
+    #[serde(default)]
+    pub lost: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -582,6 +586,18 @@ impl Atoll {
         if let Some(g) = self.group_mut_of(worker) {
             g.alloc.on_lost(worker, function);
         }
+    }
+
+    /// Brings Atoll's view of `worker` in line with the worker's own report, taken while no
+    /// command to it was under way: `reported(f)` is (active or starting, soft-evicted)
+    /// sandboxes of `f` there. Sandboxes the worker lost are forgotten, so the next tick
+    /// allocates them again; returns how many.
+    pub fn reconcile(&mut self, worker: WorkerId, reported: impl Fn(&str) -> (u32, u32)) -> u32 {
+        let lost = self
+            .group_mut_of(worker)
+            .map_or(0, |g| g.alloc.reconcile(worker, reported));
+        self.stats.lost += u64::from(lost);
+        lost
     }
 
     fn group_mut_of(&mut self, worker: WorkerId) -> Option<&mut Group> {

@@ -273,6 +273,42 @@ fn failures_losses_and_removed_workers_are_forgotten() {
 }
 
 #[test]
+fn reconciling_with_a_report_forgets_the_sandboxes_a_worker_lost() {
+    let mut a = Allocator::new(AllocConfig::default());
+    a.add_worker(0, 10 * MB);
+    a.add_worker(1, 10 * MB);
+    // Four active on each worker, then one on each soft-evicted: (3 active, 1 soft) each.
+    a.set_demand("f", MB, 8, None);
+    a.set_demand("f", MB, 6, None);
+    a.set_demand("g", MB, 1, Some(&[1]));
+    assert_eq!(a.sandboxes(0, "f"), (3, 1));
+    // Worker 0 reports one active f (two active and the soft one were killed); worker 1
+    // reports all it has.
+    let lost = a.reconcile(0, |f| if f == "f" { (1, 0) } else { (0, 0) });
+    assert_eq!(lost, 3);
+    assert_eq!(a.sandboxes(0, "f"), (1, 0));
+    assert_eq!(a.pool_used_mb(0), Some(MB));
+    assert_eq!(
+        a.reconcile(1, |f| if f == "f" { (3, 1) } else { (1, 0) }),
+        0
+    );
+    assert_eq!(a.sandboxes(1, "f"), (3, 1));
+    // A report with more than counted changes nothing; an unknown worker neither.
+    assert_eq!(a.reconcile(1, |_| (9, 9)), 0);
+    assert_eq!(a.reconcile(7, |_| (0, 0)), 0);
+    assert_eq!(
+        a.stats().evicts,
+        0,
+        "a loss is not an eviction of the allocator's"
+    );
+    // The next demand update makes up the two lost active sandboxes.
+    let out = a.set_demand("f", MB, 6, None);
+    let unmarks = count(&out, |x| matches!(x, AllocAction::Unmark { .. }));
+    assert_eq!(count(&out, is_create) + unmarks, 2);
+    assert_eq!(a.allocation("f"), 6);
+}
+
+#[test]
 fn a_memory_change_replaces_the_sandboxes() {
     let mut a = Allocator::new(AllocConfig::default());
     a.add_worker(0, 10 * MB);
