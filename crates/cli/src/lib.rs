@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod code;
 pub mod experiment_cmd;
 pub mod load;
+pub mod provision_cmd;
 pub mod report_cmd;
 pub mod route_bench;
 pub mod sim_cmd;

@@ -93,6 +93,9 @@ enum Command {
     /// Run one of the seeds' comparisons through the simulator: keepalive, balance, queue,
     /// priority (or fidelity: compare a real run with a simulated one).
     Experiment(hearth_cli::experiment_cmd::ExperimentArgs),
+    /// Size a worker's memory for a trace: hit-ratio curve from reuse distances, the memory
+    /// for a target hit ratio, and the curve's knee (FaasCache provisioning).
+    Provision(hearth_cli::provision_cmd::ProvisionArgs),
 }
 
 #[derive(Args, Clone)]
@@ -348,6 +351,7 @@ fn main() {
             | Command::Report(_)
             | Command::Sim(_)
             | Command::Experiment(_)
+            | Command::Provision(_)
             | Command::Function(_)
             | Command::Key(_)
             | Command::Invoke { .. }
@@ -436,6 +440,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Report(a) => hearth_cli::report_cmd::run(a),
         Command::Sim(a) => hearth_cli::sim_cmd::run(a),
         Command::Experiment(a) => hearth_cli::experiment_cmd::run(a),
+        Command::Provision(a) => hearth_cli::provision_cmd::run(a),
     }
 }
 

@@ -312,6 +312,7 @@ impl SimArgs {
             },
             work_spread: self.work_spread,
             work_seed: self.seed,
+            elastic: None,
         })
     }
 }

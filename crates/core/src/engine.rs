@@ -800,6 +800,16 @@ impl WorkerEngine {
         self.dispatch(now);
     }
 
+    /// Resizes the worker's memory budget (elastic provisioning,
+    /// [`crate::provision::elastic`]): a cut evicts idle sandboxes only, never running ones
+    /// ([`SandboxPool::set_memory_budget`]); room that grows lets queued invocations start.
+    /// Returns the budget applied.
+    pub fn set_memory_budget(&mut self, now: Micros, budget_mb: u64) -> u64 {
+        let applied = self.pool.set_memory_budget(now, budget_mb);
+        self.dispatch(now);
+        applied
+    }
+
     /// A load sample from the driver (normalized: load average / CPUs).
     pub fn on_load(&mut self, now: Micros, normalized: f64) {
         self.external_load = normalized;

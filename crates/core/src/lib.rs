@@ -116,6 +116,7 @@ pub mod load;
 pub mod policy;
 pub mod pool;
 pub mod proactive;
+pub mod provision;
 pub mod regulator;
 pub mod time;
 

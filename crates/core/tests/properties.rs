@@ -11,6 +11,8 @@
 //! * sandboxes: one handed out in a Run is never handed out again before it is given back, is
 //!   never in the pool's idle set meanwhile, and is never destroyed while in use;
 //! * retirement: no Run is ever emitted on a sandbox of a retired function version;
+//! * elastic provisioning (the budget changed at random): a cut destroys idle sandboxes only;
+//!   while what runs exceeds the new budget nothing is kept warm;
 //! * proactive sandboxes (created, soft-evicted, un-marked and evicted at random): their memory
 //!   stays within the proactive pool and the total within the budget, a soft-evicted sandbox is
 //!   never handed to a Run, and every Run's sandbox was idle (warm) or new (cold) before it.
@@ -84,6 +86,10 @@ enum Op {
     ProEvict {
         f: usize,
     },
+    /// Elastic provisioning resizes the memory budget.
+    SetBudget {
+        mb: u64,
+    },
 }
 
 fn memory() -> impl Strategy<Value = u64> {
@@ -109,6 +115,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => f.clone().prop_map(|f| Op::SoftEvict { f }),
         1 => f.clone().prop_map(|f| Op::Unmark { f }),
         1 => f.prop_map(|f| Op::ProEvict { f }),
+        1 => prop::sample::select(vec![64u64, 192, 256, 512, 1024, 2048])
+            .prop_map(|mb| Op::SetBudget { mb }),
         5 => prop_oneof![0..50u64, 0..2_000u64, 0..60_000u64].prop_map(|ms| Op::Advance { ms }),
         1 => (0.0..2.0f64).prop_map(|normalized| Op::Load { normalized }),
     ]
@@ -325,17 +333,27 @@ impl Driver {
     fn check(&self) -> Result<(), TestCaseError> {
         let pool: &SandboxPool = self.engine.pool();
         let s = pool.stats();
+        // Over the budget only after a cut below what runs, and then with nothing warm.
+        let over = pool.over_budget_mb() > 0;
         prop_assert!(
-            s.memory_running_mb + s.memory_warm_mb + s.memory_generic_mb + s.memory_proactive_mb
+            over || s.memory_running_mb
+                + s.memory_warm_mb
+                + s.memory_generic_mb
+                + s.memory_proactive_mb
                 <= s.memory_budget_mb,
             "over budget: {s:?}"
         );
+        prop_assert!(
+            !over || s.memory_warm_mb == 0,
+            "warm while over budget: {s:?}"
+        );
+        prop_assert!(s.memory_budget_mb >= s.proactive_pool_mb, "{s:?}");
         prop_assert!(
             s.memory_proactive_mb <= s.proactive_pool_mb,
             "proactive pool over its size: {s:?}"
         );
         prop_assert!(
-            s.memory_running_mb + s.memory_warm_mb + s.memory_generic_mb
+            over || s.memory_running_mb + s.memory_warm_mb + s.memory_generic_mb
                 <= s.memory_budget_mb - s.proactive_pool_mb,
             "reactive sandboxes in the proactive pool: {s:?}"
         );
@@ -530,6 +548,11 @@ impl Driver {
                     }
                     None => prop_assert!(!had_soft, "a soft one was left"),
                 }
+            }
+            Op::SetBudget { mb } => {
+                let applied = self.engine.set_memory_budget(now, *mb);
+                prop_assert_eq!(applied, (*mb).max(self.engine.pool().proactive_pool_mb()));
+                prop_assert_eq!(self.engine.pool().stats().memory_budget_mb, applied);
             }
         }
         self.drain()

@@ -7,6 +7,7 @@ use hearth_core::balance::{BalanceKind, BalanceParams};
 use hearth_core::bypass::BypassConfig;
 use hearth_core::pool::{GenericConfig, PoolConfig};
 use hearth_core::proactive::AtollConfig;
+use hearth_core::provision::{CurveSource, ElasticConfig};
 use hearth_core::time::secs;
 use hearth_core::{
     EngineConfig, KeepAliveConfig, KeepAliveKind, LoadSource, Micros, QueueDiscipline,
@@ -88,6 +89,16 @@ pub struct SimConfig {
     /// `work_seed` and its id (0: every invocation takes exactly the warm time).
     pub work_spread: f64,
     pub work_seed: u64,
+    /// Elastic provisioning (thesis §3.4.2): each worker's memory budget follows its own
+    /// [`hearth_core::provision::ElasticController`], starting from `memory_mb`.
+    pub elastic: Option<SimElastic>,
+}
+
+/// The elastic controller of each simulated worker and the curve it reads.
+#[derive(Debug, Clone)]
+pub struct SimElastic {
+    pub config: ElasticConfig,
+    pub curve: CurveSource,
 }
 
 /// Atoll's keep-alive for reactive sandboxes (Table 1: 15 minutes).
@@ -122,6 +133,7 @@ impl Default for SimConfig {
             cpu: CpuConfig::default(),
             work_spread: 0.0,
             work_seed: 0,
+            elastic: None,
         }
     }
 }
@@ -161,6 +173,11 @@ impl SimConfig {
                 }
             }
             Routing::Greedy => {}
+        }
+        if let Some(e) = &self.elastic {
+            e.config
+                .validate()
+                .map_err(|e| SimError::Config(format!("elastic provisioning: {e}")))?;
         }
         if !(self.work_spread.is_finite() && (0.0..=0.9).contains(&self.work_spread)) {
             return bad("the work spread must be between 0 and 0.9");

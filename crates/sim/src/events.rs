@@ -37,12 +37,14 @@ pub enum Kind {
     Timer { worker: u32 },
     /// Atoll re-estimates demand, re-allocates sandboxes and scales (every interval).
     AtollTick,
+    /// A worker's elastic controller closes an interval and may resize its memory.
+    Resize { worker: u32 },
     /// A worker pushes its status to the balancer.
     Status { worker: u32 },
 }
 
 /// The rank of arrivals among kinds at the same instant: after all of them.
-pub const ARRIVAL_RANK: u8 = 7;
+pub const ARRIVAL_RANK: u8 = 8;
 
 impl Kind {
     fn rank(&self) -> u8 {
@@ -53,7 +55,8 @@ impl Kind {
             Kind::SandboxReady { .. } | Kind::ProactiveReady { .. } => 3,
             Kind::Timer { .. } => 4,
             Kind::AtollTick => 5,
-            Kind::Status { .. } => 6,
+            Kind::Resize { .. } => 6,
+            Kind::Status { .. } => 7,
         }
     }
 }

@@ -23,7 +23,7 @@ pub mod router;
 pub mod simulation;
 pub mod workload;
 
-pub use config::{Routing, SimConfig};
+pub use config::{Routing, SimConfig, SimElastic};
 pub use cpu_model::{CpuConfig, CpuModel, CpuSched};
 pub use cpu_quantum::{CpuStats, QuantumParams};
 pub use error::{Result, SimError};

@@ -14,6 +14,7 @@ use crate::router::Router;
 use crate::workload::Workload;
 use hearth_core::balance::{Finished, WorkerLoad};
 use hearth_core::proactive::{AllocAction, Command, Outcome};
+use hearth_core::provision::ElasticController;
 use hearth_core::{
     Arrival, Completion, DestroyReason, EngineAction, InvocationId, Micros, Run, SandboxId,
     WorkerEngine,
@@ -32,6 +33,8 @@ pub struct SimWorker {
     /// The pending CPU and timer events (earlier ones are stale and skipped).
     cpu_event_at: Option<Micros>,
     timer_at: Option<Micros>,
+    /// Elastic provisioning: the controller resizing this worker's memory budget.
+    pub elastic: Option<ElasticController>,
 }
 
 /// An invocation between its start and its end.
@@ -110,6 +113,9 @@ pub struct SimStats {
     pub context_switches: u64,
     pub preemptions: u64,
     pub demotions: u64,
+    /// Elastic provisioning: every budget a worker took, as (time, worker, MiB), its initial
+    /// one at time 0 first.
+    pub budgets: Vec<(Micros, u32, u64)>,
 }
 
 /// A simulation in progress.
@@ -153,16 +159,39 @@ impl<'a> Simulation<'a> {
         let names: Arc<[Arc<str>]> = workload.functions.iter().map(|f| f.name.clone()).collect();
         let workers = (0..config.workers)
             .map(|_| {
+                let mut engine = WorkerEngine::new(config.engine());
+                let elastic = match &config.elastic {
+                    Some(e) => {
+                        let c = ElasticController::new(
+                            e.config.clone(),
+                            e.curve.clone(),
+                            config.memory_mb,
+                            0,
+                        )
+                        .map_err(|err| SimError::Config(format!("elastic provisioning: {err}")))?;
+                        engine.set_memory_budget(0, c.size_mb());
+                        Some(c)
+                    }
+                    None => None,
+                };
                 Ok(SimWorker {
-                    engine: WorkerEngine::new(config.engine()),
+                    engine,
                     cpu: CpuModel::new(&config.cpu, config.cpus, &names)?,
                     waiting: HashMap::new(),
                     cpu_event_at: None,
                     timer_at: None,
+                    elastic,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         let mut events = EventQueue::default();
+        let mut budgets = Vec::new();
+        for (w, worker) in workers.iter().enumerate() {
+            if let Some(c) = &worker.elastic {
+                events.push(c.next_timeout(), Kind::Resize { worker: w as u32 });
+                budgets.push((0, w as u32, worker.engine.pool().config().memory_budget_mb));
+            }
+        }
         // Pushes are spread over the interval, as independent workers' would be.
         let n = config.workers as u64;
         for w in 0..config.workers {
@@ -190,7 +219,10 @@ impl<'a> Simulation<'a> {
             outstanding: 0,
             starting: 0,
             now: 0,
-            stats: SimStats::default(),
+            stats: SimStats {
+                budgets,
+                ..SimStats::default()
+            },
             sink,
         };
         for w in 0..sim.workers.len() {
@@ -273,6 +305,7 @@ impl<'a> Simulation<'a> {
                 } => self.on_proactive_ready(worker as usize, sandbox, function)?,
                 Kind::Timer { worker } => self.on_timer(worker as usize)?,
                 Kind::AtollTick => self.on_atoll_tick()?,
+                Kind::Resize { worker } => self.on_resize(worker as usize)?,
                 Kind::Status { worker } => self.on_status(worker as usize),
             }
         }
@@ -300,6 +333,9 @@ impl<'a> Simulation<'a> {
             Ok(w) => w,
             Err(r) => return self.refuse(id, None, Refusal::Balancer(r)),
         };
+        if let Some(c) = &mut self.workers[w].elastic {
+            c.on_arrival(&f.name, f.memory_mb);
+        }
         let inv = self.workers[w].engine.on_invocation(
             self.now,
             Arrival {
@@ -381,6 +417,11 @@ impl<'a> Simulation<'a> {
 
     /// An invocation starts on its sandbox: after the init delay if cold.
     fn start(&mut self, w: usize, id: u32, run: Run) {
+        if run.cold.is_some() {
+            if let Some(c) = &mut self.workers[w].elastic {
+                c.on_cold_start();
+            }
+        }
         let f = self
             .workload
             .function(self.workload.arrivals[id as usize].function);
@@ -730,12 +771,31 @@ impl<'a> Simulation<'a> {
         self.after_engine(w)
     }
 
+    /// The worker's elastic controller closes an interval; a new size goes to its engine (a
+    /// cut evicts idle sandboxes only).
+    fn on_resize(&mut self, w: usize) -> Result<()> {
+        let now = self.now;
+        let worker = &mut self.workers[w];
+        let Some(c) = worker.elastic.as_mut() else {
+            return Ok(());
+        };
+        let decision = c.on_timeout(now);
+        self.events
+            .push(c.next_timeout(), Kind::Resize { worker: w as u32 });
+        if let Some(d) = decision {
+            let applied = worker.engine.set_memory_budget(now, d.to_mb);
+            self.stats.budgets.push((now, w as u32, applied));
+        }
+        self.after_engine(w)
+    }
+
     /// The worker's status push, built as the real worker builds it from its status.
     fn on_status(&mut self, w: usize) {
         let e = &self.workers[w].engine;
         let load = WorkerLoad {
-            // The sandbox memory budget, as the worker's status reports it.
-            memory_mb: e.config().pool.memory_budget_mb,
+            // The sandbox memory budget (as resized, if elastic), as the worker's status
+            // reports it.
+            memory_mb: e.pool().config().memory_budget_mb,
             ..WorkerLoad::of_worker(
                 e.normalized_load(),
                 e.queue_length() as u32,

@@ -3,7 +3,8 @@
 
 use hearth_core::policy::hist::HistConfig;
 use hearth_core::{
-    AimdConfig, GenericConfig, KeepAliveConfig, KeepAliveKind, QueueDiscipline, RegulatorConfig,
+    AimdConfig, GenericConfig, KeepAliveConfig, KeepAliveKind, Micros, QueueDiscipline,
+    RegulatorConfig,
 };
 use hearth_service::quota::QuotaLimits;
 use serde::{Deserialize, Serialize};
@@ -65,6 +66,49 @@ impl Default for HistSettings {
         }
     }
 }
+
+/// Elastic provisioning (FaasCache, thesis §3.4.2; docs/provisioning.md): the worker resizes
+/// its own memory budget so that its cold starts per second approach a target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProvisionSettings {
+    /// Off by default: the budget stays `memory_mb`.
+    pub elastic: bool,
+    /// How often the budget is reconsidered (the thesis: 10 minutes).
+    pub interval_s: u64,
+    /// Cold starts per second to aim at.
+    pub target_miss_speed: f64,
+    /// Relative error in cold starts per second tolerated without a change (the thesis: 0.3).
+    pub dead_band: f64,
+    /// Bounds of the budget (MiB); 0 for `max_mb` means `memory_mb`.
+    pub min_mb: u64,
+    pub max_mb: u64,
+    /// Weight of the newest interval in the smoothed rates, in (0, 1].
+    pub smoothing: f64,
+    /// SHARDS rate of the online hit-ratio curve, in (0, 1].
+    pub sample_rate: f64,
+}
+
+impl Default for ProvisionSettings {
+    fn default() -> Self {
+        use hearth_core::provision::elastic;
+        ProvisionSettings {
+            elastic: false,
+            interval_s: elastic::DEFAULT_INTERVAL_US / 1_000_000,
+            target_miss_speed: 0.1,
+            dead_band: elastic::DEFAULT_DEAD_BAND,
+            min_mb: 256,
+            max_mb: 0,
+            smoothing: elastic::DEFAULT_SMOOTHING,
+            sample_rate: 1.0,
+        }
+    }
+}
+
+/// Most functions the worker's online hit-ratio curve tracks (bounds its memory).
+pub const PROVISION_MAX_FUNCTIONS: usize = 100_000;
+/// The online curve's resolution (MiB).
+pub const PROVISION_BUCKET_MB: u64 = 16;
 
 /// The sandbox backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -258,6 +302,8 @@ pub struct WorkerConfig {
     /// of the rest for `sfs_slice_ms` of CPU time, then demoted) or `alps` (rank and slice per
     /// function). `sfs` and `alps` need the runc backend (docs/alps-backend.md).
     pub cpu_sched: CpuSchedKind,
+    /// Elastic provisioning of the memory budget (`[provision]`).
+    pub provision: ProvisionSettings,
     /// SFS's slice of CPU time (and the `alps` slice until its frontend has learned one).
     pub sfs_slice_ms: u64,
     /// A controller to join (`http://HOST:PORT`); the worker pushes its status there.
@@ -340,6 +386,7 @@ impl Default for WorkerConfig {
             low_latency_quiet_ms: 1000,
             runc: RuncConfig::default(),
             cpu_sched: CpuSchedKind::Cfs,
+            provision: ProvisionSettings::default(),
             sfs_slice_ms: crate::cpu_sched::DEFAULT_SFS_SLICE_MS,
             controller: None,
             store: None,
@@ -401,6 +448,7 @@ const CONFIG_KEYS: &[&str] = &[
     "low_latency_quiet_ms",
     "runc",
     "cpu_sched",
+    "provision",
     "sfs_slice_ms",
     "controller",
     "store",
@@ -574,10 +622,63 @@ impl WorkerConfig {
         }
         hearth_service::quota::check_quotas(&self.quota, &self.quotas)
             .map_err(ConfigError::Invalid)?;
+        if self.provision.elastic {
+            self.elastic_config()
+                .validate()
+                .map_err(|e| ConfigError::Invalid(format!("[provision]: {e}")))?;
+            let r = self.provision.sample_rate;
+            if !(r > 0.0 && r <= 1.0) {
+                return bad(format!(
+                    "[provision] sample_rate must be in (0, 1], got {r}"
+                ));
+            }
+        }
         if let Some(store) = &self.store {
             config_checks::store(store, self.lease_ttl_ms)?;
         }
         config_checks::status_interval_ms(self.status_interval_ms)
+    }
+
+    /// The elastic controller's settings (`[provision]`); `max_mb = 0` means `memory_mb`.
+    pub fn elastic_config(&self) -> hearth_core::provision::ElasticConfig {
+        let p = &self.provision;
+        hearth_core::provision::ElasticConfig {
+            interval_us: p.interval_s.saturating_mul(1_000_000),
+            target_miss_speed: p.target_miss_speed,
+            dead_band: p.dead_band,
+            min_mb: p.min_mb,
+            max_mb: if p.max_mb == 0 {
+                self.memory_mb
+            } else {
+                p.max_mb
+            },
+            smoothing: p.smoothing,
+        }
+    }
+
+    /// The elastic controller, when `[provision] elastic` is on: its hit-ratio curve is built
+    /// online from this worker's own arrivals. Starts at `memory_mb` at time `now`.
+    pub fn elastic_controller(
+        &self,
+        now: Micros,
+    ) -> Result<Option<hearth_core::provision::ElasticController>, ConfigError> {
+        use hearth_core::provision::{CurveBuilder, CurveSource, ElasticController, Sampler};
+        if !self.provision.elastic {
+            return Ok(None);
+        }
+        let bad = |e: String| ConfigError::Invalid(format!("[provision]: {e}"));
+        let sampler = Sampler::new(self.provision.sample_rate).map_err(|e| bad(e.to_string()))?;
+        let curve = CurveBuilder::new(sampler)
+            .max_functions(PROVISION_MAX_FUNCTIONS)
+            .bucket_mb(PROVISION_BUCKET_MB);
+        ElasticController::new(
+            self.elastic_config(),
+            CurveSource::Online(curve),
+            self.memory_mb,
+            now,
+        )
+        .map(Some)
+        .map_err(|e| bad(e.to_string()))
     }
 
     /// Invocation slots this worker runs at once, for the namespaces' fair share.

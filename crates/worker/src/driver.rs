@@ -13,6 +13,7 @@ use crate::metrics::{Metrics, StateLabel};
 use dashmap::DashMap;
 use hearth_api::{ColdPath, FunctionSpec};
 use hearth_core::characteristics::CharacteristicsReport;
+use hearth_core::provision::ElasticController;
 use hearth_core::{
     Arrival, Completion, EngineAction, EngineConfig, EngineStats, InvocationId, Micros,
     ProactiveError, ProactiveEvicted, Reject, Run, SandboxId, WorkerEngine,
@@ -45,6 +46,8 @@ struct EngineState {
     waiters: HashMap<InvocationId, oneshot::Sender<Dispatch>>,
     /// The deadline the timer task sleeps until (`Micros::MAX`: none).
     armed: Micros,
+    /// Elastic provisioning (`[provision] elastic`): resizes the engine's memory budget.
+    elastic: Option<ElasticController>,
 }
 
 impl EngineState {
@@ -159,6 +162,7 @@ impl Driver {
         metrics: Arc<Metrics>,
         load: LoadSampling,
         creation_cap: Option<usize>,
+        elastic: Option<ElasticController>,
     ) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
         let driver = Arc::new(Driver {
@@ -171,6 +175,7 @@ impl Driver {
                 parked: HashMap::new(),
                 waiters: HashMap::new(),
                 armed: Micros::MAX,
+                elastic,
             }),
             lifecycle: tx,
             timer: Arc::new(Notify::new()),
@@ -206,6 +211,9 @@ impl Driver {
         while let Some(action) = st.engine.poll_action() {
             match action {
                 EngineAction::Run(run) => {
+                    if let (Some(_), Some(e)) = (run.cold, st.elastic.as_mut()) {
+                        e.on_cold_start();
+                    }
                     // A warm run's sandbox, or the generic sandbox a cold run specializes.
                     let sandbox = match (run.cold, run.generic) {
                         (None, _) => st.parked.remove(&run.sandbox),
@@ -299,6 +307,9 @@ impl Driver {
         let (id, admission, rx) = {
             let now = self.now();
             let mut st = self.state.lock();
+            if let Some(e) = st.elastic.as_mut() {
+                e.on_arrival(&spec.name, spec.memory_mb);
+            }
             let id = st.engine.on_invocation(
                 now,
                 Arrival {
@@ -581,6 +592,28 @@ impl Driver {
         self.backend.cleanup_all().await;
     }
 
+    /// Elastic provisioning's step: closes the controller's interval when it is due and hands a
+    /// new size to the engine (a cut evicts idle sandboxes only; running ones finish).
+    fn provision(&self, st: &mut EngineState, now: Micros) {
+        let Some(decision) = st.elastic.as_mut().and_then(|e| e.on_timeout(now)) else {
+            return;
+        };
+        let applied = st.engine.set_memory_budget(now, decision.to_mb);
+        self.metrics.memory_budget_mb.set(applied as i64);
+        tracing::info!(
+            from_mb = decision.from_mb,
+            to_mb = applied,
+            miss_speed = decision.miss_speed,
+            arrival_rate = decision.arrival_rate,
+            "elastic provisioning resized the memory budget"
+        );
+    }
+
+    /// The memory budget in force (elastic provisioning may have changed it).
+    pub fn memory_budget_mb(&self) -> u64 {
+        self.state.lock().engine.pool().config().memory_budget_mb
+    }
+
     /// The timer task's step: feeds a load sample if one is due, fires the engine's timers, and
     /// says how long to sleep.
     fn on_timer(&self, next_sample: &mut Micros) -> Duration {
@@ -597,12 +630,16 @@ impl Driver {
             st.engine.on_load(now, load);
         }
         st.engine.on_timeout(now);
+        self.provision(&mut st, now);
         // This task re-arms itself below: the drain must not notify it.
         st.armed = 0;
         self.drain(&mut st);
         let mut wake = st.engine.next_timeout().unwrap_or(Micros::MAX);
         if let LoadSampling::Kernel { .. } = self.load {
             wake = wake.min(*next_sample);
+        }
+        if let Some(e) = &st.elastic {
+            wake = wake.min(e.next_timeout());
         }
         st.armed = wake;
         Duration::from_micros(wake.saturating_sub(now)).min(MAX_SLEEP)

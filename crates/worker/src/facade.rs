@@ -160,6 +160,7 @@ impl Worker {
             Arc::clone(&metrics),
             load,
             config.creation_cap(),
+            config.elastic_controller(0)?,
         );
         let latency = crate::latency::LowLatency::new(
             config.low_latency,
@@ -275,7 +276,7 @@ impl Worker {
                 function: name.to_string(),
                 needed_mb,
                 free_mb,
-                budget_mb: self.config.memory_mb,
+                budget_mb: self.driver.memory_budget_mb(),
             },
             Reject::TooLarge {
                 needed_mb,

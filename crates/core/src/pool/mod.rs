@@ -8,7 +8,9 @@
 //! (the function's least recently used idle sandbox represents it), so choosing a victim is
 //! O(log functions).
 //!
-//! Memory invariant: the memory of starting, busy and idle sandboxes never exceeds the budget.
+//! Memory invariant: the memory of starting, busy and idle sandboxes never exceeds the budget,
+//! except while a budget cut at run time ([`SandboxPool::set_memory_budget`]) is below what is
+//! starting and running: then no sandbox is kept idle and none starts until it is back under.
 //! Proactive sandboxes ([`proactive`]) live in their own part of it, `proactive_mb`, which
 //! reactive and generic sandboxes never use.
 
@@ -59,6 +61,8 @@ pub struct SandboxPool {
     /// The proactive pool's size (clamped to the budget) and the memory of its sandboxes.
     proactive_mb: u64,
     used_proactive_mb: u64,
+    /// The budget was cut at run time (what is running may exceed it until it ends).
+    budget_cut: bool,
     actions: VecDeque<PoolAction>,
 }
 
@@ -82,6 +86,7 @@ impl SandboxPool {
             used_generic_mb: 0,
             generic_target: 0,
             used_proactive_mb: 0,
+            budget_cut: false,
             actions: VecDeque::new(),
         }
     }
@@ -268,6 +273,7 @@ impl SandboxPool {
     /// A generic sandbox is ready to be specialized.
     pub fn on_generic_ready(&mut self, now: Micros, id: SandboxId) {
         if self.generic.on_ready(id) {
+            self.shed(now);
             self.refill_generic(now);
         }
     }
@@ -290,6 +296,42 @@ impl SandboxPool {
     #[doc(hidden)]
     pub fn is_generic(&self, id: SandboxId) -> bool {
         self.generic.holds(id)
+    }
+
+    /// Changes the memory budget at run time (elastic provisioning, thesis §3.4.2): the pool's
+    /// part of cascade deflation. Growing frees room at once. Shrinking destroys idle sandboxes
+    /// (ready generic ones first, then warm ones in the keep-alive policy's eviction order)
+    /// until the reactive memory fits; starting and busy sandboxes are never touched, so if they
+    /// alone exceed the new budget the pool stays over it, starts nothing and keeps nothing idle
+    /// until enough of them end. The proactive pool keeps its size: the budget never goes under
+    /// it. Returns the budget applied.
+    pub fn set_memory_budget(&mut self, now: Micros, budget_mb: u64) -> u64 {
+        let budget_mb = budget_mb.max(self.proactive_mb);
+        self.budget_cut |= budget_mb < self.config.memory_budget_mb;
+        self.config.memory_budget_mb = budget_mb;
+        self.shed(now);
+        budget_mb
+    }
+
+    /// Memory of reactive and generic sandboxes beyond their part of the budget (after a cut).
+    pub fn over_budget_mb(&self) -> u64 {
+        (self.used_running_mb + self.used_warm_mb + self.used_generic_mb)
+            .saturating_sub(self.reactive_budget_mb())
+    }
+
+    /// Destroys idle sandboxes while the pool is over its budget.
+    fn shed(&mut self, now: Micros) {
+        while self.over_budget_mb() > 0 {
+            if let Some(g) = self.generic.pop_ready() {
+                self.used_generic_mb -= self.generic.config.memory_mb;
+                self.actions.push_back(PoolAction::Destroy {
+                    sandbox: g,
+                    reason: DestroyReason::Evicted,
+                });
+            } else if !self.evict_one(now) {
+                break;
+            }
+        }
     }
 
     fn cold_reason(&self, now: Micros, fid: FnId) -> ColdReason {
@@ -501,6 +543,7 @@ impl SandboxPool {
         } else {
             self.reindex(fid);
         }
+        self.shed(now);
     }
 
     /// A sandbox could not be started (cold or prewarm): its memory is released. The driver
@@ -603,6 +646,7 @@ impl SandboxPool {
         } else {
             self.reindex(fid);
         }
+        self.shed(now);
     }
 
     /// Background maintenance: ends keep-alive windows, starts the policy's pre-warms and evicts
@@ -626,6 +670,7 @@ impl SandboxPool {
             self.start_policy_prewarm(now, at, fid);
         }
         while self.free_mb() < self.config.free_buffer_mb && self.evict_one(now) {}
+        self.shed(now);
         self.refill_generic(now);
     }
 
@@ -894,13 +939,21 @@ impl SandboxPool {
                 self.proactive_mb
             ));
         }
-        if running + warm + generic > self.reactive_budget_mb() {
+        // Over budget only after a cut below what is running, and then with nothing idle.
+        let over = running + warm + generic > self.reactive_budget_mb();
+        if over && (warm > 0 || self.generic.ready_count() > 0) {
+            return Err(format!(
+                "over the reactive budget with idle sandboxes: {running} + {warm} + {generic} > {}",
+                self.reactive_budget_mb()
+            ));
+        }
+        if over && (!self.budget_cut || running + self.generic.creating_count() == 0) {
             return Err(format!(
                 "reactive memory in the proactive pool: {running} + {warm} + {generic} > {}",
                 self.reactive_budget_mb()
             ));
         }
-        if running + warm + generic + proactive > self.config.memory_budget_mb {
+        if !over && running + warm + generic + proactive > self.config.memory_budget_mb {
             return Err(format!(
                 "over budget: {running} + {warm} + {generic} + {proactive} > {}",
                 self.config.memory_budget_mb

@@ -919,3 +919,57 @@ fn a_failed_proactive_run_frees_its_room() {
     assert_eq!(p.proactive_free_mb(), 128);
     p.check_invariants().expect("consistent");
 }
+
+#[test]
+fn a_budget_cut_evicts_idle_sandboxes_only_and_waits_for_running_ones() {
+    let mut p = pool_with(KeepAliveKind::Lru, 1024);
+    // Two busy (a, b) and two idle (c older than d), 256 MiB each.
+    let (a, _) = cold(p.acquire(0, "a", 256));
+    let (b, _) = cold(p.acquire(1, "b", 256));
+    let c = run_cold(&mut p, "c", 256, 10, 2, 3);
+    let d = run_cold(&mut p, "d", 256, 10, 4, 5);
+    drain(&mut p);
+    // Cut to 768: one idle sandbox goes, the least recently used.
+    assert_eq!(p.set_memory_budget(6, 768), 768);
+    assert_eq!(evicted(&drain(&mut p)), [c]);
+    assert_eq!(p.idle_sandboxes(), [d]);
+    p.check_invariants().unwrap();
+    // Cut to 256, below the 512 MiB running: every idle one goes, the busy ones stay.
+    p.set_memory_budget(7, 256);
+    assert_eq!(evicted(&drain(&mut p)), [d]);
+    assert_eq!(p.over_budget_mb(), 256);
+    assert_eq!(p.stats().memory_running_mb, 512);
+    p.check_invariants().unwrap();
+    // Nothing new starts while over, not even a small one.
+    assert!(matches!(p.acquire(8, "e", 64), Acquire::NoMemory { .. }));
+    // a ends: its sandbox is destroyed rather than kept (still over with it).
+    p.release(9, a, true);
+    assert_eq!(evicted(&drain(&mut p)), [a]);
+    assert_eq!(p.over_budget_mb(), 0);
+    // b ends: it fits now and stays warm.
+    p.release(10, b, true);
+    assert!(drain(&mut p).is_empty());
+    assert_eq!(p.idle_sandboxes(), [b]);
+    p.check_invariants().unwrap();
+    // Growing makes room at once, without touching b.
+    p.set_memory_budget(11, 1024);
+    let (_, why) = cold(p.acquire(12, "e", 512));
+    assert_eq!(why, ColdReason::New);
+    assert!(drain(&mut p).is_empty());
+    assert_eq!(p.acquire(13, "b", 256), Acquire::Warm(b));
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn a_budget_cut_never_goes_under_the_proactive_pool() {
+    let mut p = SandboxPool::new(PoolConfig {
+        memory_budget_mb: 1024,
+        free_buffer_mb: 0,
+        keepalive: KeepAliveConfig::default(),
+        generic: GenericConfig::OFF,
+        proactive_mb: 256,
+    });
+    assert_eq!(p.set_memory_budget(0, 100), 256);
+    assert_eq!(p.reactive_budget_mb(), 0);
+    p.check_invariants().unwrap();
+}
