@@ -3,6 +3,7 @@
 
 use crate::cpu_model::CpuConfig;
 use crate::error::{Result, SimError};
+use hearth_core::autoscale::AutoscaleParams;
 use hearth_core::balance::{BalanceKind, BalanceParams};
 use hearth_core::bypass::BypassConfig;
 use hearth_core::pool::{GenericConfig, PoolConfig};
@@ -88,7 +89,35 @@ pub struct SimConfig {
     /// `work_seed` and its id (0: every invocation takes exactly the warm time).
     pub work_spread: f64,
     pub work_seed: u64,
+    /// Horizontal autoscaling: the cluster starts with `workers` and the core's autoscaler
+    /// adds and drains workers during the run (None: a fixed cluster).
+    pub autoscale: Option<SimAutoscale>,
 }
+
+/// The simulated cluster's autoscaling: the controller's very [`AutoscaleParams`], how often it
+/// looks, and how long a worker it adds takes to come up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimAutoscale {
+    pub params: AutoscaleParams,
+    /// How often the autoscaler reads the workers' last reported loads.
+    pub interval_us: Micros,
+    /// From the decision to the new worker joining the balancer (a VM or process start).
+    pub start_us: Micros,
+}
+
+impl SimAutoscale {
+    /// `params`, looking every second, workers up 10 s after the decision.
+    pub fn new(params: AutoscaleParams) -> Self {
+        SimAutoscale {
+            params,
+            interval_us: secs(1),
+            start_us: secs(10),
+        }
+    }
+}
+
+/// Longest autoscaler interval and worker start time the simulator accepts (an hour).
+const MAX_AUTOSCALE_US: Micros = 3_600_000_000;
 
 /// Atoll's keep-alive for reactive sandboxes (Table 1: 15 minutes).
 pub const ATOLL_TTL_US: Micros = 15 * 60 * 1_000_000;
@@ -122,6 +151,7 @@ impl Default for SimConfig {
             cpu: CpuConfig::default(),
             work_spread: 0.0,
             work_seed: 0,
+            autoscale: None,
         }
     }
 }
@@ -164,6 +194,20 @@ impl SimConfig {
         }
         if !(self.work_spread.is_finite() && (0.0..=0.9).contains(&self.work_spread)) {
             return bad("the work spread must be between 0 and 0.9");
+        }
+        if let Some(a) = &self.autoscale {
+            a.params
+                .check()
+                .map_err(|e| SimError::Config(e.to_string()))?;
+            if !matches!(self.routing, Routing::Balancer(..)) {
+                return bad("autoscaling needs one of the controller's balancing policies");
+            }
+            if !(1..=MAX_AUTOSCALE_US).contains(&a.interval_us) {
+                return bad("the autoscale interval must be between 1 µs and an hour");
+            }
+            if a.start_us > MAX_AUTOSCALE_US {
+                return bad("the worker start time must be at most an hour");
+            }
         }
         self.cpu.check()
     }

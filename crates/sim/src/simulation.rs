@@ -12,6 +12,7 @@ use crate::events::{EventQueue, Kind};
 use crate::record::{worker_name, End, Record, Refusal, Sink};
 use crate::router::Router;
 use crate::workload::Workload;
+use hearth_core::autoscale::{Autoscaler, Direction, ScaleDecision};
 use hearth_core::balance::{Finished, WorkerLoad};
 use hearth_core::proactive::{AllocAction, Command, Outcome};
 use hearth_core::{
@@ -32,6 +33,44 @@ pub struct SimWorker {
     /// The pending CPU and timer events (earlier ones are stale and skipped).
     cpu_event_at: Option<Micros>,
     timer_at: Option<Micros>,
+    /// Where it is in the autoscaled cluster's life (always `Active` in a fixed cluster).
+    pub phase: Phase,
+}
+
+/// A simulated worker's membership.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Added by the autoscaler, not up yet: gets no work.
+    Starting,
+    /// In the balancer.
+    Active,
+    /// Drained by the autoscaler: out of the balancer, finishing what it has.
+    Draining,
+    /// Drained and idle: gone.
+    Gone,
+}
+
+/// One action of the simulated cluster's autoscaler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScaleEvent {
+    /// When it was decided (µs); added workers join `start_us` later.
+    pub at_us: Micros,
+    pub decision: ScaleDecision,
+    /// The simulated workers it added or drained.
+    pub workers: Vec<u32>,
+}
+
+impl SimWorker {
+    fn new(config: &SimConfig, names: &Arc<[Arc<str>]>, phase: Phase) -> Result<Self> {
+        Ok(SimWorker {
+            engine: WorkerEngine::new(config.engine()),
+            cpu: CpuModel::new(&config.cpu, config.cpus, names)?,
+            waiting: HashMap::new(),
+            cpu_event_at: None,
+            timer_at: None,
+            phase,
+        })
+    }
 }
 
 /// An invocation between its start and its end.
@@ -81,7 +120,7 @@ impl Jobs {
 }
 
 /// Totals of a run.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SimStats {
     pub invocations: u64,
     pub completed: u64,
@@ -110,6 +149,10 @@ pub struct SimStats {
     pub context_switches: u64,
     pub preemptions: u64,
     pub demotions: u64,
+    /// The autoscaler's actions, in order (empty in a fixed cluster).
+    pub scaling: Vec<ScaleEvent>,
+    /// Most workers active at once.
+    pub peak_workers: usize,
 }
 
 /// A simulation in progress.
@@ -130,6 +173,9 @@ pub struct Simulation<'a> {
     now: Micros,
     stats: SimStats,
     sink: &'a mut dyn Sink,
+    autoscaler: Option<Autoscaler>,
+    /// Function names, shared by every worker's CPU model.
+    names: Arc<[Arc<str>]>,
 }
 
 /// Runs `workload` on the cluster `config` describes, reporting to `sink`.
@@ -152,16 +198,14 @@ impl<'a> Simulation<'a> {
         };
         let names: Arc<[Arc<str>]> = workload.functions.iter().map(|f| f.name.clone()).collect();
         let workers = (0..config.workers)
-            .map(|_| {
-                Ok(SimWorker {
-                    engine: WorkerEngine::new(config.engine()),
-                    cpu: CpuModel::new(&config.cpu, config.cpus, &names)?,
-                    waiting: HashMap::new(),
-                    cpu_event_at: None,
-                    timer_at: None,
-                })
-            })
+            .map(|_| SimWorker::new(&config, &names, Phase::Active))
             .collect::<Result<Vec<_>>>()?;
+        let autoscaler = match &config.autoscale {
+            Some(a) => Some(
+                Autoscaler::new(a.params.clone()).map_err(|e| SimError::Config(e.to_string()))?,
+            ),
+            None => None,
+        };
         let mut events = EventQueue::default();
         // Pushes are spread over the interval, as independent workers' would be.
         let n = config.workers as u64;
@@ -171,6 +215,9 @@ impl<'a> Simulation<'a> {
         }
         if let Some(a) = router.atoll() {
             events.push(a.next_tick(), Kind::AtollTick);
+        }
+        if let Some(a) = &config.autoscale {
+            events.push(a.interval_us, Kind::Autoscale);
         }
         let by_name = workload
             .functions
@@ -190,8 +237,13 @@ impl<'a> Simulation<'a> {
             outstanding: 0,
             starting: 0,
             now: 0,
-            stats: SimStats::default(),
+            stats: SimStats {
+                peak_workers: n as usize,
+                ..SimStats::default()
+            },
             sink,
+            autoscaler,
+            names,
         };
         for w in 0..sim.workers.len() {
             sim.prewarm(w)?;
@@ -273,6 +325,8 @@ impl<'a> Simulation<'a> {
                 } => self.on_proactive_ready(worker as usize, sandbox, function)?,
                 Kind::Timer { worker } => self.on_timer(worker as usize)?,
                 Kind::AtollTick => self.on_atoll_tick()?,
+                Kind::Autoscale => self.on_autoscale()?,
+                Kind::WorkerUp { worker } => self.on_worker_up(worker as usize)?,
                 Kind::Status { worker } => self.on_status(worker as usize),
             }
         }
@@ -730,8 +784,80 @@ impl<'a> Simulation<'a> {
         self.after_engine(w)
     }
 
+    /// The autoscaler's periodic look at the active workers' reported loads; its decision is
+    /// carried out at once: added workers start (and join `start_us` later), drained ones
+    /// leave the balancer and finish their work.
+    fn on_autoscale(&mut self) -> Result<()> {
+        let (Some(a), Some(setup)) = (self.autoscaler.as_mut(), self.config.autoscale.as_ref())
+        else {
+            return Ok(());
+        };
+        let samples = self.router.active_loads();
+        let next = self.now + setup.interval_us;
+        let start_us = setup.start_us;
+        if let Some(d) = a.observe(self.now, &samples) {
+            let mut touched = Vec::new();
+            match d.direction {
+                Direction::Out => {
+                    for _ in 0..d.count {
+                        let w = self.workers.len();
+                        let worker = SimWorker::new(&self.config, &self.names, Phase::Starting)?;
+                        self.workers.push(worker);
+                        self.events
+                            .push(self.now + start_us, Kind::WorkerUp { worker: w as u32 });
+                        touched.push(w as u32);
+                    }
+                }
+                Direction::In => {
+                    for &w in &d.remove {
+                        let Some(worker) = self.workers.get_mut(w as usize) else {
+                            continue;
+                        };
+                        if worker.phase == Phase::Active {
+                            worker.phase = Phase::Draining;
+                            self.router.drain_worker(self.now, w as usize);
+                            touched.push(w);
+                        }
+                    }
+                }
+            }
+            self.sink.scaled(self.now, &d, &touched);
+            self.stats.scaling.push(ScaleEvent {
+                at_us: self.now,
+                decision: d,
+                workers: touched,
+            });
+        }
+        self.events.push(next, Kind::Autoscale);
+        Ok(())
+    }
+
+    /// A worker the autoscaler added is up: it joins the balancer and starts pushing status.
+    fn on_worker_up(&mut self, w: usize) -> Result<()> {
+        self.router
+            .add_worker(self.now, w, &worker_name(w as u32))?;
+        self.workers[w].phase = Phase::Active;
+        let active = self
+            .workers
+            .iter()
+            .filter(|x| x.phase == Phase::Active)
+            .count();
+        self.stats.peak_workers = self.stats.peak_workers.max(active);
+        self.events
+            .push(self.now, Kind::Status { worker: w as u32 });
+        Ok(())
+    }
+
     /// The worker's status push, built as the real worker builds it from its status.
     fn on_status(&mut self, w: usize) {
+        if self.workers[w].phase == Phase::Draining
+            && self.workers[w].engine.running() == 0
+            && self.workers[w].engine.queue_length() == 0
+        {
+            // Drained and idle: it is gone, and pushes no more.
+            self.workers[w].phase = Phase::Gone;
+            return;
+        }
         let e = &self.workers[w].engine;
         let load = WorkerLoad {
             // The sandbox memory budget, as the worker's status reports it.
@@ -796,5 +922,99 @@ mod tests {
         assert!((w - 100_000.0).abs() < 1.0, "warm {w}");
         assert!((c - 400_000.0).abs() < 1.0, "cold {c}");
         assert!((learned.cold_warm_ratio() - 4.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_autoscaler_adds_workers_that_take_work_and_drained_ones_take_none() {
+        use crate::config::SimAutoscale;
+        use hearth_core::autoscale::{AutoscaleParams, Direction};
+        use hearth_core::time::secs;
+        // 2 workers of 2 CPUs running everything at once; 200 s of 1-s invocations at 6/s
+        // (one and a half times their CPUs), then 400 s of one call every 5 s.
+        let f = SimFunction::new("f", secs(1), ms(100), 64);
+        let mut arrivals: Vec<At> = (0..1200)
+            .map(|i| At {
+                at_us: i * 1_000_000 / 6,
+                function: 0,
+            })
+            .collect();
+        arrivals.extend((0..80).map(|i| At {
+            at_us: secs(200) + i * secs(5),
+            function: 0,
+        }));
+        let workload = Workload {
+            functions: vec![f],
+            arrivals,
+        };
+        let config = SimConfig {
+            workers: 2,
+            cpus: 2,
+            regulator: RegulatorConfig::Fixed(u32::MAX),
+            routing: Routing::seeded(BalanceKind::LeastLoaded, 1),
+            autoscale: Some(SimAutoscale {
+                params: AutoscaleParams {
+                    min_workers: 2,
+                    max_workers: 5,
+                    dead_band_ms: 20_000,
+                    ..AutoscaleParams::default()
+                },
+                interval_us: secs(1),
+                start_us: secs(5),
+            }),
+            ..SimConfig::default()
+        };
+        let mut sink = Collect::default();
+        let stats = simulate(&workload, &config, &mut sink).unwrap();
+        assert_eq!(stats.completed + stats.dropped, stats.invocations);
+        let outs: Vec<&ScaleEvent> = stats
+            .scaling
+            .iter()
+            .filter(|e| e.decision.direction == Direction::Out)
+            .collect();
+        let ins: Vec<&ScaleEvent> = stats
+            .scaling
+            .iter()
+            .filter(|e| e.decision.direction == Direction::In)
+            .collect();
+        assert!(
+            !outs.is_empty() && stats.peak_workers >= 3,
+            "{:?}",
+            stats.scaling
+        );
+        assert!(stats.peak_workers <= 5);
+        assert!(
+            !ins.is_empty(),
+            "the quiet end drains workers: {:?} {:?}",
+            stats
+                .scaling
+                .iter()
+                .map(|e| (e.at_us / 1_000_000, e.decision.reason()))
+                .collect::<Vec<_>>(),
+            stats.end_us
+        );
+        for pair in stats.scaling.windows(2) {
+            assert!(pair[1].at_us - pair[0].at_us >= secs(20), "dead band");
+        }
+        // An added worker gets work only once it is up.
+        for e in &outs {
+            let w = e.workers[0];
+            let first = sink
+                .records
+                .iter()
+                .filter(|r| r.worker == Some(w))
+                .map(|r| r.scheduled_us)
+                .min()
+                .expect("the added worker took work");
+            assert!(first >= e.at_us + secs(5));
+        }
+        // A drained worker gets none after its drain.
+        for e in &ins {
+            for w in &e.workers {
+                assert!(!sink
+                    .records
+                    .iter()
+                    .any(|r| r.worker == Some(*w) && r.scheduled_us > e.at_us));
+            }
+        }
     }
 }

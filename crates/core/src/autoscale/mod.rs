@@ -318,7 +318,10 @@ impl Autoscaler {
         let dt = self
             .last_sample
             .map(|t| (now.saturating_sub(t) as f64 / 1e6).min(MAX_SAMPLE_GAP_S));
-        if let Some(dt) = dt {
+        // Anti-windup: at a bound the cluster cannot follow the error, so it is not summed
+        // (else a long overload at max_workers would hold back the scale-in that follows).
+        let saturated = (n >= p.max_workers && error > 0.0) || (n <= p.min_workers && error < 0.0);
+        if let (Some(dt), false) = (dt, saturated) {
             self.integral += error * dt;
             if p.ki > 0.0 {
                 let limit = p.target_load / p.ki;

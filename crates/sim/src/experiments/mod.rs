@@ -16,6 +16,7 @@ pub mod plot;
 mod priority;
 mod queue;
 pub mod runner;
+mod scaling;
 
 use crate::error::{Result, SimError};
 use crate::workload::Workload;
@@ -40,16 +41,19 @@ pub enum Experiment {
     Atoll,
     /// CPU scheduling of invocations: CFS, SFS, ALPS, SRPT (ALPS, ATC '24, Figs. 5–7, 9, §7.5).
     Alps,
+    /// Bursty traffic and horizontal autoscaling (CH-RLU paper Figs. 9–11).
+    Scaling,
 }
 
 impl Experiment {
-    pub const ALL: [Experiment; 6] = [
+    pub const ALL: [Experiment; 7] = [
         Experiment::Keepalive,
         Experiment::Balance,
         Experiment::Queue,
         Experiment::Priority,
         Experiment::Atoll,
         Experiment::Alps,
+        Experiment::Scaling,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +64,7 @@ impl Experiment {
             Experiment::Priority => "priority",
             Experiment::Atoll => "atoll",
             Experiment::Alps => "alps",
+            Experiment::Scaling => "scaling",
         }
     }
 }
@@ -71,7 +76,7 @@ impl std::str::FromStr for Experiment {
             .into_iter()
             .find(|e| e.name() == s)
             .ok_or_else(|| {
-                format!("unknown experiment {s:?} (expected keepalive, balance, queue, priority, atoll or alps)")
+                format!("unknown experiment {s:?} (expected keepalive, balance, queue, priority, atoll, alps or scaling)")
             })
     }
 }
@@ -111,6 +116,7 @@ pub fn run(e: Experiment, o: &Options) -> Result<Report> {
         Experiment::Priority => priority::run(o)?,
         Experiment::Atoll => atoll::run(o)?,
         Experiment::Alps => alps::run(o)?,
+        Experiment::Scaling => scaling::run(o)?,
     };
     let md = o.out.join("results.md");
     write(&md, &markdown)?;
