@@ -366,7 +366,11 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         t10.markdown()
     ));
     let fig = o.out.join("scaling_bursts.png");
-    let labels: Vec<String> = pols.iter().map(|p| p.0.to_string()).collect();
+    // The paper's short names, so that the bars' labels fit.
+    let labels: Vec<String> = ["OW+GD", "OW+TTL", "LL", "CH-BL", "RLU"]
+        .iter()
+        .map(|l| l.to_string())
+        .collect();
     let impact = |r: &[RunMetrics]| -> Vec<f64> {
         r.iter()
             .map(|m| 100.0 * (m.weighted_slowdown() - 1.0))
@@ -736,29 +740,6 @@ fn fig11(
             })).collect::<Vec<_>>(),
             "slowdown_over_time": t.points(),
         }));
-    }
-    // The instants workers of the first autoscaled run joined, as a comb on the latency panel.
-    if let Some((_, stats)) = outcomes.first() {
-        let top = lat_series
-            .iter()
-            .take(2)
-            .flat_map(|x| x.points.iter().map(|p| p.1))
-            .fold(1.0f64, f64::max);
-        let mut comb = Vec::new();
-        for e in stats
-            .scaling
-            .iter()
-            .filter(|e| e.decision.direction == Direction::Out)
-        {
-            let x = (e.at_us + s.start_us) as f64 / 60e6 * 60.0 / m;
-            comb.extend([(x, 1.0), (x, top), (x, 1.0)]);
-        }
-        if !comb.is_empty() {
-            lat_series.push(Series {
-                label: "worker joined (one per step)".into(),
-                points: comb,
-            });
-        }
     }
     let md = format!(
         "## Fig. 11: horizontal scaling ({} invocations; rate rising for 12 min to {}/s, held to \
