@@ -525,6 +525,13 @@ mod tests {
     }
 
     #[test]
+    fn worker_ranges_parse() {
+        assert_eq!(parse_worker_range("3..12"), Ok((3, 12)));
+        assert!(parse_worker_range("3-12").is_err());
+        assert!(parse_worker_range("a..2").is_err());
+    }
+
+    #[test]
     fn concurrency_names() {
         assert_eq!(
             parse_concurrency("0", 16).unwrap(),
