@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hearth_core::autoscale::AutoscaleParams;
 use hearth_core::balance::{BalanceKind, BalanceParams};
 use hearth_core::bypass::BypassConfig;
 use hearth_core::proactive::{AtollConfig, Ladder, ScaleOutMode, VictimPolicy};
@@ -11,7 +12,9 @@ use hearth_core::{
 use hearth_loadgen::{metadata, Metadata, Trace};
 use hearth_sim::config::ATOLL_TTL_US;
 use hearth_sim::record::Tee;
-use hearth_sim::{CpuConfig, CpuSched, CsvSink, Record, Routing, SimConfig, Sink, Workload};
+use hearth_sim::{
+    CpuConfig, CpuSched, CsvSink, Record, Routing, SimAutoscale, SimConfig, Sink, Workload,
+};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -127,6 +130,30 @@ pub struct SimArgs {
     /// takes warm × (1 ± up to this), drawn per invocation from --seed).
     #[arg(long, default_value_t = 0.0)]
     work_spread: f64,
+    /// Horizontal autoscaling between MIN and MAX workers (e.g. 3..12), by the controller's
+    /// autoscaler on the workers' reported loads; the cluster starts with --workers
+    /// (docs/autoscaling.md). Needs one of the controller's balancing policies.
+    #[arg(long, value_parser = parse_worker_range)]
+    autoscale: Option<(u32, u32)>,
+    /// Autoscaling: no second action within this of the previous one.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    dead_band: Duration,
+    /// Autoscaling: from the decision to an added worker taking work.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    worker_start: Duration,
+}
+
+/// `MIN..MAX` workers.
+fn parse_worker_range(s: &str) -> Result<(u32, u32), String> {
+    let (lo, hi) = s
+        .split_once("..")
+        .ok_or_else(|| format!("expected MIN..MAX (e.g. 3..12), got {s:?}"))?;
+    let num = |v: &str| {
+        v.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("expected MIN..MAX with whole numbers, got {s:?}"))
+    };
+    Ok((num(lo)?, num(hi)?))
 }
 
 /// A routing policy by name: one of the controller's, or the simulator's greedy baseline.
@@ -313,6 +340,19 @@ impl SimArgs {
             work_spread: self.work_spread,
             work_seed: self.seed,
             elastic: None,
+            autoscale: self.autoscale.map(|(min, max)| SimAutoscale {
+                params: AutoscaleParams {
+                    min_workers: min,
+                    max_workers: max,
+                    dead_band_ms: self.dead_band.as_millis().min(u128::from(u64::MAX)) as u64,
+                    ..AutoscaleParams::default()
+                },
+                interval_us: self
+                    .status_interval
+                    .as_micros()
+                    .clamp(1, u128::from(u64::MAX)) as u64,
+                start_us: self.worker_start.as_micros().min(u128::from(u64::MAX)) as u64,
+            }),
         })
     }
 }
@@ -425,6 +465,28 @@ pub fn run(a: SimArgs) -> Result<()> {
             );
         }
     }
+    if config.autoscale.is_some() {
+        let outs = stats
+            .scaling
+            .iter()
+            .filter(|e| e.decision.direction == hearth_core::autoscale::Direction::Out)
+            .count();
+        println!(
+            "autoscaling: {} scale-outs, {} scale-ins, at most {} workers at once",
+            outs,
+            stats.scaling.len() - outs,
+            stats.peak_workers
+        );
+        for e in &stats.scaling {
+            println!(
+                "  at {:.1} s: scale {} by {} ({})",
+                e.at_us as f64 / 1e6,
+                e.decision.direction.as_str(),
+                e.decision.count,
+                e.decision.reason()
+            );
+        }
+    }
     if config.cpu.sched != CpuSched::Ps {
         println!(
             "cpu {}: {} context switches ({:.2} per invocation), {} preemptions, {} demotions to fair sharing",
@@ -461,6 +523,13 @@ mod tests {
         assert_eq!(parse_size_mb("300"), Ok(300));
         assert!(parse_size_mb("lots").is_err());
         assert!(parse_size_mb("3 parsecs").unwrap_err().contains("unit"));
+    }
+
+    #[test]
+    fn worker_ranges_parse() {
+        assert_eq!(parse_worker_range("3..12"), Ok((3, 12)));
+        assert!(parse_worker_range("3-12").is_err());
+        assert!(parse_worker_range("a..2").is_err());
     }
 
     #[test]

@@ -3,6 +3,8 @@
 
 use hearth_core::balance::{BalanceKind, BalanceParams};
 use hearth_core::proactive::AtollConfig;
+
+pub use crate::autoscale::AutoscaleConfig;
 use hearth_service::config_checks;
 use hearth_service::config_loader::EnvKeys;
 use hearth_service::quota::QuotaLimits;
@@ -28,6 +30,9 @@ pub struct ControllerConfig {
     /// Atoll (`[atoll]`, docs/atoll.md): when set, Atoll's balancer routes instead of
     /// `balance`, and the controller allocates proactive sandboxes on the workers.
     pub atoll: Option<AtollConfig>,
+    /// Horizontal autoscaling (`[autoscale]`, docs/autoscaling.md): when set, the controller's
+    /// autoscaler runs the configured command or webhook to add or remove workers.
+    pub autoscale: Option<AutoscaleConfig>,
     /// Workers polled by the controller (`http://HOST:PORT` or `https://HOST:PORT`), besides
     /// those that join by pushing.
     pub workers: Vec<String>,
@@ -114,6 +119,7 @@ impl Default for ControllerConfig {
             balance: BalanceKind::ChRlu,
             balance_params: BalanceParams::default(),
             atoll: None,
+            autoscale: None,
             workers: Vec::new(),
             status_interval_ms: 1000,
             status_timeout_ms: 3000,
@@ -156,6 +162,7 @@ const CONFIG_KEYS: &[&str] = &[
     "balance",
     "balance_params",
     "atoll",
+    "autoscale",
     "workers",
     "status_interval_ms",
     "status_timeout_ms",
@@ -286,6 +293,10 @@ impl ControllerConfig {
             a.validate()
                 .map_err(|e| ConfigError::Invalid(format!("[atoll]: {e}")))?;
         }
+        if let Some(a) = &self.autoscale {
+            a.check()
+                .map_err(|e| ConfigError::Invalid(format!("[autoscale]: {e}")))?;
+        }
         self.balance_params
             .check()
             .map_err(|e| ConfigError::Invalid(e.to_string()))
@@ -376,6 +387,33 @@ mod tests {
     }
 
     #[test]
+    fn autoscale_is_off_by_default_and_configured_by_its_section() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(ControllerConfig::load(Some(&path)).unwrap().autoscale, None);
+        std::fs::write(
+            &path,
+            "[autoscale]\ncommand = [\"/usr/local/bin/add-worker\", \"--pool\", \"a\"]\n\
+             interval_ms = 1000\n[autoscale.params]\nmax_workers = 8\ndead_band_ms = 60000\n",
+        )
+        .unwrap();
+        let a = ControllerConfig::load(Some(&path))
+            .unwrap()
+            .autoscale
+            .unwrap();
+        assert_eq!(a.command, ["/usr/local/bin/add-worker", "--pool", "a"]);
+        assert_eq!(a.interval_ms, 1000);
+        assert_eq!(a.params.max_workers, 8);
+        assert_eq!(a.params.dead_band_ms, 60_000);
+        assert_eq!(
+            a.params.overloaded_share, 0.5,
+            "unset keys keep their defaults"
+        );
+        assert_eq!(a.action_timeout_ms, 30_000);
+    }
+
+    #[test]
     fn bad_policies_and_parameters_are_refused_with_the_reason() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
@@ -395,6 +433,12 @@ mod tests {
             ),
             ("[atoll.scaler]\nscale_outt = 0.3\n", "scale_outt"),
             ("[atoll.alloc]\nvictim = \"random\"\n", "random"),
+            ("[autoscale]\ninterval_ms = 1000\n", "command or a webhook"),
+            (
+                "[autoscale]\nwebhook = \"http://127.0.0.1:1/h\"\n[autoscale.params]\nscale_in_load = 0.9\n",
+                "scale_in_load",
+            ),
+            ("[autoscale]\ncommandd = [\"x\"]\n", "commandd"),
         ] {
             std::fs::write(&path, text).unwrap();
             let err = ControllerConfig::load(Some(&path)).unwrap_err().to_string();

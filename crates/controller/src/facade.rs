@@ -152,6 +152,13 @@ impl Controller {
                 max_answer_bytes: config.async_max_bytes,
             },
         );
+        // The autoscaler's webhook client: the same trust, never the cluster credential.
+        let hook = Forwarder::new(
+            Duration::from_millis(config.connect_timeout_ms),
+            None,
+            Arc::clone(&tls),
+        )
+        .with_max_answer_bytes(0);
         let c = Arc::new(Controller {
             forwarder: Forwarder::new(
                 Duration::from_millis(config.connect_timeout_ms),
@@ -188,6 +195,9 @@ impl Controller {
         }
         for url in c.config.workers.clone() {
             tokio::spawn(membership::poll_worker(Arc::downgrade(&c), url, None));
+        }
+        if let Some(a) = c.config.autoscale.clone() {
+            tokio::spawn(crate::autoscale::run(Arc::downgrade(&c), a, hook));
         }
         Ok(c)
     }

@@ -15,6 +15,7 @@
 //! [`cluster_sync`] keeps a controller among several in step with the cluster's store (etcd).
 
 pub mod api;
+pub mod autoscale;
 pub mod cluster_sync;
 pub mod config;
 pub mod driver;

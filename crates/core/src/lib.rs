@@ -107,6 +107,7 @@
 //! # let _ = now;
 //! ```
 
+pub mod autoscale;
 pub mod balance;
 pub mod bypass;
 pub mod characteristics;

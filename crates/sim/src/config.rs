@@ -3,6 +3,7 @@
 
 use crate::cpu_model::CpuConfig;
 use crate::error::{Result, SimError};
+use hearth_core::autoscale::AutoscaleParams;
 use hearth_core::balance::{BalanceKind, BalanceParams};
 use hearth_core::bypass::BypassConfig;
 use hearth_core::pool::{GenericConfig, PoolConfig};
@@ -92,6 +93,9 @@ pub struct SimConfig {
     /// Elastic provisioning (thesis §3.4.2): each worker's memory budget follows its own
     /// [`hearth_core::provision::ElasticController`], starting from `memory_mb`.
     pub elastic: Option<SimElastic>,
+    /// Horizontal autoscaling: the cluster starts with `workers` and the core's autoscaler
+    /// adds and drains workers during the run (None: a fixed cluster).
+    pub autoscale: Option<SimAutoscale>,
 }
 
 /// The elastic controller of each simulated worker and the curve it reads.
@@ -100,6 +104,31 @@ pub struct SimElastic {
     pub config: ElasticConfig,
     pub curve: CurveSource,
 }
+
+/// The simulated cluster's autoscaling: the controller's very [`AutoscaleParams`], how often it
+/// looks, and how long a worker it adds takes to come up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimAutoscale {
+    pub params: AutoscaleParams,
+    /// How often the autoscaler reads the workers' last reported loads.
+    pub interval_us: Micros,
+    /// From the decision to the new worker joining the balancer (a VM or process start).
+    pub start_us: Micros,
+}
+
+impl SimAutoscale {
+    /// `params`, looking every second, workers up 10 s after the decision.
+    pub fn new(params: AutoscaleParams) -> Self {
+        SimAutoscale {
+            params,
+            interval_us: secs(1),
+            start_us: secs(10),
+        }
+    }
+}
+
+/// Longest autoscaler interval and worker start time the simulator accepts (an hour).
+const MAX_AUTOSCALE_US: Micros = 3_600_000_000;
 
 /// Atoll's keep-alive for reactive sandboxes (Table 1: 15 minutes).
 pub const ATOLL_TTL_US: Micros = 15 * 60 * 1_000_000;
@@ -134,6 +163,7 @@ impl Default for SimConfig {
             work_spread: 0.0,
             work_seed: 0,
             elastic: None,
+            autoscale: None,
         }
     }
 }
@@ -181,6 +211,20 @@ impl SimConfig {
         }
         if !(self.work_spread.is_finite() && (0.0..=0.9).contains(&self.work_spread)) {
             return bad("the work spread must be between 0 and 0.9");
+        }
+        if let Some(a) = &self.autoscale {
+            a.params
+                .check()
+                .map_err(|e| SimError::Config(e.to_string()))?;
+            if !matches!(self.routing, Routing::Balancer(..)) {
+                return bad("autoscaling needs one of the controller's balancing policies");
+            }
+            if !(1..=MAX_AUTOSCALE_US).contains(&a.interval_us) {
+                return bad("the autoscale interval must be between 1 µs and an hour");
+            }
+            if a.start_us > MAX_AUTOSCALE_US {
+                return bad("the worker start time must be at most an hour");
+            }
         }
         self.cpu.check()
     }

@@ -33,12 +33,16 @@ pub enum Kind {
         sandbox: SandboxId,
         function: u32,
     },
+    /// A worker the autoscaler added finished starting: it joins the balancer.
+    WorkerUp { worker: u32 },
     /// A worker engine's timer (keep-alive expiry, pre-warms, load-average sample).
     Timer { worker: u32 },
     /// Atoll re-estimates demand, re-allocates sandboxes and scales (every interval).
     AtollTick,
     /// A worker's elastic controller closes an interval and may resize its memory.
     Resize { worker: u32 },
+    /// The horizontal autoscaler reads the reported loads and may add or drain workers.
+    Autoscale,
     /// A worker pushes its status to the balancer.
     Status { worker: u32 },
 }
@@ -52,9 +56,9 @@ impl Kind {
             Kind::Cpu { .. } => 0,
             Kind::Timeout { .. } => 1,
             Kind::InitDone { .. } => 2,
-            Kind::SandboxReady { .. } | Kind::ProactiveReady { .. } => 3,
+            Kind::SandboxReady { .. } | Kind::ProactiveReady { .. } | Kind::WorkerUp { .. } => 3,
             Kind::Timer { .. } => 4,
-            Kind::AtollTick => 5,
+            Kind::AtollTick | Kind::Autoscale => 5,
             Kind::Resize { .. } => 6,
             Kind::Status { .. } => 7,
         }

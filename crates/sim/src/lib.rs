@@ -23,10 +23,10 @@ pub mod router;
 pub mod simulation;
 pub mod workload;
 
-pub use config::{Routing, SimConfig, SimElastic};
+pub use config::{Routing, SimAutoscale, SimConfig, SimElastic};
 pub use cpu_model::{CpuConfig, CpuModel, CpuSched};
 pub use cpu_quantum::{CpuStats, QuantumParams};
 pub use error::{Result, SimError};
 pub use record::{Collect, CsvSink, End, Record, Refusal, Sink};
-pub use simulation::{simulate, SimStats, SimWorker, Simulation};
+pub use simulation::{simulate, Phase, ScaleEvent, SimStats, SimWorker, Simulation};
 pub use workload::{SimFunction, Workload};

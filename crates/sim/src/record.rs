@@ -4,6 +4,7 @@
 
 use crate::error::Result;
 use crate::workload::Workload;
+use hearth_core::autoscale::ScaleDecision;
 use hearth_core::balance::{Rejection, WorkerLoad};
 use hearth_core::{ColdReason, Micros, Reject};
 use hearth_loadgen::{Outcome, ResultRow, ResultWriter};
@@ -108,6 +109,9 @@ pub trait Sink {
 
     /// A worker pushed `load` to the balancer at `now` (for load-over-time and variance).
     fn status(&mut self, _now: Micros, _worker: u32, _load: &WorkerLoad) {}
+
+    /// The autoscaler decided `decision` at `now`, adding or draining `workers`.
+    fn scaled(&mut self, _now: Micros, _decision: &ScaleDecision, _workers: &[u32]) {}
 }
 
 /// Keeps every record in memory (tests, small runs).
@@ -224,5 +228,10 @@ impl<A: Sink, B: Sink> Sink for Tee<'_, A, B> {
     fn status(&mut self, now: Micros, worker: u32, load: &WorkerLoad) {
         self.0.status(now, worker, load);
         self.1.status(now, worker, load);
+    }
+
+    fn scaled(&mut self, now: Micros, decision: &ScaleDecision, workers: &[u32]) {
+        self.0.scaled(now, decision, workers);
+        self.1.scaled(now, decision, workers);
     }
 }

@@ -207,6 +207,68 @@ impl Router {
         }
     }
 
+    /// A worker added during the run (autoscaling) joins the balancer: new work may go there.
+    /// `w` is its simulated index, the next one.
+    pub fn add_worker(&mut self, now: Micros, w: usize, name: &str) -> Result<()> {
+        let Router::Balancer {
+            balancer,
+            ids,
+            index,
+        } = self
+        else {
+            return Err(crate::error::SimError::Config(
+                "workers can only be added under the controller's balancing policies".into(),
+            ));
+        };
+        if w != ids.len() {
+            return Err(crate::error::SimError::Internal(format!(
+                "worker {w} added out of order ({} known)",
+                ids.len()
+            )));
+        }
+        let id = balancer.join(now, name);
+        ids.push(id);
+        let slot = id.0 as usize;
+        if index.len() <= slot {
+            index.resize(slot + 1, usize::MAX);
+        }
+        index[slot] = w;
+        Ok(())
+    }
+
+    /// A worker drains: it leaves the balancer (no new work) and finishes what it has.
+    pub fn drain_worker(&mut self, now: Micros, w: usize) {
+        if let Router::Balancer { balancer, ids, .. } = self {
+            if let Some(id) = ids.get(w) {
+                balancer.leave(now, *id);
+            }
+        }
+    }
+
+    /// The active (in the balancer, not draining) workers' last reported loads, by simulated
+    /// index: what the autoscaler sees.
+    pub fn active_loads(&self) -> Vec<hearth_core::autoscale::Sample> {
+        match self {
+            Router::Balancer {
+                balancer, index, ..
+            } => {
+                let workers = balancer.workers();
+                workers
+                    .live()
+                    .iter()
+                    .filter_map(|id| {
+                        let w = *index.get(id.0 as usize)?;
+                        (w != usize::MAX).then(|| hearth_core::autoscale::Sample {
+                            worker: w as u32,
+                            load: workers.load(*id),
+                        })
+                    })
+                    .collect()
+            }
+            Router::Greedy(_) | Router::Atoll(_) => Vec::new(),
+        }
+    }
+
     /// Atoll's state, when it routes.
     pub fn atoll(&self) -> Option<&Atoll> {
         match self {

@@ -12,6 +12,7 @@ use crate::events::{EventQueue, Kind};
 use crate::record::{worker_name, End, Record, Refusal, Sink};
 use crate::router::Router;
 use crate::workload::Workload;
+use hearth_core::autoscale::{Autoscaler, Direction, ScaleDecision};
 use hearth_core::balance::{Finished, WorkerLoad};
 use hearth_core::proactive::{AllocAction, Command, Outcome};
 use hearth_core::provision::ElasticController;
@@ -35,6 +36,60 @@ pub struct SimWorker {
     timer_at: Option<Micros>,
     /// Elastic provisioning: the controller resizing this worker's memory budget.
     pub elastic: Option<ElasticController>,
+    /// Where it is in the autoscaled cluster's life (always `Active` in a fixed cluster).
+    pub phase: Phase,
+}
+
+/// A simulated worker's membership.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Added by the autoscaler, not up yet: gets no work.
+    Starting,
+    /// In the balancer.
+    Active,
+    /// Drained by the autoscaler: out of the balancer, finishing what it has.
+    Draining,
+    /// Drained and idle: gone.
+    Gone,
+}
+
+/// One action of the simulated cluster's autoscaler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScaleEvent {
+    /// When it was decided (µs); added workers join `start_us` later.
+    pub at_us: Micros,
+    pub decision: ScaleDecision,
+    /// The simulated workers it added or drained.
+    pub workers: Vec<u32>,
+}
+
+impl SimWorker {
+    fn new(config: &SimConfig, names: &Arc<[Arc<str>]>, phase: Phase) -> Result<Self> {
+        let mut engine = WorkerEngine::new(config.engine());
+        let elastic = match &config.elastic {
+            Some(e) => {
+                let c = ElasticController::new(
+                    e.config.clone(),
+                    e.curve.clone(),
+                    config.memory_mb,
+                    0,
+                )
+                .map_err(|err| SimError::Config(format!("elastic provisioning: {err}")))?;
+                engine.set_memory_budget(0, c.size_mb());
+                Some(c)
+            }
+            None => None,
+        };
+        Ok(SimWorker {
+            engine,
+            cpu: CpuModel::new(&config.cpu, config.cpus, names)?,
+            waiting: HashMap::new(),
+            cpu_event_at: None,
+            timer_at: None,
+            elastic,
+            phase,
+        })
+    }
 }
 
 /// An invocation between its start and its end.
@@ -84,7 +139,7 @@ impl Jobs {
 }
 
 /// Totals of a run.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SimStats {
     pub invocations: u64,
     pub completed: u64,
@@ -116,6 +171,10 @@ pub struct SimStats {
     /// Elastic provisioning: every budget a worker took, as (time, worker, MiB), its initial
     /// one at time 0 first.
     pub budgets: Vec<(Micros, u32, u64)>,
+    /// The autoscaler's actions, in order (empty in a fixed cluster).
+    pub scaling: Vec<ScaleEvent>,
+    /// Most workers active at once.
+    pub peak_workers: usize,
 }
 
 /// A simulation in progress.
@@ -136,6 +195,9 @@ pub struct Simulation<'a> {
     now: Micros,
     stats: SimStats,
     sink: &'a mut dyn Sink,
+    autoscaler: Option<Autoscaler>,
+    /// Function names, shared by every worker's CPU model.
+    names: Arc<[Arc<str>]>,
 }
 
 /// Runs `workload` on the cluster `config` describes, reporting to `sink`.
@@ -158,32 +220,21 @@ impl<'a> Simulation<'a> {
         };
         let names: Arc<[Arc<str>]> = workload.functions.iter().map(|f| f.name.clone()).collect();
         let workers = (0..config.workers)
-            .map(|_| {
-                let mut engine = WorkerEngine::new(config.engine());
-                let elastic = match &config.elastic {
-                    Some(e) => {
-                        let c = ElasticController::new(
-                            e.config.clone(),
-                            e.curve.clone(),
-                            config.memory_mb,
-                            0,
-                        )
-                        .map_err(|err| SimError::Config(format!("elastic provisioning: {err}")))?;
-                        engine.set_memory_budget(0, c.size_mb());
-                        Some(c)
-                    }
-                    None => None,
-                };
-                Ok(SimWorker {
-                    engine,
-                    cpu: CpuModel::new(&config.cpu, config.cpus, &names)?,
-                    waiting: HashMap::new(),
-                    cpu_event_at: None,
-                    timer_at: None,
-                    elastic,
-                })
-            })
+            .map(|_| SimWorker::new(&config, &names, Phase::Active))
             .collect::<Result<Vec<_>>>()?;
+        if config.elastic.is_some() && config.autoscale.is_some() {
+            return Err(SimError::Config(
+                "elastic provisioning and autoscaling cannot be combined (a worker added during \
+                 the run has no elastic controller)"
+                    .into(),
+            ));
+        }
+        let autoscaler = match &config.autoscale {
+            Some(a) => Some(
+                Autoscaler::new(a.params.clone()).map_err(|e| SimError::Config(e.to_string()))?,
+            ),
+            None => None,
+        };
         let mut events = EventQueue::default();
         let mut budgets = Vec::new();
         for (w, worker) in workers.iter().enumerate() {
@@ -200,6 +251,9 @@ impl<'a> Simulation<'a> {
         }
         if let Some(a) = router.atoll() {
             events.push(a.next_tick(), Kind::AtollTick);
+        }
+        if let Some(a) = &config.autoscale {
+            events.push(a.interval_us, Kind::Autoscale);
         }
         let by_name = workload
             .functions
@@ -221,9 +275,12 @@ impl<'a> Simulation<'a> {
             now: 0,
             stats: SimStats {
                 budgets,
+                peak_workers: n as usize,
                 ..SimStats::default()
             },
             sink,
+            autoscaler,
+            names,
         };
         for w in 0..sim.workers.len() {
             sim.prewarm(w)?;
@@ -306,6 +363,8 @@ impl<'a> Simulation<'a> {
                 Kind::Timer { worker } => self.on_timer(worker as usize)?,
                 Kind::AtollTick => self.on_atoll_tick()?,
                 Kind::Resize { worker } => self.on_resize(worker as usize)?,
+                Kind::Autoscale => self.on_autoscale()?,
+                Kind::WorkerUp { worker } => self.on_worker_up(worker as usize)?,
                 Kind::Status { worker } => self.on_status(worker as usize),
             }
         }
@@ -789,8 +848,80 @@ impl<'a> Simulation<'a> {
         self.after_engine(w)
     }
 
+    /// The autoscaler's periodic look at the active workers' reported loads; its decision is
+    /// carried out at once: added workers start (and join `start_us` later), drained ones
+    /// leave the balancer and finish their work.
+    fn on_autoscale(&mut self) -> Result<()> {
+        let (Some(a), Some(setup)) = (self.autoscaler.as_mut(), self.config.autoscale.as_ref())
+        else {
+            return Ok(());
+        };
+        let samples = self.router.active_loads();
+        let next = self.now + setup.interval_us;
+        let start_us = setup.start_us;
+        if let Some(d) = a.observe(self.now, &samples) {
+            let mut touched = Vec::new();
+            match d.direction {
+                Direction::Out => {
+                    for _ in 0..d.count {
+                        let w = self.workers.len();
+                        let worker = SimWorker::new(&self.config, &self.names, Phase::Starting)?;
+                        self.workers.push(worker);
+                        self.events
+                            .push(self.now + start_us, Kind::WorkerUp { worker: w as u32 });
+                        touched.push(w as u32);
+                    }
+                }
+                Direction::In => {
+                    for &w in &d.remove {
+                        let Some(worker) = self.workers.get_mut(w as usize) else {
+                            continue;
+                        };
+                        if worker.phase == Phase::Active {
+                            worker.phase = Phase::Draining;
+                            self.router.drain_worker(self.now, w as usize);
+                            touched.push(w);
+                        }
+                    }
+                }
+            }
+            self.sink.scaled(self.now, &d, &touched);
+            self.stats.scaling.push(ScaleEvent {
+                at_us: self.now,
+                decision: d,
+                workers: touched,
+            });
+        }
+        self.events.push(next, Kind::Autoscale);
+        Ok(())
+    }
+
+    /// A worker the autoscaler added is up: it joins the balancer and starts pushing status.
+    fn on_worker_up(&mut self, w: usize) -> Result<()> {
+        self.router
+            .add_worker(self.now, w, &worker_name(w as u32))?;
+        self.workers[w].phase = Phase::Active;
+        let active = self
+            .workers
+            .iter()
+            .filter(|x| x.phase == Phase::Active)
+            .count();
+        self.stats.peak_workers = self.stats.peak_workers.max(active);
+        self.events
+            .push(self.now, Kind::Status { worker: w as u32 });
+        Ok(())
+    }
+
     /// The worker's status push, built as the real worker builds it from its status.
     fn on_status(&mut self, w: usize) {
+        if self.workers[w].phase == Phase::Draining
+            && self.workers[w].engine.running() == 0
+            && self.workers[w].engine.queue_length() == 0
+        {
+            // Drained and idle: it is gone, and pushes no more.
+            self.workers[w].phase = Phase::Gone;
+            return;
+        }
         let e = &self.workers[w].engine;
         let load = WorkerLoad {
             // The sandbox memory budget (as resized, if elastic), as the worker's status
@@ -856,5 +987,99 @@ mod tests {
         assert!((w - 100_000.0).abs() < 1.0, "warm {w}");
         assert!((c - 400_000.0).abs() < 1.0, "cold {c}");
         assert!((learned.cold_warm_ratio() - 4.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_autoscaler_adds_workers_that_take_work_and_drained_ones_take_none() {
+        use crate::config::SimAutoscale;
+        use hearth_core::autoscale::{AutoscaleParams, Direction};
+        use hearth_core::time::secs;
+        // 2 workers of 2 CPUs running everything at once; 200 s of 1-s invocations at 6/s
+        // (one and a half times their CPUs), then 400 s of one call every 5 s.
+        let f = SimFunction::new("f", secs(1), ms(100), 64);
+        let mut arrivals: Vec<At> = (0..1200)
+            .map(|i| At {
+                at_us: i * 1_000_000 / 6,
+                function: 0,
+            })
+            .collect();
+        arrivals.extend((0..80).map(|i| At {
+            at_us: secs(200) + i * secs(5),
+            function: 0,
+        }));
+        let workload = Workload {
+            functions: vec![f],
+            arrivals,
+        };
+        let config = SimConfig {
+            workers: 2,
+            cpus: 2,
+            regulator: RegulatorConfig::Fixed(u32::MAX),
+            routing: Routing::seeded(BalanceKind::LeastLoaded, 1),
+            autoscale: Some(SimAutoscale {
+                params: AutoscaleParams {
+                    min_workers: 2,
+                    max_workers: 5,
+                    dead_band_ms: 20_000,
+                    ..AutoscaleParams::default()
+                },
+                interval_us: secs(1),
+                start_us: secs(5),
+            }),
+            ..SimConfig::default()
+        };
+        let mut sink = Collect::default();
+        let stats = simulate(&workload, &config, &mut sink).unwrap();
+        assert_eq!(stats.completed + stats.dropped, stats.invocations);
+        let outs: Vec<&ScaleEvent> = stats
+            .scaling
+            .iter()
+            .filter(|e| e.decision.direction == Direction::Out)
+            .collect();
+        let ins: Vec<&ScaleEvent> = stats
+            .scaling
+            .iter()
+            .filter(|e| e.decision.direction == Direction::In)
+            .collect();
+        assert!(
+            !outs.is_empty() && stats.peak_workers >= 3,
+            "{:?}",
+            stats.scaling
+        );
+        assert!(stats.peak_workers <= 5);
+        assert!(
+            !ins.is_empty(),
+            "the quiet end drains workers: {:?} {:?}",
+            stats
+                .scaling
+                .iter()
+                .map(|e| (e.at_us / 1_000_000, e.decision.reason()))
+                .collect::<Vec<_>>(),
+            stats.end_us
+        );
+        for pair in stats.scaling.windows(2) {
+            assert!(pair[1].at_us - pair[0].at_us >= secs(20), "dead band");
+        }
+        // An added worker gets work only once it is up.
+        for e in &outs {
+            let w = e.workers[0];
+            let first = sink
+                .records
+                .iter()
+                .filter(|r| r.worker == Some(w))
+                .map(|r| r.scheduled_us)
+                .min()
+                .expect("the added worker took work");
+            assert!(first >= e.at_us + secs(5));
+        }
+        // A drained worker gets none after its drain.
+        for e in &ins {
+            for w in &e.workers {
+                assert!(!sink
+                    .records
+                    .iter()
+                    .any(|r| r.worker == Some(*w) && r.scheduled_us > e.at_us));
+            }
+        }
     }
 }

@@ -17,6 +17,7 @@ mod priority;
 mod provision;
 mod queue;
 pub mod runner;
+mod scaling;
 
 use crate::error::{Result, SimError};
 use crate::workload::Workload;
@@ -43,10 +44,12 @@ pub enum Experiment {
     Alps,
     /// Hit-ratio curves and elastic vertical scaling (thesis Figs. 3.2, 3.8).
     Provision,
+    /// Bursty traffic and horizontal autoscaling (CH-RLU paper Figs. 9–11).
+    Scaling,
 }
 
 impl Experiment {
-    pub const ALL: [Experiment; 7] = [
+    pub const ALL: [Experiment; 8] = [
         Experiment::Keepalive,
         Experiment::Balance,
         Experiment::Queue,
@@ -54,6 +57,7 @@ impl Experiment {
         Experiment::Atoll,
         Experiment::Alps,
         Experiment::Provision,
+        Experiment::Scaling,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +69,7 @@ impl Experiment {
             Experiment::Atoll => "atoll",
             Experiment::Alps => "alps",
             Experiment::Provision => "provision",
+            Experiment::Scaling => "scaling",
         }
     }
 }
@@ -76,7 +81,7 @@ impl std::str::FromStr for Experiment {
             .into_iter()
             .find(|e| e.name() == s)
             .ok_or_else(|| {
-                format!("unknown experiment {s:?} (expected keepalive, balance, queue, priority, atoll, alps or provision)")
+                format!("unknown experiment {s:?} (expected keepalive, balance, queue, priority, atoll, alps, provision or scaling)")
             })
     }
 }
@@ -117,6 +122,7 @@ pub fn run(e: Experiment, o: &Options) -> Result<Report> {
         Experiment::Atoll => atoll::run(o)?,
         Experiment::Alps => alps::run(o)?,
         Experiment::Provision => provision::run(o)?,
+        Experiment::Scaling => scaling::run(o)?,
     };
     let md = o.out.join("results.md");
     write(&md, &markdown)?;
