@@ -572,7 +572,10 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             .iter()
             .map(|l| format!("{} missed %", l.as_str())),
     );
-    header.extend(["GFR ÷ Atoll missed".to_string(), "Atoll cold starts".to_string()]);
+    header.extend([
+        "GFR ÷ Atoll missed".to_string(),
+        "Atoll cold starts".to_string(),
+    ]);
     let mut t = Table::with_header(header);
     let mut json_sweep = Vec::new();
     let (_, w1, made1, classes1) = &workloads[0];

@@ -87,7 +87,6 @@ fn limit_name(limit: u32) -> String {
     }
 }
 
-
 /// One offered load: its two workloads and what they offer the worker.
 struct Point {
     /// Mean offered load (share of the CPUs) the day was compressed to.
@@ -244,7 +243,10 @@ pub(super) fn run(o: &Options) -> Result<Output> {
     let first_cpu = jobs.len();
     for c in &cpus {
         jobs.push(Job {
-            label: format!("stationary at {}, no queue, {c} CPUs", points[thesis].label()),
+            label: format!(
+                "stationary at {}, no queue, {c} CPUs",
+                points[thesis].label()
+            ),
             workload: &points[thesis].stationary,
             config: worker(*c, QueueDiscipline::Eedf, u32::MAX),
         });
@@ -263,7 +265,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
          * stationary: 21 random Azure functions, the whole day compressed to each offered load; at {}: {}\n\
          * bursty: the same plus {:.0} % of its mean rate of `{}` (warm {:.1} ms) for {BURST_S} s from a third of the span\n\
          * one worker, {CPUS} CPUs, 64 GiB; sandboxes prewarmed by Little's law; TTL keep-alive\n\
-         * offered CPU load = Σ warm time of the arrivals ÷ ({CPUS} CPUs × span), its mean and its {} windows; \
+         * offered CPU load = Σ warm time of the arrivals ÷ ({CPUS} CPUs × span), its mean and its {} s windows; \
          busy = warm time of completed invocations ÷ ({CPUS} CPUs × first arrival to last end)\n\
          * normalized latency = e2e ÷ warm time; weighted = mean over completed invocations; \
          deadlines = warm time + 15–25 % slack, missed % counts drops\n\n",
@@ -272,7 +274,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         100.0 * BURST_SHARE,
         small_fn.name,
         small_fn.warm_us as f64 / 1000.0,
-        format!("{} s", WINDOW_US / 1_000_000),
+        WINDOW_US / 1_000_000,
     );
     // The loads.
     let mut loads_table = Table::new(&[
@@ -352,8 +354,16 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         headline_table.row(vec![
             p.label(),
             format!("{bq} ({})", f(100.0 * bm, 1)),
-            format!("{} / {}", f(fcfs.weighted_slowdown(), 2), f(100.0 * missed(fcfs), 1)),
-            format!("{} / {}", f(eedf.weighted_slowdown(), 2), f(100.0 * missed(eedf), 1)),
+            format!(
+                "{} / {}",
+                f(fcfs.weighted_slowdown(), 2),
+                f(100.0 * missed(fcfs), 1)
+            ),
+            format!(
+                "{} / {}",
+                f(eedf.weighted_slowdown(), 2),
+                f(100.0 * missed(eedf), 1)
+            ),
             f(ratio(pi, 0), 2),
             f(ratio(pi, 1), 2),
         ]);
