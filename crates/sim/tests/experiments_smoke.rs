@@ -86,6 +86,9 @@ fn every_experiment_writes_its_table_and_figures() {
         if e == Experiment::Alps {
             check_alps(&json);
         }
+        if e == Experiment::Queue {
+            check_queue(&json);
+        }
     }
 }
 
@@ -164,6 +167,40 @@ fn check_alps(json: &serde_json::Value) {
         .collect();
     assert_eq!(params.len(), 5, "{params:?}");
     assert_eq!(json["headline"].as_array().unwrap().len(), 2);
+}
+
+/// The queue experiment states each load it ran at, as offered (the compression's target) and
+/// as measured, keeps the pre-issue-17 point last and labelled, and names its headline load.
+fn check_queue(json: &serde_json::Value) {
+    let loads = json["loads"].as_array().unwrap();
+    let targets: Vec<f64> = loads
+        .iter()
+        .map(|l| l["target"].as_f64().unwrap())
+        .collect();
+    assert_eq!(targets, [0.5, 0.8, 14.0 / 16.0]);
+    for (i, l) in loads.iter().enumerate() {
+        assert_eq!(l["thesis_point"], i == loads.len() - 1, "{l}");
+        let offered = &l["stationary"];
+        let mean = offered["mean"].as_f64().unwrap();
+        assert!((mean - targets[i]).abs() < 0.01, "{l}");
+        let (p95, max) = (
+            offered["p95"].as_f64().unwrap(),
+            offered["max"].as_f64().unwrap(),
+        );
+        assert!(offered["p50"].as_f64().unwrap() <= p95 && p95 <= max, "{l}");
+        let busy = l["busy_eedf_limit_16"].as_f64().unwrap();
+        assert!(busy > 0.0 && busy <= 1.0 + 1e-9, "{l}");
+    }
+    let headline = json["headline"]["load"].as_f64().unwrap();
+    assert!(
+        [0.5, 0.8].iter().any(|t| (headline - t).abs() < 0.01),
+        "the headline is one of the regular loads: {headline}"
+    );
+    for r in json["runs"].as_array().unwrap() {
+        if let Some(m) = r["missed_deadlines"].as_f64() {
+            assert!((0.0..=1.0).contains(&m), "{r}");
+        }
+    }
 }
 
 #[test]

@@ -6,11 +6,13 @@
 //! The cluster stands in for the paper's 8 SGSs of 8 machines: [`GROUPS`] groups of
 //! [`GROUP_SIZE`] workers of [`CPUS`] CPUs. The workloads are made by the load generator's
 //! `trace make atoll` at the paper's rates and then stretched in time so that their Little's-law
-//! concurrency is [`LOAD`] of the cluster's CPUs (the paper keeps the CPU load at 70–110 %).
+//! concurrency is [`LOAD`] of the cluster's CPUs (the paper keeps the CPU load at 70–110 %);
+//! workload 1 also runs at the higher means of [`SWEEP_LOADS`], so the ladder is seen across
+//! the paper's range, and every workload states the load it offers, mean and per second.
 //! A deadline is missed when end − arrival > deadline (the registered one: whole ms, rounded
 //! up); a dropped invocation misses it too.
 
-use super::metrics::RunMetrics;
+use super::metrics::{OfferedLoad, RunMetrics};
 use super::plot::{self, Axis, BarPanel};
 use super::runner::{run_all, Job};
 use super::{f, Options, Output, Table, AZURE_1350};
@@ -38,6 +40,11 @@ pub const MEMORY_MB: u64 = 32 * 1024;
 /// Little's-law concurrency of a workload as a share of the cluster's CPUs. The mean; the
 /// on/off and sine patterns' peaks go well above it (see docs/experiments.md for 0.7).
 pub const LOAD: f64 = 0.5;
+/// The higher mean loads workload 1's ladder also runs at: its per-second peaks then span and
+/// pass the paper's 70–110 %.
+pub const SWEEP_LOADS: [f64; 2] = [0.7, 0.9];
+/// Windows of the offered load's spread (the paper's load is a CPU load over time).
+const LOAD_WINDOW_US: u64 = 1_000_000;
 /// Workload 3's cluster: the Azure functions are few and light, so a smaller one (4 groups ×
 /// 2 workers × 8 CPUs) keeps the trace's time compression near the synthetic workloads'.
 pub const W3_GROUPS: usize = 4;
@@ -107,13 +114,24 @@ fn with_atoll(mut c: SimConfig, edit: impl FnOnce(&mut AtollConfig)) -> SimConfi
     c
 }
 
-/// Workload `n` (1–3) made by the load generator, stretched to [`LOAD`] of `cpus`.
-fn paper_workload(o: &Options, n: u8, size: Size) -> Result<(Workload, Made)> {
-    let cpus = if n == 3 {
-        (W3_GROUPS * W3_GROUP_SIZE) as f64 * f64::from(W3_CPUS)
+/// The CPUs of workload `n`'s cluster.
+fn cluster_cpus(n: u8) -> u64 {
+    if n == 3 {
+        (W3_GROUPS * W3_GROUP_SIZE) as u64 * u64::from(W3_CPUS)
     } else {
-        (GROUPS * GROUP_SIZE) as f64 * f64::from(CPUS)
-    };
+        (GROUPS * GROUP_SIZE) as u64 * u64::from(CPUS)
+    }
+}
+
+/// What workload `n` offers its cluster.
+fn offered(n: u8, w: &Workload, made: &Made) -> OfferedLoad {
+    let span_us = (made.span_s * 1e6).round() as u64;
+    OfferedLoad::of(w, cluster_cpus(n), span_us, LOAD_WINDOW_US)
+}
+
+/// Workload `n` (1–3) made by the load generator, stretched to `load` of its cluster's CPUs.
+fn paper_workload(o: &Options, n: u8, size: Size, load: f64) -> Result<(Workload, Made)> {
+    let cpus = cluster_cpus(n) as f64;
     let (apps, duration, azure) = if n == 3 {
         let path = o.traces.join(AZURE_1350);
         if !path.is_file() {
@@ -135,7 +153,7 @@ fn paper_workload(o: &Options, n: u8, size: Size) -> Result<(Workload, Made)> {
         apps,
         duration,
         azure,
-        scaling: Scaling::Concurrency(LOAD * cpus),
+        scaling: Scaling::Concurrency(load * cpus),
         seed: o.seed,
     })?;
     let w = Workload::new(&made.trace, &made.metadata)?;
@@ -273,7 +291,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
     let size = if o.quick { QUICK } else { FULL };
     let mut workloads = Vec::new();
     for n in 1..=3u8 {
-        let (w, made) = paper_workload(o, n, size)?;
+        let (w, made) = paper_workload(o, n, size, LOAD)?;
         let c = classes(&w, &made);
         workloads.push((n, w, made, c));
     }
@@ -287,6 +305,15 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         .collect();
     let (evict_w, evict_c) = eviction_case(size, o.seed)?;
     let (scale_w, scale_c) = scaleout_case(size, o.seed)?;
+    let sweep_loads: &[f64] = if o.quick {
+        &SWEEP_LOADS[..1]
+    } else {
+        &SWEEP_LOADS
+    };
+    let sweep = sweep_loads
+        .iter()
+        .map(|l| paper_workload(o, 1, size, *l))
+        .collect::<Result<Vec<_>>>()?;
 
     let mut jobs = Vec::new();
     for (n, w, _, _) in &workloads {
@@ -332,6 +359,16 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             config: with_atoll(scale_c.clone(), |a| a.scale_out = m),
         });
     }
+    let first_sweep = jobs.len();
+    for (l, (w, _)) in sweep_loads.iter().zip(&sweep) {
+        for ladder in Ladder::ALL {
+            jobs.push(Job {
+                label: format!("workload 1 at {:.0} %, {}", 100.0 * l, ladder.as_str()),
+                workload: w,
+                config: cluster(ladder, GROUPS, GROUP_SIZE, CPUS, o.seed),
+            });
+        }
+    }
     let results = run_all(&jobs, o.jobs)?;
 
     let mut md = format!(
@@ -347,10 +384,11 @@ pub(super) fn run(o: &Options) -> Result<Output> {
     );
     for (n, w, made, _) in &workloads {
         md.push_str(&format!(
-            "* workload {n}: {} functions, {} invocations over {:.0} s\n",
+            "* workload {n}: {} functions, {} invocations over {:.0} s; runs at {}\n",
             w.functions.len(),
             w.arrivals.len(),
-            made.span_s
+            made.span_s,
+            offered(*n, w, made).describe(),
         ));
     }
     md.push('\n');
@@ -523,6 +561,67 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         t.markdown()
     ));
 
+    // Workload 1 across the paper's load range.
+    let mut header = vec![
+        "mean offered load".to_string(),
+        "per second: median / p95 / max %".to_string(),
+        "busy % (GFR)".to_string(),
+    ];
+    header.extend(
+        Ladder::ALL
+            .iter()
+            .map(|l| format!("{} missed %", l.as_str())),
+    );
+    header.extend([
+        "GFR ÷ Atoll missed".to_string(),
+        "Atoll cold starts".to_string(),
+    ]);
+    let mut t = Table::with_header(header);
+    let mut json_sweep = Vec::new();
+    let (_, w1, made1, classes1) = &workloads[0];
+    let points = std::iter::once((LOAD, offered(1, w1, made1), 0)).chain(
+        sweep_loads
+            .iter()
+            .zip(&sweep)
+            .enumerate()
+            .map(|(i, (l, (w, made)))| {
+                (*l, offered(1, w, made), first_sweep + i * Ladder::ALL.len())
+            }),
+    );
+    for (load, off, first) in points {
+        let runs: Vec<Summary> = (0..Ladder::ALL.len())
+            .map(|i| summarize(&results[first + i], classes1))
+            .collect();
+        let busy = results[first].busy_fraction(cluster_cpus(1));
+        let floor_pct = 100.0 / runs[0].invocations.max(1) as f64;
+        let r = ratio(runs[0].missed_pct, runs[3].missed_pct, floor_pct);
+        let mut row = vec![
+            format!("{:.0} %", 100.0 * off.mean),
+            format!(
+                "{:.0} / {:.0} / {:.0}",
+                100.0 * off.p50,
+                100.0 * off.p95,
+                100.0 * off.max
+            ),
+            f(100.0 * busy, 1),
+        ];
+        row.extend(runs.iter().map(|s| f(s.missed_pct, 2)));
+        row.extend([f(r, 2), runs[3].cold.to_string()]);
+        t.row(row);
+        json_sweep.push(json!({
+            "load": load, "offered": off, "busy_gfr": busy, "gfr_over_atoll_missed": r,
+            "runs": Ladder::ALL.iter().zip(&runs).map(|(l, s)| {
+                let mut j = summary_json(s);
+                j["rung"] = json!(l.as_str());
+                j
+            }).collect::<Vec<_>>(),
+        }));
+    }
+    md.push_str(&format!(
+        "## Load: workload 1 across the paper's range (it keeps the CPU load at 70–110 %)\n\n{}\n",
+        t.markdown()
+    ));
+
     let categories: Vec<String> = Ladder::ALL.iter().map(|l| l.as_str().to_string()).collect();
     let fig = o.out.join("atoll.png");
     plot::bars(
@@ -568,6 +667,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         "cluster": {"groups": GROUPS, "group_size": GROUP_SIZE, "cpus": CPUS,
                     "memory_mb": MEMORY_MB, "load": LOAD},
         "ladder": json_ladder,
+        "load_sweep": json_sweep,
         "overhead": json_overhead,
         "eviction": {"fair": summary_json(&fair), "lru": summary_json(&lru),
                      "lru_over_fair_p999": r_lru, "paper": PAPER_LRU_TAIL},

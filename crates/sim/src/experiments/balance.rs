@@ -8,7 +8,7 @@
 //! normalized load can exceed 1 and load bounds mean what they meant there. One extra row runs
 //! CH-RLU on workers with Hearth's queue (concurrency = CPUs), where the load cannot exceed 1.
 
-use super::metrics::RunMetrics;
+use super::metrics::{OfferedLoad, RunMetrics};
 use super::plot::{self, quantile, Axis, BarPanel, LinePanel, Series};
 use super::runner::{run_all, Job};
 use super::{azure, describe, f, AzureSample, Options, Output, Table, AZURE_1350};
@@ -25,6 +25,8 @@ const TOTAL_CPUS: u32 = 256;
 const TOTAL_MEMORY_GB: u64 = 512;
 /// Figs. 12–13 use eight servers of the same totals.
 const SERVERS: usize = 8;
+/// Windows of the offered load's peaks: the trace's own minutes.
+const LOAD_WINDOW_US: u64 = hearth_core::time::secs(60);
 
 fn cluster(servers: usize, routing: Routing) -> SimConfig {
     let cpus = TOTAL_CPUS / servers as u32;
@@ -50,12 +52,19 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         scaling: Scaling::None,
     };
     let (workload, made) = azure(o, &sample)?;
+    let offered = OfferedLoad::of(
+        &workload,
+        u64::from(TOTAL_CPUS),
+        (made.span_s * 1e6).round() as u64,
+        LOAD_WINDOW_US,
+    );
     let mut md = format!(
         "# balance: load balancing policies (CH-RLU paper Figs. 12–14)\n\n\
-         * {}\n* {SERVERS} servers × {} CPUs × {} GiB (256 CPUs, 512 GiB in all); GDSF keep-alive; \
+         * {}\n* runs at {}\n* {SERVERS} servers × {} CPUs × {} GiB (256 CPUs, 512 GiB in all); GDSF keep-alive; \
          every invocation runs at once (processor sharing, as OpenWhisk invokers); status pushes every 1 s.\n\
          * Slowdown = e2e ÷ the function's warm time. Global = mean over completed invocations.\n\n",
         describe("random:1000", &made, &workload),
+        offered.describe(),
         TOTAL_CPUS / SERVERS as u32,
         TOTAL_MEMORY_GB / SERVERS as u64,
     );
@@ -241,6 +250,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         "experiment": "balance",
         "functions": workload.functions.len(),
         "invocations": workload.arrivals.len(),
+        "offered_load": offered,
         "policies": json_rows,
         "servers": scale_json,
     });

@@ -9,7 +9,7 @@
 //! (issue 13), whose cold starts pay their init minus the sandbox creation time when they find
 //! one ready; it shows what the pool saves in cost, as the policies differ in count.
 
-use super::metrics::RunMetrics;
+use super::metrics::{OfferedLoad, RunMetrics};
 use super::plot::{self, Axis, LinePanel, Series};
 use super::runner::{run_all, Job};
 use super::{azure, describe, f, AzureSample, Options, Output, Table, AZURE_1350};
@@ -25,6 +25,8 @@ use serde_json::json;
 
 /// CPUs of the keep-alive server: more than ever run at once, so nothing stretches.
 const UNCONTENDED_CPUS: u32 = 1_000_000;
+/// Windows of the CPU demand's peaks: the trace's own minutes.
+const DEMAND_WINDOW_US: u64 = secs(60);
 
 fn samples(quick: bool) -> Vec<(&'static str, AzureSample)> {
     let minutes = if quick { 120 } else { 1440 };
@@ -113,6 +115,21 @@ pub(super) fn run(o: &Options) -> Result<Output> {
     for (name, sample) in samples(o.quick) {
         let (workload, made) = azure(o, &sample)?;
         md.push_str(&format!("* {}\n", describe(name, &made, &workload)));
+        // The CPU work it offers, in CPUs: the server has more than ever run, so no CPU load.
+        let demand = OfferedLoad::of(
+            &workload,
+            1,
+            (made.span_s * 1e6).round() as u64,
+            DEMAND_WINDOW_US,
+        );
+        md.push_str(&format!(
+            "  * CPU work offered: {} CPUs busy on average (per minute: median {}, p95 {}, max {}); \
+             the server never runs out of CPUs, so it runs at no CPU load limit\n",
+            f(demand.mean, 1),
+            f(demand.p50, 1),
+            f(demand.p95, 1),
+            f(demand.max, 1),
+        ));
         let mut jobs = Vec::new();
         let rows = rows();
         for (kind, generic) in &rows {
@@ -212,7 +229,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         });
         json_samples.push(
             json!({"sample": name, "functions": workload.functions.len(),
-            "invocations": workload.arrivals.len(), "runs": json_rows}),
+            "invocations": workload.arrivals.len(), "offered_cpus": demand, "runs": json_rows}),
         );
     }
     let fig = o.out.join("keepalive_overhead.png");

@@ -12,6 +12,124 @@ use hearth_core::balance::WorkerLoad;
 use hearth_core::Micros;
 use serde::Serialize;
 
+/// The CPU load a workload offers a cluster: its CPU work (each invocation's warm time; a
+/// cold start's init is a delay in the model, not CPU work) over the CPU time the cluster has,
+/// on average over the span and per window, because a mean hides the peaks that build queues.
+/// A reader judges a comparison by where it ran: at 50 % or at 150 %.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct OfferedLoad {
+    /// CPUs of the whole cluster.
+    pub cpus: u64,
+    /// The span the mean is over (µs).
+    pub span_us: Micros,
+    /// Σ work ÷ (CPUs × span).
+    pub mean: f64,
+    /// Width of the windows (µs). An invocation's work is spread over the time it would run
+    /// at full speed from its arrival: the CPUs it would hold if it started at once.
+    pub window_us: Micros,
+    /// The median, the 95th percentile and the maximum of the windows' offered loads.
+    pub p50: f64,
+    pub p95: f64,
+    pub max: f64,
+    /// Share of the windows whose offered load exceeds the CPUs (over 100 %).
+    pub over: f64,
+}
+
+/// At most this many windows: wider windows past it, so a huge span or a tiny window stays
+/// cheap.
+const MAX_WINDOWS: u64 = 1_000_000;
+
+impl OfferedLoad {
+    /// The load `w` offers `cpus` CPUs over `span_us` (at least up to its last arrival), with
+    /// windows of `window_us` until the last invocation would end.
+    pub fn of(w: &Workload, cpus: u64, span_us: Micros, window_us: Micros) -> Self {
+        let last = w.arrivals.last().map_or(0, |a| a.at_us);
+        let span_us = span_us.max(last + 1);
+        let end_us = w
+            .arrivals
+            .iter()
+            .map(|a| a.at_us + w.function(a.function).warm_us)
+            .fold(span_us, u64::max);
+        let cpus = cpus.max(1);
+        let window_us = window_us.max(1).max(end_us.div_ceil(MAX_WINDOWS));
+        let windows = end_us.div_ceil(window_us) as usize;
+        // Work in each window: partial windows at the ends of a run directly, whole windows
+        // between them through a difference array, so a long function costs O(1).
+        let mut work = vec![0i128; windows + 1];
+        let mut whole = vec![0i128; windows + 1];
+        let mut total: u128 = 0;
+        for a in &w.arrivals {
+            let (from, len) = (a.at_us, w.function(a.function).warm_us);
+            total += u128::from(len);
+            if len == 0 {
+                continue;
+            }
+            let to = from + len;
+            let (i0, i1) = ((from / window_us) as usize, ((to - 1) / window_us) as usize);
+            if i0 == i1 {
+                work[i0] += i128::from(len);
+                continue;
+            }
+            work[i0] += i128::from((i0 as u64 + 1) * window_us - from);
+            work[i1] += i128::from(to - i1 as u64 * window_us);
+            whole[i0 + 1] += 1;
+            whole[i1] -= 1;
+        }
+        let mut running = 0i128;
+        let mut loads: Vec<f64> = (0..windows)
+            .map(|i| {
+                running += whole[i];
+                let start = i as u64 * window_us;
+                // The last window may be cut short.
+                let width = window_us.min(end_us - start);
+                let us = work[i] + running * i128::from(window_us);
+                us as f64 / (cpus as f64 * width as f64)
+            })
+            .collect();
+        loads.sort_by(f64::total_cmp);
+        let at =
+            |q: f64| loads[((q * loads.len() as f64).ceil() as usize).clamp(1, loads.len()) - 1];
+        let (p50, p95) = (at(0.5), at(0.95));
+        let over = loads.iter().filter(|l| **l > 1.0).count() as f64 / loads.len() as f64;
+        OfferedLoad {
+            cpus,
+            span_us,
+            mean: total as f64 / (cpus as f64 * span_us as f64),
+            window_us,
+            p50,
+            p95,
+            max: loads[loads.len() - 1],
+            over,
+        }
+    }
+
+    /// "52 % offered CPU load on 16 CPUs (per 10 s window: median 50 %, p95 80 %, max 130 %,
+    /// 4.0 % of windows over 100 %)", for results headers.
+    pub fn describe(&self) -> String {
+        format!(
+            "{:.0} % offered CPU load on {} CPUs (per {} window: median {:.0} %, p95 {:.0} %, max {:.0} %, {:.1} % of windows over 100 %)",
+            100.0 * self.mean,
+            self.cpus,
+            window_name(self.window_us),
+            100.0 * self.p50,
+            100.0 * self.p95,
+            100.0 * self.max,
+            100.0 * self.over,
+        )
+    }
+}
+
+/// "10 s", "500 ms", "2 min": a window's width for a reader.
+fn window_name(us: Micros) -> String {
+    if us >= 60_000_000 && us.is_multiple_of(60_000_000) {
+        format!("{} min", us / 60_000_000)
+    } else if us >= 1_000_000 && us.is_multiple_of(1_000_000) {
+        format!("{} s", us / 1_000_000)
+    } else {
+        format!("{} ms", us / 1000)
+    }
+}
+
 /// Totals of one function.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct FunctionMetrics {
@@ -80,6 +198,14 @@ pub struct RunMetrics {
     /// for tail quantiles without keeping every invocation.
     #[serde(skip)]
     e2e_hist: Vec<u64>,
+    /// The first arrival and the last end seen (µs), and the CPU work of completed
+    /// invocations (Σ warm time), for the measured busy fraction.
+    #[serde(skip)]
+    first_arrival_us: Option<Micros>,
+    #[serde(skip)]
+    last_end_us: Micros,
+    #[serde(skip)]
+    work_done_us: u128,
 }
 
 /// Growth factor of the latency histogram's buckets: quantiles within 1 %.
@@ -104,7 +230,22 @@ impl RunMetrics {
             sum_load_variance: 0.0,
             load_rounds: 0,
             e2e_hist: vec![0; HIST_BUCKETS],
+            first_arrival_us: None,
+            last_end_us: 0,
+            work_done_us: 0,
         }
+    }
+
+    /// The share of `cpus` CPUs the run kept busy: the CPU work of completed invocations
+    /// (their warm times) over the CPU time from the first arrival to the last end. Below the
+    /// offered load when the run drops or times out work; at most 1 under processor sharing,
+    /// where the CPUs are busy whenever work is waiting for them.
+    pub fn busy_fraction(&self, cpus: u64) -> f64 {
+        let Some(first) = self.first_arrival_us else {
+            return 0.0;
+        };
+        let span = self.last_end_us.saturating_sub(first).max(1);
+        self.work_done_us as f64 / (cpus.max(1) as f64 * span as f64)
     }
 
     /// The `q` quantile (0–1) of completed invocations' end-to-end times, in ms (within 1 %:
@@ -267,6 +408,14 @@ impl Sink for RunMetrics {
         let warm = self.warm_us[i];
         let deadline = self.deadline_us[i];
         let full_init = self.init_us[i];
+        self.first_arrival_us = Some(
+            self.first_arrival_us
+                .map_or(r.scheduled_us, |t| t.min(r.scheduled_us)),
+        );
+        self.last_end_us = self.last_end_us.max(r.end_us);
+        if matches!(r.end, End::Done { .. }) {
+            self.work_done_us += u128::from(warm);
+        }
         let f = &mut self.functions[i];
         f.invocations += 1;
         match r.end {
@@ -365,6 +514,59 @@ mod tests {
             (m.cold(), m.specialized(), m.init_saved_us()),
             (3, 2, 40 + 50)
         );
+    }
+
+    #[test]
+    fn offered_load_by_hand() {
+        let mut w = workload();
+        // b (1000 µs) and a (100 µs) at 0, b again at 1500: 1100 µs of work in [0, 1000), 500
+        // in [1000, 2000) and 500 in [2000, 2500), after the span, where the last b ends.
+        w.arrivals = [(0, 1), (0, 0), (1500, 1)]
+            .into_iter()
+            .map(|(at_us, function)| Arrival { at_us, function })
+            .collect();
+        let l = OfferedLoad::of(&w, 1, 2000, 1000);
+        assert!((l.mean - 2100.0 / 2000.0).abs() < 1e-12, "{l:?}");
+        assert!(
+            (l.max - 1.1).abs() < 1e-12 && (l.p95 - 1.1).abs() < 1e-12,
+            "{l:?}"
+        );
+        // Sorted 0.5, 1.0 (the short last window, full), 1.1.
+        assert!((l.p50 - 1.0).abs() < 1e-12, "{l:?}");
+        assert!((l.over - 1.0 / 3.0).abs() < 1e-12, "{l:?}");
+        // Twice the CPUs halve every load; a span shorter than the trace reaches its last arrival.
+        let two = OfferedLoad::of(&w, 2, 0, 1000);
+        assert_eq!(two.span_us, 1501);
+        assert!(
+            (two.mean - 2100.0 / (2.0 * 1501.0)).abs() < 1e-12,
+            "{two:?}"
+        );
+        assert!((two.max - 0.55).abs() < 1e-12 && two.over == 0.0, "{two:?}");
+        assert!(l
+            .describe()
+            .starts_with("105 % offered CPU load on 1 CPUs (per 1 ms window"));
+        // Work is spread over the windows it runs in: b alone over 10 windows of 100 µs.
+        w.arrivals.truncate(1);
+        let spread = OfferedLoad::of(&w, 1, 1000, 100);
+        assert_eq!((spread.p50, spread.max, spread.over), (1.0, 1.0, 0.0));
+        // A window far narrower than the span is widened to keep the count bounded.
+        let fine = OfferedLoad::of(&w, 1, 10_000_000_000, 1);
+        assert_eq!(fine.window_us, 10_000);
+    }
+
+    #[test]
+    fn busy_fraction_is_completed_work_over_the_run() {
+        let mut m = RunMetrics::new(&workload(), 1);
+        assert_eq!(m.busy_fraction(4), 0.0);
+        // a (100 µs warm) arrives at 10 and ends at 110; b (1000) ends at 2010.
+        m.record(&done(0, 100, 0, false)).unwrap();
+        m.record(&done(1, 2000, 0, false)).unwrap();
+        let mut dropped = done(1, 5, 0, false);
+        dropped.end = End::Dropped(Refusal::Worker(Reject::QueueFull { length: 1 }));
+        m.record(&dropped).unwrap();
+        // 1100 µs of work over 2000 µs: dropped work is not done.
+        assert!((m.busy_fraction(1) - 0.55).abs() < 1e-12);
+        assert!((m.busy_fraction(2) - 0.275).abs() < 1e-12);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! b_max than the high one (8 against 6, thesis §4.4.2). OpenWhisk's default balancer is the
 //! thesis's single-cluster baseline ("OW").
 
-use super::metrics::RunMetrics;
+use super::metrics::{OfferedLoad, RunMetrics};
 use super::plot::{self, quantile, Axis, BarPanel};
 use super::runner::{run_all, Job};
 use super::{azure, describe, f, AzureSample, Options, Output, Table, AZURE_1350};
@@ -30,6 +30,8 @@ const MEMORY_GB: u64 = 32;
 /// Little's-law concurrency of the workload: 70 % of the full cluster's 128 CPUs (93 % of the
 /// smaller one's 96), the thesis's "heavy load".
 const TARGET_CONCURRENCY: f64 = 0.7 * 128.0;
+/// Windows of the offered load's peaks.
+const LOAD_WINDOW_US: u64 = hearth_core::time::secs(10);
 const HIGH: i32 = 1;
 const LOW: i32 = 0;
 
@@ -151,13 +153,21 @@ pub(super) fn run(o: &Options) -> Result<Output> {
     }
     let results = run_all(&jobs, o.jobs)?;
     let total_work: f64 = work(&base).iter().sum();
+    let span_us = (made.span_s * 1e6).round() as u64;
+    // The full cluster (8 servers) and the 25 % smaller one (6).
+    let offered: Vec<OfferedLoad> = [8u64, 6]
+        .iter()
+        .map(|n| OfferedLoad::of(&base, n * u64::from(CPUS), span_us, LOAD_WINDOW_US))
+        .collect();
     let mut md = format!(
         "# priority: k-CH-RLU's priority pools (thesis Figs. 4.10–4.11)\n\n\
-         * {}\n* servers of {CPUS} CPUs and {MEMORY_GB} GiB; GDSF; every invocation runs at once \
+         * {}\n* 8 servers: {}\n* 6 servers: {}\n* servers of {CPUS} CPUs and {MEMORY_GB} GiB; GDSF; every invocation runs at once \
          (processor sharing); status every 1 s\n\
          * half the functions high priority; normalized latency = e2e ÷ warm time, mean over each \
          class's completed invocations (and the median of the functions' means)\n\n",
         describe("random:200", &made, &base),
+        offered[0].describe(),
+        offered[1].describe(),
     );
     let mut json_splits = Vec::new();
     let mut panels = Vec::new();
@@ -263,7 +273,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
     )?;
     Ok((
         md,
-        json!({"experiment": "priority", "splits": json_splits}),
+        json!({"experiment": "priority", "offered_load": offered, "splits": json_splits}),
         vec![fig],
     ))
 }
