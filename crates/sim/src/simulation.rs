@@ -68,13 +68,9 @@ impl SimWorker {
         let mut engine = WorkerEngine::new(config.engine());
         let elastic = match &config.elastic {
             Some(e) => {
-                let c = ElasticController::new(
-                    e.config.clone(),
-                    e.curve.clone(),
-                    config.memory_mb,
-                    0,
-                )
-                .map_err(|err| SimError::Config(format!("elastic provisioning: {err}")))?;
+                let c =
+                    ElasticController::new(e.config.clone(), e.curve.clone(), config.memory_mb, 0)
+                        .map_err(|err| SimError::Config(format!("elastic provisioning: {err}")))?;
                 engine.set_memory_budget(0, c.size_mb());
                 Some(c)
             }
