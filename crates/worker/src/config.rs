@@ -166,6 +166,10 @@ pub struct RuncConfig {
     pub idle_freeze_ms: u64,
     /// How long a new sandbox may take to start and import its handler.
     pub start_timeout_ms: u64,
+    /// CPU in proportion to memory, as OpenWhisk consolidates (docs/configuration.md): each
+    /// sandbox's `cpu.shares` is this many per GiB of its memory (1024 = a default-weight task
+    /// per GiB). 0 (default): every sandbox has the kernel's default weight.
+    pub cpu_shares_per_gb: u64,
 }
 
 impl RuncConfig {
@@ -187,9 +191,27 @@ impl RuncConfig {
                 )));
             }
         }
+        let per_gb = self.cpu_shares_per_gb;
+        if per_gb != 0 && !(MIN_SHARES_PER_GB..=MAX_SHARES_PER_GB).contains(&per_gb) {
+            return Err(ConfigError::Invalid(format!(
+                "runc.cpu_shares_per_gb must be 0 (off) or between {MIN_SHARES_PER_GB} and \
+                 {MAX_SHARES_PER_GB}, got {per_gb}"
+            )));
+        }
         Ok(())
     }
+
+    /// A sandbox's `cpu.shares` for `memory_mb` of memory under `cpu_shares_per_gb`, within
+    /// the kernel's bounds (2–262144); None when the option is off.
+    pub fn cpu_shares(&self, memory_mb: u64) -> Option<u64> {
+        (self.cpu_shares_per_gb > 0)
+            .then(|| (memory_mb.saturating_mul(self.cpu_shares_per_gb) / 1024).clamp(2, 262_144))
+    }
 }
+
+/// Bounds of `runc.cpu_shares_per_gb` when on.
+const MIN_SHARES_PER_GB: u64 = 16;
+const MAX_SHARES_PER_GB: u64 = 1 << 20;
 
 impl Default for RuncConfig {
     fn default() -> Self {
@@ -204,6 +226,7 @@ impl Default for RuncConfig {
             log_file_bytes: 1024 * 1024,
             idle_freeze_ms: 20,
             start_timeout_ms: 10_000,
+            cpu_shares_per_gb: 0,
         }
     }
 }
@@ -583,6 +606,13 @@ impl WorkerConfig {
                 "cpu_sched {} needs the runc backend (the {} backend has no processes to \
                  schedule); use cpu_sched = \"cfs\"",
                 self.cpu_sched, self.backend
+            ));
+        }
+        if self.cpu_sched != CpuSchedKind::Cfs && self.runc.cpu_shares_per_gb != 0 {
+            return bad(format!(
+                "runc.cpu_shares_per_gb and cpu_sched {} both set sandboxes' cpu.shares; \
+                 use one of them",
+                self.cpu_sched
             ));
         }
         for (key, url) in [
@@ -965,6 +995,38 @@ mod tests {
 
     #[test]
     #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn cpu_in_proportion_to_memory_is_off_by_default_and_checked() {
+        let d = RuncConfig::default();
+        assert_eq!(d.cpu_shares(128), None);
+        let on = RuncConfig {
+            cpu_shares_per_gb: 1024,
+            ..d.clone()
+        };
+        assert_eq!(on.cpu_shares(256), Some(256));
+        assert_eq!(on.cpu_shares(4096), Some(4096));
+        assert_eq!(on.cpu_shares(1), Some(2), "the kernel's least");
+        assert_eq!(on.cpu_shares(u64::MAX), Some(262_144), "the kernel's most");
+        on.check().unwrap();
+        for bad in [1, 15, (1 << 20) + 1] {
+            let c = RuncConfig {
+                cpu_shares_per_gb: bad,
+                ..d.clone()
+            };
+            let err = c.check().unwrap_err().to_string();
+            assert!(err.contains("runc.cpu_shares_per_gb"), "{err}");
+        }
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HEARTH_RUNC__CPU_SHARES_PER_GB", "1024");
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.runc.cpu_shares_per_gb, 1024);
+            jail.set_env("HEARTH_CPU_SCHED", "sfs");
+            let err = WorkerConfig::load(None).unwrap_err().to_string();
+            assert!(err.contains("cpu_shares_per_gb and cpu_sched sfs"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
     fn cpu_scheduling_is_cfs_by_default_and_checked_at_start() {
         let d = WorkerConfig::default();
         assert_eq!((d.cpu_sched, d.sfs_slice_ms), (CpuSchedKind::Cfs, 50));

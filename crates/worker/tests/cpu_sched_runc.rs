@@ -758,3 +758,71 @@ async fn measure_short_function_beside_spinners() {
         w.worker.shutdown(Duration::from_secs(5)).await;
     }
 }
+
+/// `runc.cpu_shares_per_gb` (CPU in proportion to memory, as OpenWhisk consolidates): a
+/// sandbox's `cpu.shares` follow its function's memory, whether it was created for the function
+/// or a generic sandbox was specialized to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_shares_follow_memory_on_both_cold_paths() {
+    if !runc_available() {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let spec = |memory_mb: u64| json!({"code": {"files": {"main.py": function_source("noop")}}, "memory_mb": memory_mb});
+    // Created for the function.
+    let id = worker_id();
+    let w = TestWorker::start_backend(BackendKind::Runc, |c| {
+        settings(c, &id, CpuSchedKind::Cfs, 50);
+        c.runc.cpu_shares_per_gb = 1024;
+    })
+    .await;
+    let _reaper = Reaper {
+        id: id.clone(),
+        data_dir: w.data_dir.clone(),
+    };
+    w.register("small", spec(256)).await;
+    let v = w.invoke("small").await;
+    assert_eq!(v["cold_path"], "fresh", "{v}");
+    let sb = sandboxes(&id);
+    assert_eq!(sb.len(), 1);
+    assert_eq!(cg(&id, &sb[0], "cpu.shares"), "256");
+    w.worker.shutdown(Duration::from_secs(5)).await;
+
+    // A generic sandbox specialized to a 512 MiB function.
+    let id = worker_id();
+    let w = TestWorker::start_backend(BackendKind::Runc, |c| {
+        settings(c, &id, CpuSchedKind::Cfs, 50);
+        c.runc.cpu_shares_per_gb = 1024;
+        c.generic_pool = 1;
+    })
+    .await;
+    let _reaper2 = Reaper {
+        id: id.clone(),
+        data_dir: w.data_dir.clone(),
+    };
+    let start = Instant::now();
+    while w.status().await["generic_pool"]["ready"]
+        .as_u64()
+        .unwrap_or(0)
+        < 1
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no generic sandbox became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    w.register("large", spec(512)).await;
+    let v = w.invoke("large").await;
+    assert_eq!(v["cold_path"], "generic", "{v}");
+    let used: Vec<String> = sandboxes(&id)
+        .into_iter()
+        .filter(|c| cg(&id, c, "cpu.shares") == "512")
+        .collect();
+    assert_eq!(
+        used.len(),
+        1,
+        "the specialized sandbox holds the function's shares"
+    );
+    w.worker.shutdown(Duration::from_secs(5)).await;
+}

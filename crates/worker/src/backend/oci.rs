@@ -27,6 +27,8 @@ pub struct OciParams<'a> {
     pub memory_mb: u64,
     /// CPU quota in CPUs (0.5 = half a CPU); 0 or less means no quota.
     pub cpus: f64,
+    /// `cpu.shares` (CPU in proportion to memory); None: the kernel's default weight.
+    pub cpu_shares: Option<u64>,
     pub uid: u32,
     pub gid: u32,
     /// `/hearth/<worker>/<sandbox>`: absolute, i.e. from each cgroup v1 hierarchy's root (a
@@ -328,6 +330,14 @@ fn resources(p: &OciParams) -> Value {
     if let Some(quota) = cpu_quota_us(p.cpus) {
         res["cpu"] = json!({"period": CPU_PERIOD_US, "quota": quota});
     }
+    if let Some(shares) = p.cpu_shares {
+        match res.get_mut("cpu").and_then(Value::as_object_mut) {
+            Some(cpu) => {
+                cpu.insert("shares".into(), json!(shares));
+            }
+            None => res["cpu"] = json!({ "shares": shares }),
+        }
+    }
     res
 }
 
@@ -473,6 +483,7 @@ mod tests {
             env,
             memory_mb: 128,
             cpus: 0.5,
+            cpu_shares: None,
             uid: 65534,
             gid: 65534,
             cgroups_path: "/hearth/w1/s1",
@@ -656,6 +667,18 @@ mod tests {
         assert!(resources(&p).get("cpu").is_none());
         p.memory_mb = 0;
         assert!(resources(&p).get("memory").is_none());
+    }
+
+    #[test]
+    fn cpu_shares_follow_memory_when_asked() {
+        let env = [];
+        let mut p = params(&env);
+        assert!(resources(&p)["cpu"].get("shares").is_none());
+        p.cpu_shares = Some(512);
+        assert_eq!(resources(&p)["cpu"]["shares"], 512);
+        assert_eq!(resources(&p)["cpu"]["quota"], 50_000, "the quota stays");
+        p.cpus = 0.0;
+        assert_eq!(resources(&p)["cpu"], json!({"shares": 512}));
     }
 
     #[test]

@@ -244,7 +244,12 @@ impl RuncBackend {
         let mut sb = self.make(id, Purpose::Generic).await?;
         sb.memory_mb = memory_mb;
         // The limit is set here rather than in the spec: `make` has no function to take it from.
-        if let Err(e) = set_limits(&sb.cgroups_path, memory_mb, 0.0) {
+        if let Err(e) = set_limits(
+            &sb.cgroups_path,
+            memory_mb,
+            0.0,
+            self.cfg.cpu_shares(memory_mb),
+        ) {
             self.destroy(sb).await;
             return Err(SandboxError::StartFailed(format!(
                 "limiting the sandbox: {e}"
@@ -360,7 +365,9 @@ impl RuncBackend {
         };
         code_mount::mount_code(code_dir, &sb.dir.join(CODE_POINT)).map_err(|e| fail("code", e))?;
         sb.code_dir = Some(code_dir.to_path_buf());
-        set_limits(&sb.cgroups_path, spec.memory_mb, spec.cpus).map_err(|e| fail("limits", e))?;
+        let shares = self.cfg.cpu_shares(spec.memory_mb);
+        set_limits(&sb.cgroups_path, spec.memory_mb, spec.cpus, shares)
+            .map_err(|e| fail("limits", e))?;
         sb.memory_mb = spec.memory_mb;
         let env: Vec<(String, String)> = spec
             .env
@@ -454,6 +461,7 @@ impl RuncBackend {
             env: &env,
             memory_mb,
             cpus,
+            cpu_shares: self.cfg.cpu_shares(memory_mb),
             uid: self.cfg.uid,
             gid: self.cfg.gid,
             cgroups_path,
@@ -928,9 +936,15 @@ fn init_error(body: &[u8]) -> SandboxError {
     }
 }
 
-/// Sets a sandbox's memory limit (0: none) and CPU quota (0: none) in its cgroups (v1). A
-/// generic sandbox gets its function's limits this way when it is specialized.
-fn set_limits(cgroups_path: &str, memory_mb: u64, cpus: f64) -> std::io::Result<()> {
+/// Sets a sandbox's memory limit (0: none), CPU quota (0: none) and, when CPU follows memory,
+/// its `cpu.shares` in its cgroups (v1). A generic sandbox gets its function's limits this way
+/// when it is specialized.
+fn set_limits(
+    cgroups_path: &str,
+    memory_mb: u64,
+    cpus: f64,
+    shares: Option<u64>,
+) -> std::io::Result<()> {
     let memory = oci::cgroup_v1_dir("memory", cgroups_path);
     let limit = if memory_mb == 0 {
         "-1".to_string()
@@ -944,5 +958,9 @@ fn set_limits(cgroups_path: &str, memory_mb: u64, cpus: f64) -> std::io::Result<
         cpu.join("cpu.cfs_period_us"),
         oci::CPU_PERIOD_US.to_string(),
     )?;
-    std::fs::write(cpu.join("cpu.cfs_quota_us"), quota.to_string())
+    std::fs::write(cpu.join("cpu.cfs_quota_us"), quota.to_string())?;
+    match shares {
+        Some(shares) => std::fs::write(cpu.join("cpu.shares"), shares.to_string()),
+        None => Ok(()),
+    }
 }
