@@ -17,6 +17,8 @@ secs=${2:-15}
 mkdir -p "$out"
 bench_scratch
 
+victim_args='{"ms":20,"cpu":true}'
+hog_args='{"ms":1000,"cpu":true}'
 meta="$out/functions.meta.csv"
 {
     echo 'function,warm_ms,cold_ms,mem_mb,sample,args,source'
@@ -43,16 +45,16 @@ for mode in default shares; do
     "$H" load closed --url "$url" --meta "$meta" --function victim,hog-256,hog-512,hog-1024 \
         --clients 2 --duration 3s -o "$tmp/warm.csv" >/dev/null 2>&1
     echo "== $mode: alone" >&2
-    "$H" load closed --url "$url" --function victim --clients 1 --duration "${secs}s" \
-        -o "$out/$mode-alone.csv" >/dev/null 2>&1
+    "$H" load closed --url "$url" --function victim --data "$victim_args" --clients 1 \
+        --duration "${secs}s" -o "$out/$mode-alone.csv" >/dev/null 2>&1
     for m in 256 512 1024; do
         echo "== $mode: beside hog-$m" >&2
-        "$H" load closed --url "$url" --function "hog-$m" --clients 2 \
+        "$H" load closed --url "$url" --function "hog-$m" --data "$hog_args" --clients 2 \
             --duration "$((secs + 3))s" -o "$tmp/hog.csv" >/dev/null 2>&1 &
         hog=$!
         sleep 2
-        "$H" load closed --url "$url" --function victim --clients 1 --duration "${secs}s" \
-            -o "$out/$mode-hog-$m.csv" >/dev/null 2>&1
+        "$H" load closed --url "$url" --function victim --data "$victim_args" --clients 1 \
+            --duration "${secs}s" -o "$out/$mode-hog-$m.csv" >/dev/null 2>&1
         wait "$hog"
     done
     kill -TERM "$pid"
