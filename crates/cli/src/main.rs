@@ -91,7 +91,8 @@ enum Command {
     /// time).
     Sim(hearth_cli::sim_cmd::SimArgs),
     /// Run one of the seeds' comparisons through the simulator: keepalive, balance, queue,
-    /// priority (or fidelity: compare a real run with a simulated one).
+    /// priority, atoll, alps, provision, scaling (or fidelity: compare a real run with a
+    /// simulated one).
     Experiment(hearth_cli::experiment_cmd::ExperimentArgs),
     /// Size a worker's memory for a trace: hit-ratio curve from reuse distances, the memory
     /// for a target hit ratio, and the curve's knee (FaasCache provisioning).
