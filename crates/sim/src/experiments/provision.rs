@@ -426,16 +426,16 @@ pub(super) fn run(o: &Options) -> Result<Output> {
          (λ̄ = {} invocations/s), every {} min, dead band {} %, between {} and {} MiB. \
          `static, meets target`: the smallest static size whose simulated miss speed over the \
          whole trace meets the target (bisected, {steps} steps, from the curve's size up to the \
-         elastic maximum). The elastic server's mean size is {} % below it ({} % below the \
-         curve's size).\n\n{}\n",
+         elastic maximum). The elastic server's mean size is {} it ({} the curve's \
+         size).\n\n{}\n",
         f(target, 3),
         f(mean_rate, 2),
         DEFAULT_INTERVAL_US / 60_000_000,
         f(100.0 * elastic.dead_band, 0),
         elastic.min_mb,
         elastic.max_mb,
-        f(saving, 1),
-        f(saving_curve, 1),
+        relative(saving),
+        relative(saving_curve),
         t2.markdown()
     ));
     let size_points: Vec<(f64, f64)> = {
@@ -538,4 +538,13 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         },
     });
     Ok((md, json, vec![fig_a, fig_b]))
+}
+
+/// "12.3 % below" for a saving of 12.3 %, "4.5 % above" for a negative one.
+fn relative(saving_pct: f64) -> String {
+    if saving_pct >= 0.0 {
+        format!("{} % below", f(saving_pct, 1))
+    } else {
+        format!("{} % above", f(-saving_pct, 1))
+    }
 }
