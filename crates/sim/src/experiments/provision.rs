@@ -137,19 +137,7 @@ fn timelines(w: &Workload, configs: &[SimConfig]) -> Result<Vec<(SimStats, Timel
         let s = simulate(w, c, &mut t)?;
         Ok((s, t))
     };
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = configs
-            .iter()
-            .map(|c| scope.spawn(move || run(c)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| SimError::Internal("a simulation thread panicked".into()))?
-            })
-            .collect()
-    })
+    super::runner::side_by_side(configs, run)
 }
 
 /// The smallest static size (within `[lo, hi]`, bisected on a log scale `steps` times) whose

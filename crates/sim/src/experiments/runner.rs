@@ -52,3 +52,22 @@ pub fn run_all(jobs: &[Job<'_>], threads: usize) -> Result<Vec<RunMetrics>> {
         .map(|r| r.unwrap_or_else(|| Err(SimError::Internal("a simulation did not run".into()))))
         .collect()
 }
+
+/// Runs `f` on every item at once, one thread each (for a few simulations whose own sinks the
+/// caller needs back); the results come back in item order.
+pub fn side_by_side<I: Sync, T: Send>(
+    items: &[I],
+    f: impl Fn(&I) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items.iter().map(|i| scope.spawn(move || f(i))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| SimError::Internal("a simulation thread panicked".into()))?
+            })
+            .collect()
+    })
+}

@@ -28,7 +28,7 @@ use super::plot::{self, Axis, BarPanel, LinePanel, Series};
 use super::runner::{run_all, Job};
 use super::{f, Options, Output, Table};
 use crate::config::{Routing, SimAutoscale, SimConfig};
-use crate::error::{Result, SimError};
+use crate::error::Result;
 use crate::record::{End, Record, Sink};
 use crate::simulation::{simulate, SimStats};
 use crate::workload::{Arrival, SimFunction, Workload};
@@ -628,31 +628,14 @@ fn fig11(
             None,
         ),
     ];
-    let outcomes: Vec<Result<(Timeline, SimStats)>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = runs
-            .iter()
-            .map(|(_, start, auto)| {
-                let mut config = cluster(s, *start, chrlu.clone(), KeepAliveKind::Gdsf);
-                config.autoscale = auto.clone();
-                let workload = &workload;
-                let bucket_s = s.bucket_s;
-                let max = s.max_workers as usize;
-                scope.spawn(move || {
-                    let mut t = Timeline::new(workload, max, bucket_s);
-                    let stats = simulate(workload, &config, &mut t)?;
-                    Ok((t, stats))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| SimError::Internal("a simulation thread panicked".into()))?
-            })
-            .collect()
-    });
-    let outcomes = outcomes.into_iter().collect::<Result<Vec<_>>>()?;
+    let (bucket_s, max) = (s.bucket_s, s.max_workers as usize);
+    let outcomes = super::runner::side_by_side(&runs, |(_, start, auto)| {
+        let mut config = cluster(s, *start, chrlu.clone(), KeepAliveKind::Gdsf);
+        config.autoscale = auto.clone();
+        let mut t = Timeline::new(&workload, max, bucket_s);
+        let stats = simulate(&workload, &config, &mut t)?;
+        Ok((t, stats))
+    })?;
     let mut table = Table::new(&[
         "cluster (ch-rlu)",
         "global slowdown",
