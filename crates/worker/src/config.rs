@@ -1027,6 +1027,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
     fn cpu_scheduling_is_cfs_by_default_and_checked_at_start() {
         let d = WorkerConfig::default();
         assert_eq!((d.cpu_sched, d.sfs_slice_ms), (CpuSchedKind::Cfs, 50));
