@@ -38,6 +38,9 @@ pub struct SimWorker {
     pub elastic: Option<ElasticController>,
     /// Where it is in the autoscaled cluster's life (always `Active` in a fixed cluster).
     pub phase: Phase,
+    /// Sandboxes being created (cold starts in their init, pre-warms, generic and proactive
+    /// sandboxes): under the contention server they slow each other and take CPU.
+    creating: u32,
 }
 
 /// A simulated worker's membership.
@@ -68,13 +71,9 @@ impl SimWorker {
         let mut engine = WorkerEngine::new(config.engine());
         let elastic = match &config.elastic {
             Some(e) => {
-                let c = ElasticController::new(
-                    e.config.clone(),
-                    e.curve.clone(),
-                    config.memory_mb,
-                    0,
-                )
-                .map_err(|err| SimError::Config(format!("elastic provisioning: {err}")))?;
+                let c =
+                    ElasticController::new(e.config.clone(), e.curve.clone(), config.memory_mb, 0)
+                        .map_err(|err| SimError::Config(format!("elastic provisioning: {err}")))?;
                 engine.set_memory_budget(0, c.size_mb());
                 Some(c)
             }
@@ -82,7 +81,11 @@ impl SimWorker {
         };
         Ok(SimWorker {
             engine,
-            cpu: CpuModel::new(&config.cpu, config.cpus, names)?,
+            cpu: match config.server.contention() {
+                Some(c) => CpuModel::contention(config.cpus, c),
+                None => CpuModel::new(&config.cpu, config.cpus, names)?,
+            },
+            creating: 0,
             waiting: HashMap::new(),
             cpu_event_at: None,
             timer_at: None,
@@ -490,6 +493,11 @@ impl<'a> Simulation<'a> {
             (Some(_), None) => f.init_us,
             (Some(_), Some(_)) => f.init_us.saturating_sub(self.config.generic_create_us),
         };
+        let init_us = if init_us > 0 {
+            self.creation_starts(w, init_us)
+        } else {
+            0
+        };
         let job = self.jobs.insert(Job {
             id,
             worker: w as u32,
@@ -563,9 +571,10 @@ impl<'a> Simulation<'a> {
     }
 
     fn on_init_done(&mut self, job: u32) -> Result<()> {
-        if self.jobs.get(job).is_none() {
+        let Some(j) = self.jobs.get(job) else {
             return Err(SimError::Internal(format!("init of unknown job {job}")));
-        }
+        };
+        self.creation_ends(j.worker as usize);
         self.execute(job);
         Ok(())
     }
@@ -707,8 +716,35 @@ impl<'a> Simulation<'a> {
         self.sink.record(&r)
     }
 
+    /// Under the contention server, a creation of `took` µs starts on worker `w` now: it takes
+    /// longer for the creations already in flight, and takes CPU from the running jobs until
+    /// [`Self::creation_ends`]. Returns how long it takes (`took` unchanged otherwise).
+    fn creation_starts(&mut self, w: usize, took: Micros) -> Micros {
+        let Some(c) = self.config.server.contention() else {
+            return took;
+        };
+        let worker = &mut self.workers[w];
+        let took = c.init_us(took, worker.creating);
+        worker.creating += 1;
+        worker.cpu.set_creations(self.now, worker.creating);
+        self.schedule_cpu(w);
+        took
+    }
+
+    /// A creation [`Self::creation_starts`] counted is done.
+    fn creation_ends(&mut self, w: usize) {
+        if self.config.server.contention().is_none() {
+            return;
+        }
+        let worker = &mut self.workers[w];
+        worker.creating = worker.creating.saturating_sub(1);
+        worker.cpu.set_creations(self.now, worker.creating);
+        self.schedule_cpu(w);
+    }
+
     /// A sandbox (a pre-warm, or a generic one) starts now and is ready after `took`.
     fn start_sandbox(&mut self, w: usize, sandbox: SandboxId, took: Micros, generic: bool) {
+        let took = self.creation_starts(w, took);
         self.starting += 1;
         let ready = Kind::SandboxReady {
             worker: w as u32,
@@ -720,6 +756,7 @@ impl<'a> Simulation<'a> {
 
     fn on_ready(&mut self, w: usize, sandbox: SandboxId, generic: bool) -> Result<()> {
         self.starting -= 1;
+        self.creation_ends(w);
         let engine = &mut self.workers[w].engine;
         if generic {
             engine.on_generic_ready(self.now, sandbox);
@@ -733,6 +770,7 @@ impl<'a> Simulation<'a> {
     /// usable (or, evicted meanwhile, the engine destroys it now).
     fn on_proactive_ready(&mut self, w: usize, sandbox: SandboxId, function: u32) -> Result<()> {
         self.starting -= 1;
+        self.creation_ends(w);
         let f = self.workload.function(function);
         self.workers[w]
             .engine
@@ -782,6 +820,7 @@ impl<'a> Simulation<'a> {
                             SimError::Internal(format!("atoll created unknown function {function}"))
                         })?;
                         let took = self.workload.function(f).init_us;
+                        let took = self.creation_starts(w, took);
                         self.starting += 1;
                         self.stats.proactive_created += 1;
                         let ready = Kind::ProactiveReady {
@@ -987,6 +1026,56 @@ mod tests {
         assert!((w - 100_000.0).abs() < 1.0, "warm {w}");
         assert!((c - 400_000.0).abs() < 1.0, "cold {c}");
         assert!((learned.cold_warm_ratio() - 4.0).abs() < 1e-6);
+    }
+
+    /// 12 calls at once of a 100 ms function with a 65 ms init on one 2-CPU worker with no
+    /// concurrency limit (bench/contention.sh's concurrent creations): the end time and each
+    /// call's init under `server`.
+    fn twelve_cold_starts(server: crate::Server) -> (Micros, Vec<Micros>) {
+        let workload = Workload {
+            functions: vec![SimFunction::new("f", ms(100), ms(65), 64)],
+            arrivals: (0..12)
+                .map(|i| At {
+                    at_us: i,
+                    function: 0,
+                })
+                .collect(),
+        };
+        let config = SimConfig {
+            workers: 1,
+            cpus: 2,
+            regulator: RegulatorConfig::Fixed(64),
+            routing: Routing::seeded(BalanceKind::LeastLoaded, 1),
+            server,
+            ..SimConfig::default()
+        };
+        let mut sink = Collect::default();
+        let stats = simulate(&workload, &config, &mut sink).unwrap();
+        assert_eq!((stats.completed, stats.cold), (12, 12));
+        let mut inits: Vec<Micros> = sink
+            .records
+            .iter()
+            .map(|r| match r.end {
+                End::Done { init_us, .. } => init_us,
+                _ => panic!("not done: {r:?}"),
+            })
+            .collect();
+        inits.sort_unstable();
+        (stats.end_us, inits)
+    }
+
+    #[test]
+    fn contention_makes_concurrent_cold_starts_slow_each_other_and_the_running_calls() {
+        // Ideal processor sharing: every init 65 ms, then 12 × 100 ms on 2 CPUs: 665 ms.
+        let (ps_end, ps_inits) = twelve_cold_starts(crate::Server::Ps);
+        assert!(ps_inits.iter().all(|&i| i == 65_000));
+        assert!((665_000..665_020).contains(&ps_end), "{ps_end}");
+        // Contention: the k-th creation in flight takes 65 × (1 + 0.3 k) ms, and the
+        // creations and the overcommit take CPU from the calls running meanwhile.
+        let (end, inits) = twelve_cold_starts(crate::Server::Contention(Default::default()));
+        let want: Vec<Micros> = (0..12).map(|k| 65_000 + 19_500 * k).collect();
+        assert_eq!(inits, want);
+        assert!(end > ps_end + 50_000, "{end} vs {ps_end}");
     }
 
     #[test]

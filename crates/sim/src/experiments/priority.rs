@@ -149,7 +149,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             });
         }
     }
-    let results = run_all(&jobs, o.jobs)?;
+    let results = run_all(o.with_server(&mut jobs), o.jobs)?;
     let total_work: f64 = work(&base).iter().sum();
     let mut md = format!(
         "# priority: k-CH-RLU's priority pools (thesis Figs. 4.10–4.11)\n\n\

@@ -145,7 +145,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             config: worker(*c, QueueDiscipline::Eedf, u32::MAX),
         });
     }
-    let results = run_all(&jobs, o.jobs)?;
+    let results = run_all(o.with_server(&mut jobs), o.jobs)?;
     let per_workload = limits.len() + QueueDiscipline::ALL.len();
     let header = [
         "weighted normalized latency",
