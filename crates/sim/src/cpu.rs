@@ -55,8 +55,8 @@ pub struct ProcessorSharing {
     entered: u64,
     /// The measured interference (None: ideal processor sharing).
     contention: Option<Contention>,
-    /// Sandboxes being created on this worker (read under contention only).
-    creations: u32,
+    /// CPUs the sandboxes being created on this worker demand (read under contention only).
+    creations: f64,
 }
 
 impl ProcessorSharing {
@@ -68,7 +68,7 @@ impl ProcessorSharing {
             jobs: BinaryHeap::new(),
             entered: 0,
             contention: None,
-            creations: 0,
+            creations: 0.0,
         }
     }
 
@@ -80,9 +80,9 @@ impl ProcessorSharing {
         }
     }
 
-    /// `creations` sandboxes are being created from `now` on (they take CPU under contention;
-    /// ignored by ideal processor sharing).
-    pub fn set_creations(&mut self, now: Micros, creations: u32) {
+    /// The sandboxes being created demand `creations` CPUs from `now` on (under contention;
+    /// ideal processor sharing ignores them).
+    pub fn set_creations(&mut self, now: Micros, creations: f64) {
         if self.contention.is_some() {
             self.advance(now);
             self.creations = creations;
@@ -259,7 +259,8 @@ mod tests {
 
     #[test]
     fn creations_in_flight_slow_the_running_jobs_under_contention_only() {
-        // 2 jobs of 100 on 2 CPUs with 5 creations from 0 to 50: a demand of 5 on 2 CPUs,
+        // 2 jobs of 100 on 2 CPUs with 5 short creations (0.6 CPU each) from 0 to 50: a
+        // demand of 5 on 2 CPUs,
         // rate 2 / 5 / 1.05; by 50 each job has 50 × 0.381 = 19.05 done, the other 80.95 at
         // full speed: done at 130.95 → 131. Ideal processor sharing ignores the creations.
         let mut ps = ProcessorSharing::new(2);
@@ -267,11 +268,11 @@ mod tests {
         for s in [&mut ps, &mut cs] {
             s.enter(0, 1, 100);
             s.enter(0, 2, 100);
-            s.set_creations(0, 5);
+            s.set_creations(0, 3.0);
         }
         assert_eq!(drain(&mut ps), [(1, 100), (2, 100)]);
         assert_eq!(cs.next_finish(), Some(263));
-        cs.set_creations(50, 0);
+        cs.set_creations(50, 0.0);
         assert_eq!(drain(&mut cs), [(1, 131), (2, 131)]);
     }
 

@@ -185,9 +185,9 @@ impl CpuModel {
         CpuModel::Ps(ProcessorSharing::with_contention(cpus, contention))
     }
 
-    /// `creations` sandboxes are being created on this worker from `now` on (they take CPU
-    /// under the contention server; the other models ignore them).
-    pub fn set_creations(&mut self, now: Micros, creations: u32) {
+    /// The sandboxes being created on this worker demand `creations` CPUs from `now` on (under
+    /// the contention server; the other models ignore them).
+    pub fn set_creations(&mut self, now: Micros, creations: f64) {
         if let CpuModel::Ps(ps) = self {
             ps.set_creations(now, creations);
         }

@@ -39,8 +39,9 @@ pub struct SimWorker {
     /// Where it is in the autoscaled cluster's life (always `Active` in a fixed cluster).
     pub phase: Phase,
     /// Sandboxes being created (cold starts in their init, pre-warms, generic and proactive
-    /// sandboxes): under the contention server they slow each other and take CPU.
-    creating: u32,
+    /// sandboxes) and the CPUs each demands: under the contention server they slow each other
+    /// and take CPU. Tracked under contention only.
+    creating: HashMap<Creation, f64>,
 }
 
 /// A simulated worker's membership.
@@ -85,7 +86,7 @@ impl SimWorker {
                 Some(c) => CpuModel::contention(config.cpus, c),
                 None => CpuModel::new(&config.cpu, config.cpus, names)?,
             },
-            creating: 0,
+            creating: HashMap::new(),
             waiting: HashMap::new(),
             cpu_event_at: None,
             timer_at: None,
@@ -93,6 +94,13 @@ impl SimWorker {
             phase,
         })
     }
+}
+
+/// A sandbox being created: a cold start's (by its job) or a sandbox made ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Creation {
+    Job(u32),
+    Sandbox(SandboxId),
 }
 
 /// An invocation between its start and its end.
@@ -493,11 +501,6 @@ impl<'a> Simulation<'a> {
             (Some(_), None) => f.init_us,
             (Some(_), Some(_)) => f.init_us.saturating_sub(self.config.generic_create_us),
         };
-        let init_us = if init_us > 0 {
-            self.creation_starts(w, init_us)
-        } else {
-            0
-        };
         let job = self.jobs.insert(Job {
             id,
             worker: w as u32,
@@ -506,6 +509,15 @@ impl<'a> Simulation<'a> {
             cpu_from: 0,
         });
         if init_us > 0 {
+            let init_us = self.creation_starts(w, Creation::Job(job), init_us);
+            if let Some(j) = self
+                .jobs
+                .slots
+                .get_mut(job as usize)
+                .and_then(Option::as_mut)
+            {
+                j.init_us = init_us;
+            }
             self.events.push(self.now + init_us, Kind::InitDone { job });
         } else {
             self.execute(job);
@@ -574,7 +586,7 @@ impl<'a> Simulation<'a> {
         let Some(j) = self.jobs.get(job) else {
             return Err(SimError::Internal(format!("init of unknown job {job}")));
         };
-        self.creation_ends(j.worker as usize);
+        self.creation_ends(j.worker as usize, Creation::Job(job));
         self.execute(job);
         Ok(())
     }
@@ -719,32 +731,36 @@ impl<'a> Simulation<'a> {
     /// Under the contention server, a creation of `took` µs starts on worker `w` now: it takes
     /// longer for the creations already in flight, and takes CPU from the running jobs until
     /// [`Self::creation_ends`]. Returns how long it takes (`took` unchanged otherwise).
-    fn creation_starts(&mut self, w: usize, took: Micros) -> Micros {
+    fn creation_starts(&mut self, w: usize, what: Creation, took: Micros) -> Micros {
         let Some(c) = self.config.server.contention() else {
             return took;
         };
         let worker = &mut self.workers[w];
-        let took = c.init_us(took, worker.creating);
-        worker.creating += 1;
-        worker.cpu.set_creations(self.now, worker.creating);
+        let others = u32::try_from(worker.creating.len()).unwrap_or(u32::MAX);
+        let stretched = c.init_us(took, others);
+        worker.creating.insert(what, c.creation_demand(took));
+        let demand = worker.creating.values().sum();
+        worker.cpu.set_creations(self.now, demand);
         self.schedule_cpu(w);
-        took
+        stretched
     }
 
     /// A creation [`Self::creation_starts`] counted is done.
-    fn creation_ends(&mut self, w: usize) {
+    fn creation_ends(&mut self, w: usize, what: Creation) {
         if self.config.server.contention().is_none() {
             return;
         }
         let worker = &mut self.workers[w];
-        worker.creating = worker.creating.saturating_sub(1);
-        worker.cpu.set_creations(self.now, worker.creating);
+        worker.creating.remove(&what);
+        // Summed afresh, so no float error accumulates over a run.
+        let demand = worker.creating.values().sum();
+        worker.cpu.set_creations(self.now, demand);
         self.schedule_cpu(w);
     }
 
     /// A sandbox (a pre-warm, or a generic one) starts now and is ready after `took`.
     fn start_sandbox(&mut self, w: usize, sandbox: SandboxId, took: Micros, generic: bool) {
-        let took = self.creation_starts(w, took);
+        let took = self.creation_starts(w, Creation::Sandbox(sandbox), took);
         self.starting += 1;
         let ready = Kind::SandboxReady {
             worker: w as u32,
@@ -756,7 +772,7 @@ impl<'a> Simulation<'a> {
 
     fn on_ready(&mut self, w: usize, sandbox: SandboxId, generic: bool) -> Result<()> {
         self.starting -= 1;
-        self.creation_ends(w);
+        self.creation_ends(w, Creation::Sandbox(sandbox));
         let engine = &mut self.workers[w].engine;
         if generic {
             engine.on_generic_ready(self.now, sandbox);
@@ -770,7 +786,7 @@ impl<'a> Simulation<'a> {
     /// usable (or, evicted meanwhile, the engine destroys it now).
     fn on_proactive_ready(&mut self, w: usize, sandbox: SandboxId, function: u32) -> Result<()> {
         self.starting -= 1;
-        self.creation_ends(w);
+        self.creation_ends(w, Creation::Sandbox(sandbox));
         let f = self.workload.function(function);
         self.workers[w]
             .engine
@@ -820,7 +836,7 @@ impl<'a> Simulation<'a> {
                             SimError::Internal(format!("atoll created unknown function {function}"))
                         })?;
                         let took = self.workload.function(f).init_us;
-                        let took = self.creation_starts(w, took);
+                        let took = self.creation_starts(w, Creation::Sandbox(sandbox), took);
                         self.starting += 1;
                         self.stats.proactive_created += 1;
                         let ready = Kind::ProactiveReady {
