@@ -27,6 +27,10 @@ pub struct ExperimentArgs {
     /// Seed of the trace sampling.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// The workers' server model: ps (ideal processor sharing) or contention (with the
+    /// interference measured on runc; docs/simulator.md).
+    #[arg(long, default_value = "ps")]
+    server: hearth_sim::Server,
     /// fidelity: the results of the real worker.
     #[arg(long)]
     real: Option<PathBuf>,
@@ -86,6 +90,7 @@ pub fn run(a: ExperimentArgs) -> Result<()> {
                 quick: a.quick,
                 jobs,
                 seed: a.seed,
+                server: a.server,
             },
         )?;
         (r.markdown, r.files)

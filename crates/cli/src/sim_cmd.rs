@@ -13,7 +13,7 @@ use hearth_loadgen::{metadata, Metadata, Trace};
 use hearth_sim::config::ATOLL_TTL_US;
 use hearth_sim::record::Tee;
 use hearth_sim::{
-    CpuConfig, CpuSched, CsvSink, Record, Routing, SimAutoscale, SimConfig, Sink, Workload,
+    CpuConfig, CpuSched, CsvSink, Record, Routing, Server, SimAutoscale, SimConfig, Sink, Workload,
 };
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -123,6 +123,11 @@ pub struct SimArgs {
     /// scheduler: cfs, fifo, srpt (an oracle), sfs or alps (docs/alps.md).
     #[arg(long, default_value = "ps")]
     cpu_sched: CpuSched,
+    /// Each worker's server model: ps (ideal processor sharing, the default) or contention
+    /// (processor sharing with the interference measured on runc: overcommit overhead,
+    /// concurrent creations slower and taking CPU; docs/simulator.md). Needs --cpu-sched ps.
+    #[arg(long, default_value = "ps")]
+    server: Server,
     /// CPU time one context switch costs under the time-sliced schedulers.
     #[arg(long, default_value = "0us", value_parser = humantime::parse_duration)]
     switch_cost: Duration,
@@ -337,6 +342,7 @@ impl SimArgs {
                     self.switch_cost.as_micros().min(u128::from(u64::MAX)) as u64;
                 cpu
             },
+            server: self.server,
             work_spread: self.work_spread,
             work_seed: self.seed,
             elastic: None,

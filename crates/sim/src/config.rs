@@ -1,7 +1,8 @@
 //! What a simulation is configured with: the cluster, each worker's engine, the balancer and the
 //! model's own parameters.
 
-use crate::cpu_model::CpuConfig;
+use crate::contention::Server;
+use crate::cpu_model::{CpuConfig, CpuSched};
 use crate::error::{Result, SimError};
 use hearth_core::autoscale::AutoscaleParams;
 use hearth_core::balance::{BalanceKind, BalanceParams};
@@ -85,6 +86,10 @@ pub struct SimConfig {
     pub proactive_share: f64,
     /// Each worker's CPU model: processor sharing (the default) or a time-sliced scheduler.
     pub cpu: CpuConfig,
+    /// Processor sharing as the idealized server (the default), or with the interference
+    /// measured on runc ([`crate::contention`]): overcommit overhead, creations that slow
+    /// each other and take CPU. Needs `cpu.sched` = ps.
+    pub server: Server,
     /// Spread of each invocation's CPU work around its function's warm time: the work is
     /// `warm × (1 + work_spread × u)`, u uniform in [−1, 1) drawn per invocation from
     /// `work_seed` and its id (0: every invocation takes exactly the warm time).
@@ -160,6 +165,7 @@ impl Default for SimConfig {
             generic_create_us: GENERIC_CREATE_US,
             proactive_share: PROACTIVE_SHARE,
             cpu: CpuConfig::default(),
+            server: Server::Ps,
             work_spread: 0.0,
             work_seed: 0,
             elastic: None,
@@ -224,6 +230,12 @@ impl SimConfig {
             }
             if a.start_us > MAX_AUTOSCALE_US {
                 return bad("the worker start time must be at most an hour");
+            }
+        }
+        if let Some(c) = self.server.contention() {
+            c.check()?;
+            if self.cpu.sched != CpuSched::Ps {
+                return bad("--server contention needs --cpu-sched ps");
             }
         }
         self.cpu.check()

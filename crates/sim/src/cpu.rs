@@ -6,10 +6,15 @@
 //! A job entering at `V₀` with work `w` finishes when `V` reaches its tag `V₀ + w`; the next
 //! finisher is the smallest tag, kept in a heap, so an arrival or a departure is O(log n).
 //!
+//! Under the `contention` server ([`crate::contention`]) every job's rate also depends on the
+//! sandboxes being created on the worker and pays an overcommit overhead; it is still one rate
+//! for all jobs, so the virtual time works unchanged.
+//!
 //! Finish times are rounded up to whole microseconds (the core's clock), so a job never ends
 //! before its work is done; a job within [`EPSILON`] of its tag counts as finished, which absorbs
 //! floating-point error.
 
+use crate::contention::Contention;
 use hearth_core::Micros;
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
@@ -48,6 +53,10 @@ pub struct ProcessorSharing {
     /// (finish tag, entry order, job): equal tags finish in entry order.
     jobs: BinaryHeap<Reverse<(Tag, u64, u32)>>,
     entered: u64,
+    /// The measured interference (None: ideal processor sharing).
+    contention: Option<Contention>,
+    /// CPUs the sandboxes being created on this worker demand (read under contention only).
+    creations: f64,
 }
 
 impl ProcessorSharing {
@@ -58,6 +67,25 @@ impl ProcessorSharing {
             updated_at: 0,
             jobs: BinaryHeap::new(),
             entered: 0,
+            contention: None,
+            creations: 0.0,
+        }
+    }
+
+    /// The `contention` server on `cpus` CPUs.
+    pub fn with_contention(cpus: u32, contention: Contention) -> Self {
+        ProcessorSharing {
+            contention: Some(contention),
+            ..ProcessorSharing::new(cpus)
+        }
+    }
+
+    /// The sandboxes being created demand `creations` CPUs from `now` on (under contention;
+    /// ideal processor sharing ignores them).
+    pub fn set_creations(&mut self, now: Micros, creations: f64) {
+        if self.contention.is_some() {
+            self.advance(now);
+            self.creations = creations;
         }
     }
 
@@ -72,6 +100,9 @@ impl ProcessorSharing {
 
     /// The rate at which each job progresses now.
     pub fn rate(&self) -> f64 {
+        if let Some(c) = &self.contention {
+            return c.rate(self.cpus, self.jobs.len(), self.creations);
+        }
         let n = self.jobs.len() as f64;
         if n <= self.cpus {
             1.0
@@ -200,6 +231,49 @@ mod tests {
         assert!(ps.remove(40, 1));
         assert!(!ps.remove(40, 1));
         assert_eq!(drain(&mut ps), [(2, 120)]);
+    }
+
+    #[test]
+    fn contention_is_processor_sharing_while_jobs_fit_the_cpus() {
+        let mut ps = ProcessorSharing::new(2);
+        let mut cs = ProcessorSharing::with_contention(2, Contention::default());
+        for s in [&mut ps, &mut cs] {
+            s.enter(0, 1, 30);
+            s.enter(10, 2, 5);
+        }
+        assert_eq!(drain(&mut cs), drain(&mut ps));
+    }
+
+    #[test]
+    fn overcommitted_jobs_run_slower_than_processor_sharing_by_the_fitted_overhead() {
+        // 4 × 100 units on 2 CPUs: PS ends all at 200; contention at 200 × 1.05 = 210.
+        let mut ps = ProcessorSharing::new(2);
+        let mut cs = ProcessorSharing::with_contention(2, Contention::default());
+        for j in 0..4 {
+            ps.enter(0, j, 100);
+            cs.enter(0, j, 100);
+        }
+        assert!(drain(&mut ps).iter().all(|&(_, t)| t == 200));
+        assert!(drain(&mut cs).iter().all(|&(_, t)| t == 210));
+    }
+
+    #[test]
+    fn creations_in_flight_slow_the_running_jobs_under_contention_only() {
+        // 2 jobs of 100 on 2 CPUs with 5 short creations (0.6 CPU each) from 0 to 50: a
+        // demand of 5 on 2 CPUs,
+        // rate 2 / 5 / 1.05; by 50 each job has 50 × 0.381 = 19.05 done, the other 80.95 at
+        // full speed: done at 130.95 → 131. Ideal processor sharing ignores the creations.
+        let mut ps = ProcessorSharing::new(2);
+        let mut cs = ProcessorSharing::with_contention(2, Contention::default());
+        for s in [&mut ps, &mut cs] {
+            s.enter(0, 1, 100);
+            s.enter(0, 2, 100);
+            s.set_creations(0, 3.0);
+        }
+        assert_eq!(drain(&mut ps), [(1, 100), (2, 100)]);
+        assert_eq!(cs.next_finish(), Some(263));
+        cs.set_creations(50, 0.0);
+        assert_eq!(drain(&mut cs), [(1, 131), (2, 131)]);
     }
 
     #[test]

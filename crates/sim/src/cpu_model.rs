@@ -1,6 +1,7 @@
 //! Which CPU model a simulated worker has: processor sharing (the default, [`crate::cpu`]) or
 //! a time-sliced scheduler ([`crate::cpu_quantum`]) under CFS, FIFO, SRPT, SFS or ALPS.
 
+use crate::contention::Contention;
 use crate::cpu::ProcessorSharing;
 use crate::cpu_quantum::{CpuStats, Discipline, QuantumCpu, QuantumParams};
 use crate::error::{Result, SimError};
@@ -176,6 +177,19 @@ impl CpuModel {
         match self {
             CpuModel::Ps(ps) => ps.pop_finished(now),
             CpuModel::Quantum(q) => q.pop_finished(now),
+        }
+    }
+
+    /// The `contention` server: processor sharing with the measured interference.
+    pub fn contention(cpus: u32, contention: Contention) -> Self {
+        CpuModel::Ps(ProcessorSharing::with_contention(cpus, contention))
+    }
+
+    /// The sandboxes being created on this worker demand `creations` CPUs from `now` on (under
+    /// the contention server; the other models ignore them).
+    pub fn set_creations(&mut self, now: Micros, creations: f64) {
+        if let CpuModel::Ps(ps) = self {
+            ps.set_creations(now, creations);
         }
     }
 

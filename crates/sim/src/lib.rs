@@ -12,6 +12,7 @@
 //! format, so `hearth report` works on both; [`experiments`] runs the seeds' comparisons.
 
 pub mod config;
+pub mod contention;
 pub mod cpu;
 pub mod cpu_model;
 pub mod cpu_quantum;
@@ -24,6 +25,7 @@ pub mod simulation;
 pub mod workload;
 
 pub use config::{Routing, SimAutoscale, SimConfig, SimElastic};
+pub use contention::{Contention, Server};
 pub use cpu_model::{CpuConfig, CpuModel, CpuSched};
 pub use cpu_quantum::{CpuStats, QuantumParams};
 pub use error::{Result, SimError};

@@ -38,6 +38,10 @@ pub struct SimWorker {
     pub elastic: Option<ElasticController>,
     /// Where it is in the autoscaled cluster's life (always `Active` in a fixed cluster).
     pub phase: Phase,
+    /// Sandboxes being created (cold starts in their init, pre-warms, generic and proactive
+    /// sandboxes) and the CPUs each demands: under the contention server they slow each other
+    /// and take CPU. Tracked under contention only.
+    creating: HashMap<Creation, f64>,
 }
 
 /// A simulated worker's membership.
@@ -78,7 +82,11 @@ impl SimWorker {
         };
         Ok(SimWorker {
             engine,
-            cpu: CpuModel::new(&config.cpu, config.cpus, names)?,
+            cpu: match config.server.contention() {
+                Some(c) => CpuModel::contention(config.cpus, c),
+                None => CpuModel::new(&config.cpu, config.cpus, names)?,
+            },
+            creating: HashMap::new(),
             waiting: HashMap::new(),
             cpu_event_at: None,
             timer_at: None,
@@ -86,6 +94,13 @@ impl SimWorker {
             phase,
         })
     }
+}
+
+/// A sandbox being created: a cold start's (by its job) or a sandbox made ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Creation {
+    Job(u32),
+    Sandbox(SandboxId),
 }
 
 /// An invocation between its start and its end.
@@ -494,6 +509,15 @@ impl<'a> Simulation<'a> {
             cpu_from: 0,
         });
         if init_us > 0 {
+            let init_us = self.creation_starts(w, Creation::Job(job), init_us);
+            if let Some(j) = self
+                .jobs
+                .slots
+                .get_mut(job as usize)
+                .and_then(Option::as_mut)
+            {
+                j.init_us = init_us;
+            }
             self.events.push(self.now + init_us, Kind::InitDone { job });
         } else {
             self.execute(job);
@@ -559,9 +583,10 @@ impl<'a> Simulation<'a> {
     }
 
     fn on_init_done(&mut self, job: u32) -> Result<()> {
-        if self.jobs.get(job).is_none() {
+        let Some(j) = self.jobs.get(job) else {
             return Err(SimError::Internal(format!("init of unknown job {job}")));
-        }
+        };
+        self.creation_ends(j.worker as usize, Creation::Job(job));
         self.execute(job);
         Ok(())
     }
@@ -703,8 +728,39 @@ impl<'a> Simulation<'a> {
         self.sink.record(&r)
     }
 
+    /// Under the contention server, a creation of `took` µs starts on worker `w` now: it takes
+    /// longer for the creations already in flight, and takes CPU from the running jobs until
+    /// [`Self::creation_ends`]. Returns how long it takes (`took` unchanged otherwise).
+    fn creation_starts(&mut self, w: usize, what: Creation, took: Micros) -> Micros {
+        let Some(c) = self.config.server.contention() else {
+            return took;
+        };
+        let worker = &mut self.workers[w];
+        let others = u32::try_from(worker.creating.len()).unwrap_or(u32::MAX);
+        let stretched = c.init_us(took, others);
+        worker.creating.insert(what, c.creation_demand(took));
+        let demand = worker.creating.values().sum();
+        worker.cpu.set_creations(self.now, demand);
+        self.schedule_cpu(w);
+        stretched
+    }
+
+    /// A creation [`Self::creation_starts`] counted is done.
+    fn creation_ends(&mut self, w: usize, what: Creation) {
+        if self.config.server.contention().is_none() {
+            return;
+        }
+        let worker = &mut self.workers[w];
+        worker.creating.remove(&what);
+        // Summed afresh, so no float error accumulates over a run.
+        let demand = worker.creating.values().sum();
+        worker.cpu.set_creations(self.now, demand);
+        self.schedule_cpu(w);
+    }
+
     /// A sandbox (a pre-warm, or a generic one) starts now and is ready after `took`.
     fn start_sandbox(&mut self, w: usize, sandbox: SandboxId, took: Micros, generic: bool) {
+        let took = self.creation_starts(w, Creation::Sandbox(sandbox), took);
         self.starting += 1;
         let ready = Kind::SandboxReady {
             worker: w as u32,
@@ -716,6 +772,7 @@ impl<'a> Simulation<'a> {
 
     fn on_ready(&mut self, w: usize, sandbox: SandboxId, generic: bool) -> Result<()> {
         self.starting -= 1;
+        self.creation_ends(w, Creation::Sandbox(sandbox));
         let engine = &mut self.workers[w].engine;
         if generic {
             engine.on_generic_ready(self.now, sandbox);
@@ -729,6 +786,7 @@ impl<'a> Simulation<'a> {
     /// usable (or, evicted meanwhile, the engine destroys it now).
     fn on_proactive_ready(&mut self, w: usize, sandbox: SandboxId, function: u32) -> Result<()> {
         self.starting -= 1;
+        self.creation_ends(w, Creation::Sandbox(sandbox));
         let f = self.workload.function(function);
         self.workers[w]
             .engine
@@ -778,6 +836,7 @@ impl<'a> Simulation<'a> {
                             SimError::Internal(format!("atoll created unknown function {function}"))
                         })?;
                         let took = self.workload.function(f).init_us;
+                        let took = self.creation_starts(w, Creation::Sandbox(sandbox), took);
                         self.starting += 1;
                         self.stats.proactive_created += 1;
                         let ready = Kind::ProactiveReady {
@@ -983,6 +1042,56 @@ mod tests {
         assert!((w - 100_000.0).abs() < 1.0, "warm {w}");
         assert!((c - 400_000.0).abs() < 1.0, "cold {c}");
         assert!((learned.cold_warm_ratio() - 4.0).abs() < 1e-6);
+    }
+
+    /// 12 calls at once of a 100 ms function with a 65 ms init on one 2-CPU worker with no
+    /// concurrency limit (bench/contention.sh's concurrent creations): the end time and each
+    /// call's init under `server`.
+    fn twelve_cold_starts(server: crate::Server) -> (Micros, Vec<Micros>) {
+        let workload = Workload {
+            functions: vec![SimFunction::new("f", ms(100), ms(65), 64)],
+            arrivals: (0..12)
+                .map(|i| At {
+                    at_us: i,
+                    function: 0,
+                })
+                .collect(),
+        };
+        let config = SimConfig {
+            workers: 1,
+            cpus: 2,
+            regulator: RegulatorConfig::Fixed(64),
+            routing: Routing::seeded(BalanceKind::LeastLoaded, 1),
+            server,
+            ..SimConfig::default()
+        };
+        let mut sink = Collect::default();
+        let stats = simulate(&workload, &config, &mut sink).unwrap();
+        assert_eq!((stats.completed, stats.cold), (12, 12));
+        let mut inits: Vec<Micros> = sink
+            .records
+            .iter()
+            .map(|r| match r.end {
+                End::Done { init_us, .. } => init_us,
+                _ => panic!("not done: {r:?}"),
+            })
+            .collect();
+        inits.sort_unstable();
+        (stats.end_us, inits)
+    }
+
+    #[test]
+    fn contention_makes_concurrent_cold_starts_slow_each_other_and_the_running_calls() {
+        // Ideal processor sharing: every init 65 ms, then 12 × 100 ms on 2 CPUs: 665 ms.
+        let (ps_end, ps_inits) = twelve_cold_starts(crate::Server::Ps);
+        assert!(ps_inits.iter().all(|&i| i == 65_000));
+        assert!((665_000..665_020).contains(&ps_end), "{ps_end}");
+        // Contention: the k-th creation in flight takes 65 × (1 + 0.3 k) ms, and the
+        // creations and the overcommit take CPU from the calls running meanwhile.
+        let (end, inits) = twelve_cold_starts(crate::Server::Contention(Default::default()));
+        let want: Vec<Micros> = (0..12).map(|k| 65_000 + 19_500 * k).collect();
+        assert_eq!(inits, want);
+        assert!(end > ps_end + 50_000, "{end} vs {ps_end}");
     }
 
     #[test]

@@ -51,6 +51,7 @@ fn options(traces: &Path, out: PathBuf, jobs: usize) -> Options {
         quick: true,
         jobs,
         seed: 1,
+        server: hearth_sim::Server::Ps,
     }
 }
 

@@ -110,7 +110,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             });
         }
     }
-    let results = run_all(&jobs, o.jobs)?;
+    let results = run_all(o.with_server(&mut jobs), o.jobs)?;
 
     let mut table = Table::new(&[
         "policy",

@@ -141,7 +141,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
                 });
             }
         }
-        let results = run_all(&jobs, o.jobs)?;
+        let results = run_all(o.with_server(&mut jobs), o.jobs)?;
         let at = |k: usize, s: usize| -> &RunMetrics { &results[k * sizes.len() + s] };
         let mut table = Table::with_header(
             std::iter::once("overhead % (cold %)".to_string())

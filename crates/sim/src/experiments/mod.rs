@@ -99,6 +99,23 @@ pub struct Options {
     pub jobs: usize,
     /// Seed of the trace sampling (and of everything else random in the setup).
     pub seed: u64,
+    /// The workers' server model; experiments that compare CPU schedulers keep their own.
+    pub server: crate::contention::Server,
+}
+
+impl Options {
+    /// `jobs` under this run's server model (unchanged under ideal processor sharing, and for
+    /// jobs with a time-sliced CPU model, which the contention server does not cover).
+    pub fn with_server<'a, 'w>(&self, jobs: &'a mut [runner::Job<'w>]) -> &'a [runner::Job<'w>] {
+        if self.server.contention().is_some() {
+            for j in jobs.iter_mut() {
+                if j.config.cpu.sched == crate::cpu_model::CpuSched::Ps {
+                    j.config.server = self.server;
+                }
+            }
+        }
+        jobs
+    }
 }
 
 /// What an experiment produced.
@@ -123,6 +140,14 @@ pub fn run(e: Experiment, o: &Options) -> Result<Report> {
         Experiment::Alps => alps::run(o)?,
         Experiment::Provision => provision::run(o)?,
         Experiment::Scaling => scaling::run(o)?,
+    };
+    let markdown = match o.server {
+        crate::contention::Server::Ps => markdown,
+        s => format!(
+            "Server model: **{}** (processor sharing with the interference measured on runc, \
+             docs/simulator.md).\n\n{markdown}",
+            s.name()
+        ),
     };
     let md = o.out.join("results.md");
     write(&md, &markdown)?;
@@ -267,6 +292,7 @@ mod tests {
             quick: true,
             jobs: 1,
             seed: 1,
+            server: crate::contention::Server::Ps,
         };
         let s = AzureSample {
             file: AZURE_1350,

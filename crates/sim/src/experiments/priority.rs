@@ -151,7 +151,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             });
         }
     }
-    let results = run_all(&jobs, o.jobs)?;
+    let results = run_all(o.with_server(&mut jobs), o.jobs)?;
     let total_work: f64 = work(&base).iter().sum();
     let span_us = (made.span_s * 1e6).round() as u64;
     // The full cluster (8 servers) and the 25 % smaller one (6).

@@ -251,7 +251,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             config: worker(*c, QueueDiscipline::Eedf, u32::MAX),
         });
     }
-    let results = run_all(&jobs, o.jobs)?;
+    let results = run_all(o.with_server(&mut jobs), o.jobs)?;
     let index = |p: usize, wi: usize, k: usize| (p * 2 + wi) * per_workload + k;
     let at_limit = |p: usize, wi: usize, li: usize| &results[index(p, wi, li)];
     let with = |p: usize, wi: usize, q: QueueDiscipline| {
