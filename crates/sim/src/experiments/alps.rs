@@ -32,8 +32,6 @@ use plotters::prelude::SeriesLabelPosition;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
 
 const CPUS: u32 = 16;
@@ -403,29 +401,12 @@ fn run_one(job: &Job<'_>) -> Result<RunResult> {
 
 /// Runs `jobs` on up to `threads` threads; results in job order.
 fn run_all(jobs: &[Job<'_>], threads: usize) -> Result<Vec<RunResult>> {
-    let next = AtomicUsize::new(0);
-    let slots: Mutex<Vec<Option<Result<RunResult>>>> =
-        Mutex::new((0..jobs.len()).map(|_| None).collect());
-    std::thread::scope(|scope| {
-        for _ in 0..threads.clamp(1, jobs.len().max(1)) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(job) = jobs.get(i) else { break };
-                let t0 = Instant::now();
-                let r = run_one(job);
-                tracing::info!(job = %job.label, seconds = format!("{:.2}", t0.elapsed().as_secs_f64()), "simulated");
-                if let Ok(mut s) = slots.lock() {
-                    s[i] = Some(r);
-                }
-            });
-        }
-    });
-    slots
-        .into_inner()
-        .map_err(|_| SimError::Internal("a simulation thread panicked".into()))?
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(SimError::Internal("a simulation did not run".into()))))
-        .collect()
+    super::runner::in_parallel(jobs, threads, |job| {
+        let t0 = Instant::now();
+        let r = run_one(job);
+        tracing::info!(job = %job.label, seconds = format!("{:.2}", t0.elapsed().as_secs_f64()), "simulated");
+        r
+    })
 }
 
 /// The schedulers of Figs. 5–7, with processor sharing (the fluid ideal of CFS) for reference.
