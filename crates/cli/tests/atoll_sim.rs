@@ -33,16 +33,21 @@ fn cluster(ladder: &str) -> (Server, Vec<Server>) {
     (c, workers)
 }
 
+/// `f`'s proactive sandboxes of one kind (`active`, `soft`) on one worker, as it reports them.
+fn proactive_on(w: &Server, f: &str, kind: &str) -> u64 {
+    w.status()["functions"][f]["proactive"][kind]
+        .as_u64()
+        .unwrap_or(0)
+}
+
 /// Ready proactive sandboxes of `f` over the workers, as they report them.
 fn ready_proactive(workers: &[Server], f: &str) -> u64 {
-    workers
-        .iter()
-        .map(|w| {
-            w.status()["functions"][f]["proactive"]["active"]
-                .as_u64()
-                .unwrap_or(0)
-        })
-        .sum()
+    workers.iter().map(|w| proactive_on(w, f, "active")).sum()
+}
+
+/// Soft-evicted proactive sandboxes of `f` over the workers, as they report them.
+fn soft_proactive(workers: &[Server], f: &str) -> u64 {
+    workers.iter().map(|w| proactive_on(w, f, "soft")).sum()
 }
 
 /// Runs `threads` closed loops of invocations of `f` (each pausing `pause` between calls) until
@@ -128,17 +133,7 @@ fn atoll_sets_proactive_sandboxes_up_ahead_of_a_burst() {
     wait_until(
         "f's proactive sandboxes are soft-evicted",
         Duration::from_secs(30),
-        || {
-            let soft: u64 = workers
-                .iter()
-                .map(|w| {
-                    w.status()["functions"]["f"]["proactive"]["soft"]
-                        .as_u64()
-                        .unwrap_or(0)
-                })
-                .sum();
-            soft >= 12
-        },
+        || soft_proactive(&workers, "f") >= 12,
     );
 }
 
@@ -156,13 +151,6 @@ fn reactive_rungs_set_no_proactive_sandbox_up() {
     assert!(stats["routed"].as_u64().unwrap() > 10, "{stats}");
     assert_eq!(stats["creates"], 0, "{stats}");
     assert_eq!(ready_proactive(&workers, "f"), 0);
-}
-
-/// f's soft-evicted proactive sandboxes on one worker, as it reports them.
-fn soft_on(w: &Server, f: &str) -> u64 {
-    w.status()["functions"][f]["proactive"]["soft"]
-        .as_u64()
-        .unwrap_or(0)
 }
 
 #[test]
@@ -186,7 +174,7 @@ fn sandboxes_a_worker_loses_are_forgotten_by_the_controller() {
             .as_u64()
             .unwrap()
     };
-    let workers_soft = || workers.iter().map(|w| soft_on(w, "f")).sum::<u64>();
+    let workers_soft = || soft_proactive(&workers, "f");
     wait_until(
         "f's sandboxes are soft-evicted, as the controller counts them",
         Duration::from_secs(30),
@@ -198,8 +186,11 @@ fn sandboxes_a_worker_loses_are_forgotten_by_the_controller() {
     );
     // The sandboxes on the worker holding most are destroyed behind the controller's back
     // (as if killed): a cluster peer's evict commands.
-    let w = workers.iter().max_by_key(|w| soft_on(w, "f")).unwrap();
-    let held = soft_on(w, "f");
+    let w = workers
+        .iter()
+        .max_by_key(|w| proactive_on(w, "f", "soft"))
+        .unwrap();
+    let held = proactive_on(w, "f", "soft");
     assert!(held > 0);
     let before = controller_soft();
     let key = std::fs::read_to_string(c.cluster_key_file()).unwrap();
@@ -214,7 +205,7 @@ fn sandboxes_a_worker_loses_are_forgotten_by_the_controller() {
         )
         .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(soft_on(w, "f"), 0);
+    assert_eq!(proactive_on(w, "f", "soft"), 0);
     // The controller learns it from the worker's next reports and forgets them: its count
     // follows the workers' again.
     let lost = || c.status()["atoll"]["stats"]["lost"].as_u64().unwrap();

@@ -343,14 +343,26 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A one-shot server answering 200 with `len` bytes, chunked or with a length.
-    async fn huge_answer(len: usize, chunked: bool) -> String {
+    /// A one-shot server on loopback: reads one request, then `answer` writes the response.
+    async fn one_shot<F, Fut>(answer: F) -> String
+    where
+        F: FnOnce(tokio::net::TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         tokio::spawn(async move {
             let (mut s, _) = l.accept().await.unwrap();
             let mut buf = vec![0u8; 4096];
             let _ = s.read(&mut buf).await;
+            answer(s).await;
+        });
+        format!("http://{addr}")
+    }
+
+    /// A one-shot server answering 200 with `len` bytes, chunked or with a length.
+    async fn huge_answer(len: usize, chunked: bool) -> String {
+        one_shot(move |mut s| async move {
             let chunk = vec![b'x'; 64 * 1024];
             if chunked {
                 let _ = s
@@ -372,8 +384,8 @@ mod tests {
                 let _ = s.write_all(head.as_bytes()).await;
                 let _ = s.write_all(&chunk).await;
             }
-        });
-        format!("http://{addr}")
+        })
+        .await
     }
 
     #[tokio::test]
@@ -404,12 +416,7 @@ mod tests {
 
     /// A one-shot server answering 200 with `chunks` as a chunked body.
     async fn chunked_answer(chunks: &'static [&'static str]) -> String {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tokio::spawn(async move {
-            let (mut s, _) = l.accept().await.unwrap();
-            let mut buf = vec![0u8; 4096];
-            let _ = s.read(&mut buf).await;
+        one_shot(move |mut s| async move {
             let _ = s
                 .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
                 .await;
@@ -421,8 +428,8 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             let _ = s.write_all(b"0\r\n\r\n").await;
-        });
-        format!("http://{addr}")
+        })
+        .await
     }
 
     #[tokio::test]

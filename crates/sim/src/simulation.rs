@@ -1006,21 +1006,26 @@ mod tests {
     use hearth_core::time::ms;
     use hearth_core::RegulatorConfig;
 
+    /// `n` calls of `f` arriving 1 µs apart from time 0.
+    fn at_once(f: SimFunction, n: u64) -> Workload {
+        Workload {
+            functions: vec![f],
+            arrivals: (0..n)
+                .map(|i| At {
+                    at_us: i,
+                    function: 0,
+                })
+                .collect(),
+        }
+    }
+
     #[test]
     fn the_balancer_learns_running_times_not_queue_waits() {
         // One worker that runs one invocation at a time; 40 calls of a 100 ms function with
         // 300 ms of init arrive at once, so all but the first wait in the queue (up to 4 s).
         let f = SimFunction::new("f", ms(100), ms(300), 128);
         let key = f.key;
-        let workload = Workload {
-            functions: vec![f],
-            arrivals: (0..40)
-                .map(|i| At {
-                    at_us: i,
-                    function: 0,
-                })
-                .collect(),
-        };
+        let workload = at_once(f, 40);
         let config = SimConfig {
             workers: 1,
             cpus: 1,
@@ -1048,15 +1053,7 @@ mod tests {
     /// concurrency limit (bench/contention.sh's concurrent creations): the end time and each
     /// call's init under `server`.
     fn twelve_cold_starts(server: crate::Server) -> (Micros, Vec<Micros>) {
-        let workload = Workload {
-            functions: vec![SimFunction::new("f", ms(100), ms(65), 64)],
-            arrivals: (0..12)
-                .map(|i| At {
-                    at_us: i,
-                    function: 0,
-                })
-                .collect(),
-        };
+        let workload = at_once(SimFunction::new("f", ms(100), ms(65), 64), 12);
         let config = SimConfig {
             workers: 1,
             cpus: 2,
