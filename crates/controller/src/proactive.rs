@@ -19,7 +19,7 @@ use hearth_api::{
 use hearth_core::balance::WorkerId;
 use hearth_core::proactive::{AllocAction, Command};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -174,9 +174,9 @@ fn reconcile(
     reconciled: &mut HashMap<u32, Instant>,
 ) {
     let members = ctl.driver().members();
-    pending
-        .retain(|w, p| p.open.load(Ordering::Acquire) > 0 || members.iter().any(|m| m.id.0 == *w));
-    reconciled.retain(|w, _| members.iter().any(|m| m.id.0 == *w));
+    let ids: HashSet<u32> = members.iter().map(|m| m.id.0).collect();
+    pending.retain(|w, p| p.open.load(Ordering::Acquire) > 0 || ids.contains(w));
+    reconciled.retain(|w, _| ids.contains(w));
     for m in members {
         let Some(at) = m.report_at() else {
             continue;
@@ -189,10 +189,11 @@ fn reconcile(
         if !trusted || reconciled.get(&m.id.0) == Some(&at) {
             continue;
         }
-        reconciled.insert(m.id.0, at);
-        let Some((report, _)) = m.report() else {
+        // The report itself (a newer one than `at` is as trustworthy).
+        let Some((report, at)) = m.report() else {
             continue;
         };
+        reconciled.insert(m.id.0, at);
         let lost = ctl.driver().atoll_reconcile(m.id, &report);
         if lost > 0 {
             tracing::info!(worker = %m.name, lost, "proactive sandboxes lost on the worker are allocated again");
