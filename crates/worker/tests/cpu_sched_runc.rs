@@ -20,25 +20,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn runc_available() -> bool {
-    let ok = unsafe { libc::geteuid() } == 0
-        && std::process::Command::new("runc")
-            .arg("--version")
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-        && Path::new("/sys/fs/cgroup/cpu/cpu.idle").exists();
-    if !ok {
-        assert!(
-            std::env::var("HEARTH_REQUIRE_RUNC").is_err(),
-            "HEARTH_REQUIRE_RUNC is set but runc, root or cgroup v1 cpu.idle is missing"
-        );
-        eprintln!(
-            "skipping: CPU scheduling tests need root, runc and cgroup v1 `cpu` with cpu.idle"
-        );
-    }
-    ok
-}
+/// CPU scheduling needs cgroup v1 `cpu` with `cpu.idle`.
+const CPU_IDLE: &str = "/sys/fs/cgroup/cpu/cpu.idle";
 
 /// One test at a time: their spinners would compete for the same two CPUs.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -239,7 +222,7 @@ const SCHED_OTHER: u32 = 0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_answers_while_boosted_sandboxes_spin_on_every_cpu() {
-    if !runc_available() {
+    if !common::runc_available(&[CPU_IDLE]) {
         return;
     }
     let _serial = SERIAL.lock().await;
@@ -323,7 +306,7 @@ async fn the_worker_answers_while_boosted_sandboxes_spin_on_every_cpu() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spinning_invocations_are_demoted_once_their_slice_is_used() {
-    if !runc_available() {
+    if !common::runc_available(&[CPU_IDLE]) {
         return;
     }
     let _serial = SERIAL.lock().await;
@@ -392,7 +375,7 @@ def main(args):
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_function_cannot_raise_its_priority_or_lower_another_sandbox() {
-    if !runc_available() {
+    if !common::runc_available(&[CPU_IDLE]) {
         return;
     }
     let _serial = SERIAL.lock().await;
@@ -466,7 +449,7 @@ def main(args):
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpu_time_is_measured_per_invocation_and_cfs_touches_nothing() {
-    if !runc_available() {
+    if !common::runc_available(&[CPU_IDLE]) {
         return;
     }
     let _serial = SERIAL.lock().await;
@@ -559,7 +542,7 @@ async fn child_worker_for_the_crash_test() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_leaves_nothing_raised_and_a_restart_cleans_up() {
-    if !runc_available() {
+    if !common::runc_available(&[CPU_IDLE]) {
         return;
     }
     let tmp = tempfile::Builder::new()
@@ -663,7 +646,7 @@ fn thread_ticks(name: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement (minutes); run with --ignored --nocapture"]
 async fn measure_short_function_beside_spinners() {
-    if !runc_available() {
+    if !common::runc_available(&[CPU_IDLE]) {
         return;
     }
     let _serial = SERIAL.lock().await;
@@ -764,7 +747,7 @@ async fn measure_short_function_beside_spinners() {
 /// or a generic sandbox was specialized to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpu_shares_follow_memory_on_both_cold_paths() {
-    if !runc_available() {
+    if !common::runc_available(&[CPU_IDLE]) {
         return;
     }
     let _serial = SERIAL.lock().await;

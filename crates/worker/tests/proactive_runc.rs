@@ -10,26 +10,9 @@ use hearth_worker::BackendKind;
 use serde_json::json;
 use std::path::Path;
 
-fn runc_available() -> bool {
-    let ok = unsafe { libc::geteuid() } == 0
-        && std::process::Command::new("runc")
-            .arg("--version")
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-    if !ok {
-        assert!(
-            std::env::var("HEARTH_REQUIRE_RUNC").is_err(),
-            "HEARTH_REQUIRE_RUNC is set but runc or root is missing"
-        );
-        eprintln!("skipping: real-sandbox tests need root and runc (apt-get install runc)");
-    }
-    ok
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hello_runs_warm_on_a_proactive_runc_sandbox() {
-    if !runc_available() {
+    if !common::runc_available(&[]) {
         return;
     }
     let w = TestWorker::start_backend(BackendKind::Runc, |c| {

@@ -11,6 +11,29 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tower_service::Service;
 
+/// Whether real-sandbox tests can run here: root, runc, and every path in `needs` (e.g. a
+/// cgroup file). Without them a test says why and passes, unless `HEARTH_REQUIRE_RUNC` is set
+/// (scripts/test.sh sets it, so CI never skips them silently).
+pub fn runc_available(needs: &[&str]) -> bool {
+    let ok = unsafe { libc::geteuid() } == 0
+        && std::process::Command::new("runc")
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+        && needs.iter().all(|p| std::path::Path::new(p).exists());
+    if !ok {
+        assert!(
+            std::env::var("HEARTH_REQUIRE_RUNC").is_err(),
+            "HEARTH_REQUIRE_RUNC is set but root, runc or one of {needs:?} is missing"
+        );
+        eprintln!(
+            "skipping: real-sandbox tests need root and runc (apt-get install runc) and {needs:?}"
+        );
+    }
+    ok
+}
+
 /// The cluster credential the tests' peers send (at least 32 characters).
 pub const CLUSTER_KEY: &str = "test-cluster-key-0123456789abcdef0123456789";
 
