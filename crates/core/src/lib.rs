@@ -113,6 +113,7 @@ pub mod bypass;
 pub mod characteristics;
 pub mod cpu_sched;
 pub mod engine;
+pub mod gpu;
 pub mod load;
 pub mod policy;
 pub mod pool;

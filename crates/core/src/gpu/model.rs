@@ -1,0 +1,78 @@
+//! A simulated GPU: how long invocations take on it, as pure functions. The simulator and the
+//! worker's `sim` GPU backend both use it, so both see the same device.
+//!
+//! Calibration (thesis ch. 6, V100): execution stretches linearly with the invocations running
+//! together, `interference` per extra one; Fig. 6.12 shows a fixed D = 6 costing up to +100 %,
+//! so 0.2 per extra invocation. Moving memory between host and device costs `memory /
+//! pcie_mb_per_s` (PCIe 3 x16, about 12 GB/s). Creating a GPU container adds `gpu_init_us`:
+//! Fig. 6.1 puts the NVIDIA hook and GPU library start at about 3 s over a CPU container, and
+//! Table 6.1's cold − warm GPU times range from under 1 s to 16 s; 1.5 s is the hook alone.
+//! Utilization is the sum of the running invocations' solo shares, at most 1 (a device is
+//! never more than fully busy; beyond that, work stretches instead).
+
+use crate::time::Micros;
+use serde::{Deserialize, Serialize};
+
+/// The model's parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimGpuModel {
+    /// Relative slowdown per extra concurrent invocation.
+    pub interference: f64,
+    /// Host↔device copy bandwidth, MB/s.
+    pub pcie_mb_per_s: f64,
+    /// Creating a GPU container (context, hooks, libraries), on top of a CPU cold start.
+    pub gpu_init_us: Micros,
+}
+
+impl Default for SimGpuModel {
+    fn default() -> Self {
+        SimGpuModel { interference: 0.2, pcie_mb_per_s: 12_000.0, gpu_init_us: 1_500_000 }
+    }
+}
+
+/// A model parameter out of range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SimGpuModelError {
+    #[error("interference must be finite and within 0..=10, got {0}")]
+    Interference(f64),
+    #[error("pcie_mb_per_s must be finite and within 1..=1e7, got {0}")]
+    Pcie(f64),
+    #[error("gpu_init_us must be at most 10 minutes, got {0}")]
+    GpuInit(Micros),
+}
+
+impl SimGpuModel {
+    pub fn check(&self) -> Result<(), SimGpuModelError> {
+        if !(self.interference.is_finite() && (0.0..=10.0).contains(&self.interference)) {
+            return Err(SimGpuModelError::Interference(self.interference));
+        }
+        if !(self.pcie_mb_per_s.is_finite() && (1.0..=1e7).contains(&self.pcie_mb_per_s)) {
+            return Err(SimGpuModelError::Pcie(self.pcie_mb_per_s));
+        }
+        if self.gpu_init_us > 600_000_000 {
+            return Err(SimGpuModelError::GpuInit(self.gpu_init_us));
+        }
+        Ok(())
+    }
+
+    /// A warm execution of `warm_exec_us` alone, stretched by `concurrent` invocations running
+    /// at once on the device (itself included; 0 counts as 1).
+    pub fn exec_us(&self, warm_exec_us: Micros, concurrent: u32) -> Micros {
+        let extra = f64::from(concurrent.max(1) - 1);
+        let stretched = warm_exec_us as f64 * (1.0 + self.interference * extra);
+        stretched.min(u64::MAX as f64) as Micros
+    }
+
+    /// Moving `memory_mb` between host and device.
+    pub fn prefetch_us(&self, memory_mb: u64) -> Micros {
+        (memory_mb as f64 / self.pcie_mb_per_s * 1e6).min(u64::MAX as f64) as Micros
+    }
+
+    /// Device utilization with these invocations running, each given by its solo share
+    /// (non-finite or negative shares count as 0).
+    pub fn utilization(&self, running: &[f64]) -> f64 {
+        let sum: f64 = running.iter().map(|u| if u.is_finite() { u.max(0.0) } else { 0.0 }).sum();
+        sum.min(1.0)
+    }
+}
