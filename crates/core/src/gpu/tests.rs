@@ -533,31 +533,40 @@ fn container_cap_evicts_the_least_recently_used_idle_container() {
 fn container_cap_prefers_inactive_flows_containers() {
     let mut s = sched(GpuSchedConfig {
         containers_per_gpu: 2,
-        fixed_ttl_us: Some(1_000),
+        fixed_ttl_us: None,
+        alpha: 1.0,
         ..cfg(GpuPolicy::MqfqSticky)
     });
-    let a = arrive(&mut s, 0, "a", 10);
-    let ca = dispatches(&drain(&mut s))[0].container;
-    done(&mut s, 10, a, 10);
-    let b = arrive(&mut s, 5_000, "b", 10);
-    let cb = dispatches(&drain(&mut s))[0].container;
-    done(&mut s, 5_010, b, 10);
-    // b ran last but a's container is older anyway; make b's the LRU one but a's flow inactive:
-    let a2 = arrive(&mut s, 5_020, "a", 10);
-    drain(&mut s);
-    done(&mut s, 5_030, a2, 10); // a used at 5 030, b at 5 010; both within TTL
-    s.on_timeout(6_015); // b's TTL (1 ms after 5 010) ran out, a's has not
+    let mut run = |s: &mut GpuScheduler, at: Micros, f: &str| {
+        let id = arrive(s, at, f, 10);
+        let c = dispatches(&drain(s))[0].container;
+        done(s, at + 10, id, 10);
+        c
+    };
+    // a: IAT 100 ms ⇒ TTL 100 ms, last used at 100 010.
+    run(&mut s, 0, "a");
+    let ca = run(&mut s, 100_000, "a");
+    // b: IAT 100 µs ⇒ TTL 100 µs, last used later (100 210) but soon inactive.
+    run(&mut s, 100_100, "b");
+    let cb = run(&mut s, 100_200, "b");
+    s.on_timeout(100_400);
     drain(&mut s);
     assert_eq!(flow(&s, "b").state, FlowState::Inactive);
-    s.on_timeout(6_020);
-    arrive(&mut s, 6_020, "c", 10);
+    assert_eq!(flow(&s, "a").state, FlowState::Active);
+    // At the cap, b's container goes although a's was used less recently.
+    arrive(&mut s, 100_500, "c", 10);
     let acts = drain(&mut s);
-    assert!(acts.contains(&GpuAction::Destroy {
-        container: cb,
-        gpu: 0,
-        reason: GpuDestroyReason::PoolFull
-    }));
-    let _ = ca;
+    assert_eq!(
+        acts[0],
+        GpuAction::Destroy {
+            container: cb,
+            gpu: 0,
+            reason: GpuDestroyReason::PoolFull
+        }
+    );
+    assert!(!acts
+        .iter()
+        .any(|x| matches!(x, GpuAction::Destroy { container, .. } if *container == ca)));
 }
 
 #[test]
