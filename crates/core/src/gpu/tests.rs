@@ -537,7 +537,7 @@ fn container_cap_prefers_inactive_flows_containers() {
         alpha: 1.0,
         ..cfg(GpuPolicy::MqfqSticky)
     });
-    let mut run = |s: &mut GpuScheduler, at: Micros, f: &str| {
+    let run = |s: &mut GpuScheduler, at: Micros, f: &str| {
         let id = arrive(s, at, f, 10);
         let c = dispatches(&drain(s))[0].container;
         done(s, at + 10, id, 10);
