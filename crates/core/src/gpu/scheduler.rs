@@ -387,6 +387,21 @@ impl GpuScheduler {
         Ok(())
     }
 
+    /// Its caller gave up while it was queued (a dropped connection, a timeout): it leaves the
+    /// queue and gets no action. `false` when it is not queued (already dispatched or unknown).
+    pub fn on_cancel(&mut self, now: Micros, id: GpuInvocationId) -> bool {
+        let found = self.flows.values_mut().find_map(|f| {
+            let at = f.queue.iter().position(|p| p.id == id)?;
+            f.queue.remove(at)
+        });
+        if found.is_none() {
+            return false;
+        }
+        self.queued = self.queued.saturating_sub(1);
+        self.dispatch(now);
+        true
+    }
+
     /// The invocation finished; its container is idle again (or destroyed if not reusable).
     pub fn on_completed(
         &mut self,

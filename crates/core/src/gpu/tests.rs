@@ -330,6 +330,50 @@ fn fixed_d_caps_running_invocations() {
 }
 
 #[test]
+fn a_cancelled_queued_invocation_never_runs_and_frees_its_queue_slot() {
+    let mut s = sched(GpuSchedConfig {
+        max_queue: 2,
+        ..cfg(GpuPolicy::MqfqSticky)
+    });
+    let first = arrive(&mut s, 0, "f", 10);
+    let second = arrive(&mut s, 1, "g", 10);
+    let third = arrive(&mut s, 2, "h", 10);
+    assert_eq!(
+        dispatches(&drain(&mut s)).len(),
+        1,
+        "D = 1: one runs, two wait"
+    );
+    assert!(
+        s.on_arrival(
+            3,
+            GpuArrival {
+                function: "k",
+                weight: 1.0,
+                gpu_memory_mb: 10
+            }
+        )
+        .is_err(),
+        "the queue is full"
+    );
+    assert!(s.on_cancel(4, second));
+    assert!(!s.on_cancel(5, second), "already gone");
+    assert!(!s.on_cancel(5, first), "running, not queued");
+    assert_eq!(s.status().queued, 1);
+    arrive(&mut s, 6, "k", 10);
+    done(&mut s, 10, first, 5);
+    let mut ran = Vec::new();
+    for t in 0..4 {
+        let next = dispatches(&drain(&mut s));
+        for d in &next {
+            ran.push(d.id);
+            done(&mut s, 20 + t, d.id, 5);
+        }
+    }
+    assert!(!ran.contains(&second), "{ran:?}");
+    assert!(ran.contains(&third), "{ran:?}");
+}
+
+#[test]
 fn dynamic_d_follows_utilization_within_bounds() {
     let mut s = sched(GpuSchedConfig {
         d: 2,
