@@ -31,6 +31,8 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int log_fd = -2; /* -2: not opened yet, -1: no log */
 static CUdeviceptr next_ptr = 0x700000000000ULL;
 static CUdeviceptr_v1 next_ptr_v1 = 0x10000000U;
+static unsigned int handed_out;
+static int scatter;
 static __thread CUcontext current;
 
 enum { F_ALLOC, F_ALLOC_V1, F_MANAGED, F_FREE, F_PREFETCH, F_SYNC, F_COUNT };
@@ -84,12 +86,32 @@ EXPORT int mock_cuda_fail(const char *name, int rc)
     return -1;
 }
 
+/*
+ * Scattered pointers (a bijection of the allocation count, page-aligned, distinct) make the
+ * shim's table see collisions; sequential ones hash too evenly to exercise them.
+ */
+EXPORT void mock_cuda_scatter(int on)
+{
+    pthread_mutex_lock(&lock);
+    scatter = on;
+    pthread_mutex_unlock(&lock);
+}
+
 static CUdeviceptr take(size_t size)
 {
     size_t step = (size + 4095) & ~(size_t)4095;
     pthread_mutex_lock(&lock);
-    CUdeviceptr p = next_ptr;
-    next_ptr += step ? step : 4096;
+    CUdeviceptr p;
+    if (scatter) {
+        unsigned int x = handed_out++ * 2654435761U;
+        x ^= x >> 15;
+        x *= 0x2c1b3c6dU;
+        x ^= x >> 12;
+        p = 0x100000000000ULL + ((CUdeviceptr)x << 12);
+    } else {
+        p = next_ptr;
+        next_ptr += step ? step : 4096;
+    }
     pthread_mutex_unlock(&lock);
     return p;
 }
