@@ -23,7 +23,8 @@ PRELUDE = r'''
 import ctypes, json, os, sys, threading
 from ctypes import POINTER, byref, c_int, c_size_t, c_uint, c_ulonglong, c_void_p
 if os.environ.get("MOCK"):
-    drv = ctypes.CDLL(os.environ["MOCK"], mode=ctypes.RTLD_GLOBAL)
+    mode = ctypes.RTLD_LOCAL if os.environ.get("MOCK_LOCAL") else ctypes.RTLD_GLOBAL
+    drv = ctypes.CDLL(os.environ["MOCK"], mode=mode)
     drv.mock_cuda_fail.argtypes = [ctypes.c_char_p, c_int]
 g = ctypes.CDLL(None)
 def fn(name, res, *args):
@@ -62,13 +63,15 @@ def built():
 def run(built, tmp_path):
     """run(script, shim=True, mock=True, log=True) -> (out dict, log records)."""
 
-    def go(script, shim=True, mock=True, log=True):
+    def go(script, shim=True, mock=True, log=True, local=False):
         log_path = tmp_path / "cuda.log"
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "HEARTH_MOCK_CUDA_LOG")}
         if shim:
             env["LD_PRELOAD"] = built.shim
         if mock:
             env["MOCK"] = built.mock
+        if local:
+            env["MOCK_LOCAL"] = "1"
         if log:
             env["HEARTH_MOCK_CUDA_LOG"] = str(log_path)
         code = PRELUDE + script + "\nprint(json.dumps(out))\n"
@@ -269,6 +272,15 @@ def test_no_driver_loaded_returns_an_error_instead_of_crashing(run):
     assert out["a"] == 3 and out["f"] == 3  # CUDA_ERROR_NOT_INITIALIZED
     assert out["pf"] == 0  # nothing recorded, nothing to move
     assert out["s"]["regions"] == 0
+
+
+def test_a_driver_opened_without_rtld_global_is_still_found(run):
+    # Kept out of the global scope, the driver is invisible to RTLD_NEXT; the shim looks in it.
+    out, log = run("drv.cuCtxSetCurrent(c_void_p(%d))\nout['a'] = A(4096)\nout['s'] = state()" % CTX,
+                   local=True)
+    assert out["a"][0] == 0
+    assert [r["size"] for r in calls(log, "cuMemAllocManaged")] == [4096]
+    assert out["s"]["regions"] == 1
 
 
 def test_region_cap_holds_and_every_recorded_region_stays_findable(run):
