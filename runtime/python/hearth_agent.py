@@ -3,8 +3,10 @@
 Run as ``python3 -I -S hearth_agent.py`` (standard library only, no site-packages).
 Configuration: HEARTH_SOCKET, HEARTH_CODE_DIR, HEARTH_HANDLER, HEARTH_GENERIC (or --socket,
 --code-dir, --handler, --generic). Protocol: 8-byte request header (u32 BE length, u8 op, 3 zero
-bytes), 16-byte response header (u32 BE length, u16 status, u16 flags, u64 exec_us); ops H
-(health), I (invoke), L (load, generic mode only); see runtime/python/README.md.
+bytes), 16-byte response header (u32 BE length, u16 status, u16 flags, u64 exec_us), then, when
+flags bit 1 is set, a u64 BE of device memory bytes; ops H (health), I (invoke), L (load,
+generic mode only), P/S (prefetch / swap out a GPU sandbox's memory through the CUDA shim); see
+runtime/python/README.md.
 """
 
 import importlib
@@ -34,10 +36,15 @@ except ValueError:
 
 REQ_HDR = struct.Struct(">IB3x")  # payload length, op, 3 reserved bytes
 RESP_HDR = struct.Struct(">IHHQ")  # body length, status, flags, exec_us
+RESP_HDR_MEM = struct.Struct(">IHHQQ")  # ... then the shim's resident bytes (flag bit 1)
 FLAG_EXEC_US = 1
+FLAG_DEVICE_MEM = 2
 OP_HEALTH = ord("H")
 OP_INVOKE = ord("I")
 OP_LOAD = ord("L")
+OP_PREFETCH = ord("P")
+OP_SWAP_OUT = ord("S")
+MAX_DEVICE = 2**31 - 1  # a CUdevice is a C int
 
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 _decode = json.JSONDecoder().decode  # str -> value; same errors as json.loads
@@ -153,12 +160,60 @@ def _parse_load(payload):
 
 
 # --------------------------------------------------------------------------------------------
+# the CUDA shim (runtime/gpu-shim), present in GPU sandboxes only
+
+
+class Shim:
+    """The shim's control API, reached through the process-wide symbols LD_PRELOAD put there."""
+
+    def __init__(self, lib, ctypes):
+        self.prefetch = lib.hearth_shim_prefetch
+        self.prefetch.argtypes = [ctypes.c_int]
+        self.prefetch.restype = ctypes.c_int
+        self.swap_out = lib.hearth_shim_swap_out
+        self.swap_out.argtypes = []
+        self.swap_out.restype = ctypes.c_int
+        self.resident_bytes = lib.hearth_shim_resident_bytes
+        self.resident_bytes.argtypes = []
+        self.resident_bytes.restype = ctypes.c_ulonglong
+        self.regions = lib.hearth_shim_regions
+        self.regions.argtypes = []
+        self.regions.restype = ctypes.c_int
+
+
+def find_shim():
+    """The loaded shim, or None. Looked up once, at start."""
+    # Without LD_PRELOAD the shim cannot be there: CPU sandboxes skip importing ctypes.
+    if not os.environ.get("LD_PRELOAD"):
+        return None
+    try:
+        import ctypes
+
+        return Shim(ctypes.CDLL(None), ctypes)
+    except (ImportError, OSError, AttributeError):
+        return None
+
+
+def _parse_prefetch(payload):
+    """The device ordinal of a prefetch request, or an error message (a str)."""
+    try:
+        doc = _decode(payload.decode())
+    except Exception as exc:
+        return "prefetch payload is not valid JSON: %s" % exc
+    device = doc.get("device") if isinstance(doc, dict) else None
+    if type(device) is not int or not 0 <= device <= MAX_DEVICE:
+        return "prefetch payload needs \"device\": a device ordinal from 0 to %d" % MAX_DEVICE
+    return device
+
+
+# --------------------------------------------------------------------------------------------
 # frames
 
 
 class Agent:
-    def __init__(self, handler, init_us, init_error, generic=False):
+    def __init__(self, handler, init_us, init_error, generic=False, shim=None):
         self.generic = generic
+        self.shim = shim
         self._rbuf = bytearray(RECV_SIZE)
         self._rmv = memoryview(self._rbuf)
         if generic:
@@ -215,6 +270,24 @@ class Agent:
             sys.stderr.write("hearth_agent: handler init failed: %s\n" % self.init_error.decode())
         return self.health_status, self.health_body
 
+    def move_memory(self, op, payload):
+        """Prefetch (P) to a device or swap out (S) to the host. Returns (status, body)."""
+        shim = self.shim
+        if shim is None:
+            return 409, _error_body("NoShim", "the CUDA shim is not loaded in this sandbox", "request")
+        if op == OP_PREFETCH:
+            device = _parse_prefetch(payload)
+            if isinstance(device, str):
+                return 400, _error_body("BadRequest", device, "request")
+            rc = shim.prefetch(device)
+            what = "prefetch to device %d" % device
+        else:
+            rc = shim.swap_out()
+            what = "swap out to host memory"
+        if rc != 0:
+            return 500, _error_body("CudaError", "%s failed: CUresult %d" % (what, rc), "request")
+        return 200, b'{"resident_bytes":%d,"regions":%d}' % (shim.resident_bytes(), shim.regions())
+
     # One connection: serve frames until the peer closes it.
     def serve_connection(self, conn):
         recv_into = conn.recv_into
@@ -226,23 +299,34 @@ class Agent:
         mv = self._rmv
         cap = len(buf)
         start = end = 0  # unconsumed bytes are buf[start:end]
+        resident = self.shim.resident_bytes if self.shim is not None else None
 
-        def send(status, body, exec_us=None):
+        def send(status, body, exec_us=None, device_mem=None):
             size = len(body)
+            flags = 0
             if exec_us is None:
-                hdr = pack(size, status, 0, 0)
+                exec_us = 0
             else:
-                hdr = pack(size, status, FLAG_EXEC_US, exec_us)
+                flags = FLAG_EXEC_US
+            if device_mem is None:
+                hdr = pack(size, status, flags, exec_us)
+            else:
+                hdr = RESP_HDR_MEM.pack(size, status, flags | FLAG_DEVICE_MEM, exec_us, device_mem)
             if size <= SEND_JOIN_MAX:
                 sendall(hdr + body)
                 return
             sent = sendmsg((hdr, body))
-            if sent < 16:
+            hlen = len(hdr)
+            if sent < hlen:
                 sendall(hdr[sent:])
-                sent = 16
-            if sent < 16 + size:
+                sent = hlen
+            if sent < hlen + size:
                 with memoryview(body) as bv:
-                    sendall(bv[sent - 16 :])
+                    sendall(bv[sent - hlen :])
+
+        def answer_invoke(status, body, exec_us=None):
+            # With the shim loaded every invoke answer says how much device memory is held.
+            send(status, body, exec_us, resident() if resident is not None else None)
 
         while True:
             # ---- header
@@ -268,7 +352,13 @@ class Agent:
                     "request",
                 ))
                 return
-            if op != OP_INVOKE and op != OP_LOAD and op != OP_HEALTH:
+            if (
+                op != OP_INVOKE
+                and op != OP_LOAD
+                and op != OP_HEALTH
+                and op != OP_PREFETCH
+                and op != OP_SWAP_OUT
+            ):
                 # ---- unknown op: skip its payload, answer 400, keep the connection
                 skip = min(length, end - start)
                 start += skip
@@ -318,15 +408,15 @@ class Agent:
                 handler = self.handler
                 if handler is None:
                     if self.generic:
-                        send(503, _error_body("NotLoaded", "no handler is loaded yet", "request"))
+                        answer_invoke(503, _error_body("NotLoaded", "no handler is loaded yet", "request"))
                     else:
-                        send(500, self.init_error)
+                        answer_invoke(500, self.init_error)
                     continue
                 if payload:
                     try:
                         args = _decode(payload.decode())
                     except Exception as exc:  # ValueError, UnicodeDecodeError, RecursionError
-                        send(400, _error_body("BadRequest", "arguments are not valid JSON: %s" % exc, "request"))
+                        answer_invoke(400, _error_body("BadRequest", "arguments are not valid JSON: %s" % exc, "request"))
                         continue
                 else:
                     args = {}
@@ -335,14 +425,14 @@ class Agent:
                     result = handler(args)
                 except BaseException as exc:  # SystemExit/KeyboardInterrupt must not kill us
                     exec_us = (perf_counter_ns() - t0) // 1000
-                    send(500, _error_body(type(exc).__name__, str(exc), "exec", _last_traceback_lines()), exec_us)
+                    answer_invoke(500, _error_body(type(exc).__name__, str(exc), "exec", _last_traceback_lines()), exec_us)
                     continue
                 exec_us = (perf_counter_ns() - t0) // 1000
                 try:
                     out = _encode(result).encode()
                 except Exception as exc:  # TypeError, ValueError (NaN, cycles), RecursionError
                     err = _error_body("TypeError", "handler result is not JSON-serializable: %s" % exc, "result")
-                    send(500, err, exec_us)
+                    answer_invoke(500, err, exec_us)
                     continue
                 if MAX_RESULT and len(out) > MAX_RESULT:
                     err = _error_body(
@@ -351,17 +441,19 @@ class Agent:
                         % (len(out), MAX_RESULT),
                         "result",
                     )
-                    send(413, err, exec_us)
+                    answer_invoke(413, err, exec_us)
                     continue
                 size = len(out)
-                if size <= SEND_JOIN_MAX:
+                if size <= SEND_JOIN_MAX and resident is None:
                     sendall(pack(size, 200, FLAG_EXEC_US, exec_us) + out)
                 else:
-                    send(200, out, exec_us)
+                    answer_invoke(200, out, exec_us)
             elif op == OP_HEALTH:
                 send(self.health_status, self.health_body)
-            else:
+            elif op == OP_LOAD:
                 send(*self.load(payload))
+            else:
+                send(*self.move_memory(op, payload))
 
     def serve_forever(self, srv):
         while True:
@@ -411,12 +503,13 @@ def main(argv=None):
     sys.dont_write_bytecode = True  # code dir is read-only in a sandbox
     opts = _parse_args(sys.argv[1:] if argv is None else argv)
 
+    shim = find_shim()
     if opts["generic"]:
-        agent = Agent(None, 0, None, generic=True)
+        agent = Agent(None, 0, None, generic=True, shim=shim)
         init_error = None
     else:
         handler, init_us, init_error = load_handler(opts["code_dir"], opts["handler"])
-        agent = Agent(handler, init_us, init_error)
+        agent = Agent(handler, init_us, init_error, shim=shim)
 
     path = opts["socket"]
     try:

@@ -1,0 +1,42 @@
+"""Builds the shim, the mock driver and the linked test program with gcc (shared by the shim's
+and the agent's tests). Returns None, with the reason, when no C compiler is available."""
+
+import os
+import shutil
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHIM_DIR = os.path.dirname(HERE)
+CFLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-fvisibility=hidden"]
+
+
+class Built:
+    def __init__(self, out):
+        self.dir = out
+        self.shim = os.path.join(out, "libhearth_cuda_shim.so")
+        self.mock_dir = os.path.join(out, "mock")
+        self.mock = os.path.join(self.mock_dir, "libcuda.so.1")
+        self.prog = os.path.join(out, "linked_prog")
+
+
+def build(out):
+    """(Built, None) or (None, why)."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        return None, "gcc is not installed: the CUDA shim tests need a C compiler"
+    b = Built(out)
+    os.makedirs(b.mock_dir, exist_ok=True)
+    steps = [
+        [gcc, *CFLAGS, "-shared", "-o", b.shim, os.path.join(SHIM_DIR, "hearth_cuda_shim.c"),
+         "-ldl", "-lpthread"],
+        [gcc, *CFLAGS, "-shared", "-Wl,-soname,libcuda.so.1", "-o", b.mock,
+         os.path.join(HERE, "mock_cuda.c"), "-lpthread"],
+        # Linked by path with the soname recorded, found at run time through the rpath.
+        [gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-o", b.prog, os.path.join(HERE, "linked_prog.c"),
+         b.mock, "-Wl,-rpath," + b.mock_dir, "-ldl"],
+    ]
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError("build failed: %s\n%s" % (" ".join(cmd), proc.stderr))
+    return b, None
