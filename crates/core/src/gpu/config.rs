@@ -178,7 +178,10 @@ impl GpuSchedConfig {
             return Err(GpuConfigError::DMax(self.d_max));
         }
         if self.d < 1 || self.d > self.d_max {
-            return Err(GpuConfigError::D { d: self.d, d_max: self.d_max });
+            return Err(GpuConfigError::D {
+                d: self.d,
+                d_max: self.d_max,
+            });
         }
         if !(self.util_threshold.is_finite()
             && self.util_threshold > 0.0
@@ -200,7 +203,10 @@ impl GpuSchedConfig {
         }
         for (index, gpu) in self.gpus.iter().enumerate() {
             if !(1..=MAX_GPU_MEMORY_MB).contains(&gpu.memory_mb) {
-                return Err(GpuConfigError::GpuMemory { index, memory_mb: gpu.memory_mb });
+                return Err(GpuConfigError::GpuMemory {
+                    index,
+                    memory_mb: gpu.memory_mb,
+                });
             }
         }
         Ok(())
@@ -210,7 +216,9 @@ impl GpuSchedConfig {
     pub fn ttl_us(&self, iat_us: Option<f64>) -> Micros {
         match self.fixed_ttl_us {
             Some(ttl) => ttl,
-            None => iat_us.map_or(0, |iat| (self.alpha * iat).clamp(0.0, MAX_TTL_US as f64) as Micros),
+            None => iat_us.map_or(0, |iat| {
+                (self.alpha * iat).clamp(0.0, MAX_TTL_US as f64) as Micros
+            }),
         }
     }
 }

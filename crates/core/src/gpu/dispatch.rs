@@ -39,7 +39,10 @@ pub struct DispatchConfig {
 
 impl Default for DispatchConfig {
     fn default() -> Self {
-        DispatchConfig { min_speedup: 3.0, gpu_fraction: 0.5 }
+        DispatchConfig {
+            min_speedup: 3.0,
+            gpu_fraction: 0.5,
+        }
     }
 }
 
@@ -108,7 +111,10 @@ pub struct CpuGpuDispatch {
 impl CpuGpuDispatch {
     pub fn new(config: DispatchConfig) -> Result<Self, DispatchError> {
         config.check()?;
-        Ok(CpuGpuDispatch { config, functions: BTreeMap::new() })
+        Ok(CpuGpuDispatch {
+            config,
+            functions: BTreeMap::new(),
+        })
     }
 
     fn profile(&mut self, function: &str) -> Result<&mut Profile, DispatchError> {
@@ -116,9 +122,12 @@ impl CpuGpuDispatch {
             if self.functions.len() >= MAX_DISPATCH_FUNCTIONS {
                 return Err(DispatchError::TooManyFunctions);
             }
-            self.functions.insert(function.to_string(), Profile::default());
+            self.functions
+                .insert(function.to_string(), Profile::default());
         }
-        self.functions.get_mut(function).ok_or(DispatchError::TooManyFunctions)
+        self.functions
+            .get_mut(function)
+            .ok_or(DispatchError::TooManyFunctions)
     }
 
     /// Records a measured execution time of `function` on `device`.

@@ -83,7 +83,11 @@ impl Flow {
     /// Records a measured execution time into τ_k (the first one replaces the default).
     pub fn note_exec(&mut self, exec_us: Micros) {
         let exec = exec_us as f64;
-        self.tau_us = if self.tau_seen { self.tau_us + EWMA_WEIGHT * (exec - self.tau_us) } else { exec };
+        self.tau_us = if self.tau_seen {
+            self.tau_us + EWMA_WEIGHT * (exec - self.tau_us)
+        } else {
+            exec
+        };
         self.tau_seen = true;
     }
 

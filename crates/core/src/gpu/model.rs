@@ -27,7 +27,11 @@ pub struct SimGpuModel {
 
 impl Default for SimGpuModel {
     fn default() -> Self {
-        SimGpuModel { interference: 0.2, pcie_mb_per_s: 12_000.0, gpu_init_us: 1_500_000 }
+        SimGpuModel {
+            interference: 0.2,
+            pcie_mb_per_s: 12_000.0,
+            gpu_init_us: 1_500_000,
+        }
     }
 }
 
@@ -72,7 +76,10 @@ impl SimGpuModel {
     /// Device utilization with these invocations running, each given by its solo share
     /// (non-finite or negative shares count as 0).
     pub fn utilization(&self, running: &[f64]) -> f64 {
-        let sum: f64 = running.iter().map(|u| if u.is_finite() { u.max(0.0) } else { 0.0 }).sum();
+        let sum: f64 = running
+            .iter()
+            .map(|u| if u.is_finite() { u.max(0.0) } else { 0.0 })
+            .sum();
         sum.min(1.0)
     }
 }

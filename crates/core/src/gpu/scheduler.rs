@@ -90,7 +90,9 @@ pub enum GpuDestroyReason {
 pub enum GpuReject {
     #[error("the GPU queue is full ({length} waiting)")]
     QueueFull { length: usize },
-    #[error("the function needs {needed_mb} MiB of device memory; the largest GPU has {largest_mb} MiB")]
+    #[error(
+        "the function needs {needed_mb} MiB of device memory; the largest GPU has {largest_mb} MiB"
+    )]
     TooLarge { needed_mb: u64, largest_mb: u64 },
     #[error("the weight must be finite, above 0 and at most {MAX_WEIGHT}")]
     BadWeight,
@@ -134,9 +136,16 @@ pub enum GpuAction {
     /// Move an idle container's memory to the host (asynchronously).
     Swap { container: ContainerId, gpu: usize },
     /// Stop and remove a container (its memory and context are freed).
-    Destroy { container: ContainerId, gpu: usize, reason: GpuDestroyReason },
+    Destroy {
+        container: ContainerId,
+        gpu: usize,
+        reason: GpuDestroyReason,
+    },
     /// A queued invocation will never run.
-    Reject { invocation: GpuInvocationId, reason: GpuReject },
+    Reject {
+        invocation: GpuInvocationId,
+        reason: GpuReject,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -323,7 +332,8 @@ impl GpuScheduler {
                     }
                 }
                 let name: Arc<str> = Arc::from(arrival.function);
-                self.flows.insert(name.clone(), Flow::new(now, self.config.default_exec_us));
+                self.flows
+                    .insert(name.clone(), Flow::new(now, self.config.default_exec_us));
                 name
             }
         };
@@ -331,10 +341,17 @@ impl GpuScheduler {
         self.next_invocation += 1;
         let global_vt = self.global_vt;
         let default_exec_us = self.config.default_exec_us;
-        let flow = self.flows.entry(name.clone()).or_insert_with(|| Flow::new(now, default_exec_us));
+        let flow = self
+            .flows
+            .entry(name.clone())
+            .or_insert_with(|| Flow::new(now, default_exec_us));
         flow.note_arrival(now);
         flow.weight = arrival.weight;
-        flow.queue.push_back(Pending { id, arrival: now, memory_mb: arrival.gpu_memory_mb });
+        flow.queue.push_back(Pending {
+            id,
+            arrival: now,
+            memory_mb: arrival.gpu_memory_mb,
+        });
         self.queued += 1;
         if flow.state == FlowState::Inactive {
             // Standard fair queuing: a returning flow starts at Global_VT, else the service it
@@ -363,7 +380,9 @@ impl GpuScheduler {
             });
         }
         if self.queued >= self.config.max_queue {
-            return Err(GpuReject::QueueFull { length: self.queued });
+            return Err(GpuReject::QueueFull {
+                length: self.queued,
+            });
         }
         Ok(())
     }
@@ -426,7 +445,10 @@ impl GpuScheduler {
     }
 
     fn finish(&mut self, now: Micros, id: GpuInvocationId) -> Result<Running, GpuEventError> {
-        let run = self.running.remove(&id).ok_or(GpuEventError::UnknownInvocation(id))?;
+        let run = self
+            .running
+            .remove(&id)
+            .ok_or(GpuEventError::UnknownInvocation(id))?;
         let dev = &mut self.devices[run.gpu];
         dev.running = dev.running.saturating_sub(1);
         if run.epoch == dev.epoch {
@@ -452,7 +474,10 @@ impl GpuScheduler {
         }
         let threshold = self.config.util_threshold;
         let (dynamic, d_max) = (self.config.dynamic_d, self.config.d_max);
-        let dev = self.devices.get_mut(gpu).ok_or(GpuEventError::UnknownGpu(gpu))?;
+        let dev = self
+            .devices
+            .get_mut(gpu)
+            .ok_or(GpuEventError::UnknownGpu(gpu))?;
         dev.measured_util = Some(util);
         dev.tracked_util = util;
         dev.epoch += 1;
@@ -493,7 +518,10 @@ impl GpuScheduler {
         self.queued = 0;
         for invocation in queued {
             self.counters.rejects += 1;
-            self.actions.push_back(GpuAction::Reject { invocation, reason: GpuReject::ShuttingDown });
+            self.actions.push_back(GpuAction::Reject {
+                invocation,
+                reason: GpuReject::ShuttingDown,
+            });
         }
     }
 
@@ -623,7 +651,9 @@ impl GpuScheduler {
     /// Moves a flow to `state` with its memory actions: an activated flow's idle containers
     /// are prefetched where there is free room; a deactivated one's are swapped out.
     fn set_state(&mut self, name: &Arc<str>, state: FlowState) {
-        let Some(flow) = self.flows.get_mut(name) else { return };
+        let Some(flow) = self.flows.get_mut(name) else {
+            return;
+        };
         let was = flow.state;
         flow.state = state;
         if was == state || self.config.policy == GpuPolicy::Fcfs {
@@ -637,14 +667,17 @@ impl GpuScheduler {
             .collect();
         for id in idle {
             if state == FlowState::Active {
-                let Some(c) = self.containers.get(&id) else { continue };
+                let Some(c) = self.containers.get(&id) else {
+                    continue;
+                };
                 if !c.on_device && c.memory_mb <= self.free_mb(c.gpu) {
                     let gpu = c.gpu;
                     if let Some(c) = self.containers.get_mut(&id) {
                         c.on_device = true;
                     }
                     self.counters.prefetches += 1;
-                    self.actions.push_back(GpuAction::Prefetch { container: id, gpu });
+                    self.actions
+                        .push_back(GpuAction::Prefetch { container: id, gpu });
                 }
             } else {
                 self.swap(id);
@@ -736,15 +769,22 @@ impl GpuScheduler {
             }
         }
         let memory_mb = head.memory_mb;
-        let home_held =
-            home.filter(|&g| self.containers.values().any(|c| c.gpu == g && c.function == *name));
+        let home_held = home.filter(|&g| {
+            self.containers
+                .values()
+                .any(|c| c.gpu == g && c.function == *name)
+        });
         let targets: Vec<usize> = match home_held {
             Some(g) => vec![g],
             None => {
                 let mut all: Vec<usize> = (0..self.devices.len()).collect();
                 all.sort_by_key(|&g| {
                     let dev = &self.devices[g];
-                    (Reverse(dev.d.saturating_sub(dev.running)), Reverse(self.free_mb(g)), g)
+                    (
+                        Reverse(dev.d.saturating_sub(dev.running)),
+                        Reverse(self.free_mb(g)),
+                        g,
+                    )
                 });
                 all
             }
@@ -787,7 +827,9 @@ impl GpuScheduler {
     }
 
     fn free_mb(&self, gpu: usize) -> u64 {
-        self.devices[gpu].memory_mb.saturating_sub(self.resident_mb(gpu))
+        self.devices[gpu]
+            .memory_mb
+            .saturating_sub(self.resident_mb(gpu))
     }
 
     fn resident_mb(&self, gpu: usize) -> u64 {
@@ -801,7 +843,10 @@ impl GpuScheduler {
     /// Eviction order among idle containers: those of flows that are not active first, then
     /// least recently used, then oldest id.
     fn eviction_key(&self, id: ContainerId, c: &Container) -> (bool, Micros, ContainerId) {
-        let active = self.flows.get(&c.function).is_some_and(|f| f.state == FlowState::Active);
+        let active = self
+            .flows
+            .get(&c.function)
+            .is_some_and(|f| f.state == FlowState::Active);
         (active, c.last_used, id)
     }
 
@@ -878,8 +923,12 @@ impl GpuScheduler {
             c.last_used = now;
         }
         let uniform = self.config.uniform_cost;
-        let Some(flow) = self.flows.get_mut(name) else { return };
-        let Some(head) = flow.queue.pop_front() else { return };
+        let Some(flow) = self.flows.get_mut(name) else {
+            return;
+        };
+        let Some(head) = flow.queue.pop_front() else {
+            return;
+        };
         self.queued -= 1;
         flow.in_flight += 1;
         flow.vt += flow.cost(uniform);
@@ -922,7 +971,10 @@ impl GpuScheduler {
             if c.on_device && !c.busy {
                 c.on_device = false;
                 self.counters.swaps += 1;
-                self.actions.push_back(GpuAction::Swap { container: id, gpu: c.gpu });
+                self.actions.push_back(GpuAction::Swap {
+                    container: id,
+                    gpu: c.gpu,
+                });
             }
         }
     }
@@ -930,14 +982,20 @@ impl GpuScheduler {
     fn destroy(&mut self, id: ContainerId, reason: GpuDestroyReason) {
         if let Some(c) = self.containers.remove(&id) {
             self.counters.destroys += 1;
-            self.actions.push_back(GpuAction::Destroy { container: id, gpu: c.gpu, reason });
+            self.actions.push_back(GpuAction::Destroy {
+                container: id,
+                gpu: c.gpu,
+                reason,
+            });
         }
     }
 
     /// Swaps idle containers out (eviction order) until resident memory fits `gpu` again,
     /// after a shim reported a container grew.
     fn fit_memory(&mut self, gpu: usize) {
-        let over = self.resident_mb(gpu).saturating_sub(self.devices[gpu].memory_mb);
+        let over = self
+            .resident_mb(gpu)
+            .saturating_sub(self.devices[gpu].memory_mb);
         if over == 0 {
             return;
         }
@@ -959,11 +1017,19 @@ impl GpuScheduler {
 
     /// Drops flows that hold nothing (inactive, empty, no container) to make room for new ones.
     fn forget_idle_flows(&mut self) {
-        let holders: std::collections::BTreeSet<Arc<str>> =
-            self.containers.values().map(|c| c.function.clone()).collect();
-        self.flows
-            .retain(|name, f| f.state != FlowState::Inactive || !f.is_idle() || holders.contains(name));
-        if self.batch_current.as_ref().is_some_and(|n| !self.flows.contains_key(n)) {
+        let holders: std::collections::BTreeSet<Arc<str>> = self
+            .containers
+            .values()
+            .map(|c| c.function.clone())
+            .collect();
+        self.flows.retain(|name, f| {
+            f.state != FlowState::Inactive || !f.is_idle() || holders.contains(name)
+        });
+        if self
+            .batch_current
+            .as_ref()
+            .is_some_and(|n| !self.flows.contains_key(n))
+        {
             self.batch_current = None;
         }
     }
