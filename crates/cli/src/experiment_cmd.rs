@@ -9,7 +9,7 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct ExperimentArgs {
-    /// keepalive, balance, queue, priority, atoll, alps, provision, scaling; or fidelity (compares --real with
+    /// keepalive, balance, queue, priority, atoll, alps, provision, scaling, gpu; or fidelity (compares --real with
     /// --sim).
     name: String,
     /// The shared traces folder.

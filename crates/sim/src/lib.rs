@@ -19,6 +19,7 @@ pub mod cpu_quantum;
 mod error;
 pub mod events;
 pub mod experiments;
+pub mod gpu;
 pub mod record;
 pub mod router;
 pub mod simulation;

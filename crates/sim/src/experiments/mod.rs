@@ -10,6 +10,7 @@ mod alps;
 pub mod atoll;
 mod balance;
 pub mod fidelity;
+mod gpu;
 mod keepalive;
 pub mod metrics;
 pub mod plot;
@@ -46,10 +47,12 @@ pub enum Experiment {
     Provision,
     /// Bursty traffic and horizontal autoscaling (CH-RLU paper Figs. 9–11).
     Scaling,
+    /// GPU function scheduling: MQFQ-Sticky, FCFS, Batch on one server (thesis §6.5).
+    Gpu,
 }
 
 impl Experiment {
-    pub const ALL: [Experiment; 8] = [
+    pub const ALL: [Experiment; 9] = [
         Experiment::Keepalive,
         Experiment::Balance,
         Experiment::Queue,
@@ -58,6 +61,7 @@ impl Experiment {
         Experiment::Alps,
         Experiment::Provision,
         Experiment::Scaling,
+        Experiment::Gpu,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +74,7 @@ impl Experiment {
             Experiment::Alps => "alps",
             Experiment::Provision => "provision",
             Experiment::Scaling => "scaling",
+            Experiment::Gpu => "gpu",
         }
     }
 }
@@ -81,7 +86,7 @@ impl std::str::FromStr for Experiment {
             .into_iter()
             .find(|e| e.name() == s)
             .ok_or_else(|| {
-                format!("unknown experiment {s:?} (expected keepalive, balance, queue, priority, atoll, alps, provision or scaling)")
+                format!("unknown experiment {s:?} (expected keepalive, balance, queue, priority, atoll, alps, provision, scaling or gpu)")
             })
     }
 }
@@ -140,6 +145,7 @@ pub fn run(e: Experiment, o: &Options) -> Result<Report> {
         Experiment::Alps => alps::run(o)?,
         Experiment::Provision => provision::run(o)?,
         Experiment::Scaling => scaling::run(o)?,
+        Experiment::Gpu => gpu::run(o)?,
     };
     let markdown = match o.server {
         crate::contention::Server::Ps => markdown,
