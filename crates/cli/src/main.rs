@@ -91,7 +91,7 @@ enum Command {
     /// time).
     Sim(hearth_cli::sim_cmd::SimArgs),
     /// Run one of the seeds' comparisons through the simulator: keepalive, balance, queue,
-    /// priority, atoll, alps, provision, scaling (or fidelity: compare a real run with a
+    /// priority, atoll, alps, provision, scaling, gpu (or fidelity: compare a real run with a
     /// simulated one).
     Experiment(hearth_cli::experiment_cmd::ExperimentArgs),
     /// Size a worker's memory for a trace: hit-ratio curve from reuse distances, the memory

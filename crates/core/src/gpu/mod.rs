@@ -13,24 +13,28 @@
 //!
 //! Each function has a flow. A dispatch costs the flow τ_k / w_k of virtual time (τ_k the
 //! function's mean execution time in seconds; 1 / w_k with `uniform_cost`). Global_VT is the
-//! minimum VT of the flows that are not Inactive: flows with queued or in-flight work, or empty
-//! ones within their TTL (α × mean inter-arrival time, or `fixed_ttl_us`; a flow that has seen
-//! one arrival only has TTL 0). A flow is Throttled while `VT − Global_VT > T`.
+//! minimum VT of the backlogged flows, those with queued or in-flight work (with none, it keeps
+//! its last value). A flow is Throttled while `VT − Global_VT > T`.
+//!
+//! An empty flow does not hold Global_VT back, even while its TTL keeps it Active: Table 6.2
+//! calls Global_VT the minimum over *active* flows, and a flow kept active only in anticipation
+//! has nothing to dispatch, so counting it would throttle every busy flow behind a function
+//! called once a minute and leave the device idle with work queued (α × IAT is minutes for such
+//! a function). An empty flow that gets work again starts at `max(VT, Global_VT)`, as MQFQ's
+//! start tags do, so it cannot bank the service it did not use.
 //!
 //! **Deviation from Algorithm 3:** its line 22 throttles when `flow.VT − Global_VT < T`, which
 //! would throttle every flow close to Global_VT (the slowest ones) and contradicts the prose
 //! ("an active flow's start time is allowed to be T units ahead of Global_VT"); we follow the
 //! prose.
 //!
-//! A flow that returns after being Inactive starts at `max(VT, Global_VT)`: without it, an idle
-//! flow would bank the service it did not use and monopolize the device on its return
-//! (standard fair queuing). Candidates are the Active flows with queued work, longest queue
+//! Candidates are the Active flows with queued work, longest queue
 //! first; when the devices' D together is not 1, ties go to the flow with fewest in flight
 //! (stickiness: fewer concurrent cold starts of one function), then to the lowest VT, then by
 //! name, so runs are deterministic. If the chosen flow's head cannot be placed (no token, no
 //! room), the dispatcher waits for the next event, as Algorithm 3 does. Empty flows stay Active
-//! for their TTL after their last dispatch or completion (anticipatory scheduling) and hold
-//! Global_VT back that long; then they go Inactive and their idle containers' memory is swapped
+//! for their TTL after their last dispatch or completion (anticipatory scheduling: their
+//! containers stay on the device); then they go Inactive and their idle containers' memory is swapped
 //! to the host. Flows going Throttled are swapped out too; flows becoming Active get their idle
 //! containers prefetched where there is free device memory.
 //!

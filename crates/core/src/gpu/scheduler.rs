@@ -353,10 +353,12 @@ impl GpuScheduler {
             memory_mb: arrival.gpu_memory_mb,
         });
         self.queued += 1;
-        if flow.state == FlowState::Inactive {
-            // Standard fair queuing: a returning flow starts at Global_VT, else the service it
+        if flow.queue.len() == 1 && flow.in_flight == 0 {
+            // A flow that was idle starts at Global_VT (MQFQ's start tag), else the service it
             // missed while idle would be credit to monopolize the device with.
             flow.vt = flow.vt.max(global_vt);
+        }
+        if flow.state == FlowState::Inactive {
             self.set_state(&name, FlowState::Active);
         }
         self.dispatch(now);
@@ -617,9 +619,9 @@ impl GpuScheduler {
 
     /// Algorithm 3's `update_state` for every flow, with Global_VT in between.
     ///
-    /// Global_VT is the minimum VT over the flows that are not Inactive (queued or in-flight
-    /// work, or empty within their TTL); with none, it keeps its last value. An empty flow
-    /// within its TTL so holds Global_VT back: anticipation, bounded by the TTL.
+    /// Global_VT is the minimum VT over the backlogged flows (queued or in-flight work); with
+    /// none, it keeps its last value. Empty flows kept Active by their TTL do not count: they
+    /// have nothing to dispatch, and would hold every busy flow throttled behind them.
     fn update_states(&mut self, now: Micros) {
         let mut changes: Vec<(Arc<str>, FlowState)> = Vec::new();
         for (name, f) in &self.flows {
@@ -636,7 +638,7 @@ impl GpuScheduler {
         if let Some(min) = self
             .flows
             .values()
-            .filter(|f| f.state != FlowState::Inactive)
+            .filter(|f| !f.is_idle())
             .map(|f| f.vt)
             .min_by(f64::total_cmp)
         {

@@ -186,6 +186,68 @@ fn flow_ahead_by_more_than_t_is_throttled_until_global_vt_catches_up() {
 }
 
 #[test]
+fn an_empty_flow_kept_active_by_its_ttl_does_not_throttle_busy_flows() {
+    // `rare` ran once and stays Active for its (long) TTL with nothing queued; `busy` then runs
+    // far ahead of rare's VT. Counting rare in Global_VT would throttle busy behind a flow with
+    // nothing to dispatch and leave the GPU idle for the whole TTL.
+    let mut s = sched(GpuSchedConfig {
+        t: 1.0,
+        ..cfg(GpuPolicy::MqfqSticky)
+    });
+    let rare = arrive(&mut s, 0, "rare", 10);
+    drain(&mut s);
+    done(&mut s, 1_000_000, rare, 1_000_000);
+    assert_eq!(flow(&s, "rare").state, FlowState::Active, "kept by its TTL");
+    let ids: Vec<_> = (0..6)
+        .map(|i| arrive(&mut s, 2_000_000 + i, "busy", 10))
+        .collect();
+    let mut now = 3_000_000;
+    let mut ran = Vec::new();
+    for _ in 0..ids.len() {
+        let next = dispatches(&drain(&mut s));
+        assert_eq!(
+            next.len(),
+            1,
+            "the GPU must not idle with busy's work queued: {ran:?}"
+        );
+        ran.push(next[0].id);
+        now += 1_000_000;
+        done(&mut s, now, next[0].id, 1_000_000);
+    }
+    assert_eq!(ran, ids);
+    assert_eq!(flow(&s, "rare").state, FlowState::Active);
+}
+
+#[test]
+fn a_flow_idle_within_its_ttl_rejoins_at_global_vt_without_banked_credit() {
+    let mut s = sched(GpuSchedConfig {
+        t: 1.0,
+        ..cfg(GpuPolicy::MqfqSticky)
+    });
+    let a = arrive(&mut s, 0, "a", 10);
+    drain(&mut s);
+    done(&mut s, 1_000_000, a, 1_000_000);
+    let b: Vec<_> = (0..4)
+        .map(|i| arrive(&mut s, 1_000_001 + i, "b", 10))
+        .collect();
+    let mut now = 2_000_000;
+    for id in &b {
+        assert_eq!(dispatches(&drain(&mut s))[0].id, *id);
+        now += 1_000_000;
+        done(&mut s, now, *id, 1_000_000);
+    }
+    // a idled (Active, within its TTL) while b earned VT 4; a comes back at Global_VT, not at
+    // its old VT of 1.
+    let vt_b = flow(&s, "b").vt;
+    arrive(&mut s, now + 1, "a", 10);
+    let vt_a = flow(&s, "a").vt;
+    assert!(
+        vt_a >= vt_b - 1e-9,
+        "a at {vt_a} would bank credit below Global_VT {vt_b}"
+    );
+}
+
+#[test]
 fn sticky_tie_break_prefers_fewest_in_flight_and_longest_queue_wins() {
     let mut s = sched(GpuSchedConfig {
         d: 2,

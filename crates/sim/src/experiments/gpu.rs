@@ -31,13 +31,6 @@ const MEDIUM: f64 = 0.70;
 /// The high-intensity trace of Fig. 6.8 and Table 6.4 (of one GPU).
 const HIGH: f64 = 0.90;
 
-/// The flow TTL of every run except the α sweep: a fixed 2 s instead of the scheduler's
-/// default α × IAT. With α × IAT, hearth_core::gpu keeps an empty flow Active for its TTL and
-/// lets it hold Global_VT back; a rare function's TTL is then minutes long, every busy flow
-/// runs more than T ahead of it and is throttled, and the GPU idles with work queued (the
-/// α rows of the TTL table show it). A short fixed TTL keeps the anticipation and avoids it.
-const DEFAULT_TTL_US: Micros = 2_000_000;
-
 /// What D a run uses: fixed, or utilization-driven (starting at 2, up to 6).
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Dpar {
@@ -59,7 +52,6 @@ fn sched(policy: GpuPolicy, d: Dpar, gpus: usize) -> GpuSchedConfig {
     let mut c = GpuSchedConfig {
         policy,
         gpus: vec![GpuSpec { memory_mb: V100_MB }; gpus],
-        fixed_ttl_us: Some(DEFAULT_TTL_US),
         ..GpuSchedConfig::default()
     };
     if let Dpar::Fixed(d) = d {
@@ -361,7 +353,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         "One server, simulated V100s ({V100_MB} MB each) scheduled by hearth_core::gpu, 48 CPU cores. \
          {FUNCTIONS} Azure functions (representative sample, {} minutes of the trace), each mapped onto \
          Table 6.1 by execution time; arrivals redrawn from each function's gaps and scaled to a target \
-         utilization over {:.0} s. Defaults: T = 10, flow TTL fixed 2 s (not α × IAT: see the TTL table), dynamic D (2, up to 6, 90 % threshold), \
+         utilization over {:.0} s. Defaults: T = 10, flow TTL α × IAT with α = 1.5, dynamic D (2, up to 6, 90 % threshold), \
          16 containers per GPU. Latency = queue + setup (cold start or prefetch) + execution.\n\n",
         p.minutes,
         p.span_us as f64 / 1e6
