@@ -430,7 +430,8 @@ mod tests {
             let mut s = gpu_spec(device, 16_384);
             s.sim_gpu_warm_ms = 2.5;
             s.sim_gpu_cold_ms = MAX_SIM_MS;
-            s.validate().expect("a GPU function with its memory is accepted");
+            s.validate()
+                .expect("a GPU function with its memory is accepted");
             gpu_spec(device, MAX_GPU_MEMORY_MB).validate().unwrap();
             let e = gpu_spec(device, 0).validate().unwrap_err();
             assert_eq!(e.range(), Some(("gpu_memory_mb", 1.0, 196_608.0)));
@@ -520,7 +521,10 @@ mod tests {
         let e = serde_json::from_str::<FunctionSpec>(r#"{"name":"f","device":"tpu"}"#)
             .unwrap_err()
             .to_string();
-        assert!(e.contains(r#"one of "cpu", "gpu" or "any", got "tpu""#), "{e}");
+        assert!(
+            e.contains(r#"one of "cpu", "gpu" or "any", got "tpu""#),
+            "{e}"
+        );
         // Still no room for fields nobody reads.
         let e = serde_json::from_str::<FunctionSpec>(r#"{"name":"f","gpus":2}"#)
             .unwrap_err()
