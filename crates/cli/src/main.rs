@@ -197,6 +197,19 @@ enum FnCommand {
         /// Cold-start cost for the sim backend, ms.
         #[arg(long)]
         sim_cold_ms: Option<f64>,
+        /// Where the handler runs: cpu (default), gpu (only on workers with a GPU) or any (a
+        /// CPU and a GPU variant, chosen by expected speedup).
+        #[arg(long)]
+        device: Option<hearth_api::Device>,
+        /// GPU memory one invocation needs, MiB (required with --device gpu or any).
+        #[arg(long)]
+        gpu_memory: Option<u64>,
+        /// Warm time on a GPU for the sim backend, ms.
+        #[arg(long)]
+        sim_gpu_warm_ms: Option<f64>,
+        /// Cold-start cost on a GPU for the sim backend, ms.
+        #[arg(long)]
+        sim_gpu_cold_ms: Option<f64>,
         /// Retries of a failed async invocation before it is dead-lettered (0-10, default 2).
         #[arg(long)]
         retries: Option<u32>,
@@ -592,6 +605,10 @@ fn function(cmd: FnCommand) -> Result<()> {
             env,
             sim_warm_ms,
             sim_cold_ms,
+            device,
+            gpu_memory,
+            sim_gpu_warm_ms,
+            sim_gpu_cold_ms,
             retries,
             url,
         } => {
@@ -617,6 +634,18 @@ fn function(cmd: FnCommand) -> Result<()> {
             }
             if let Some(v) = sim_cold_ms {
                 body["sim_cold_ms"] = json!(v);
+            }
+            if let Some(d) = device {
+                body["device"] = json!(d);
+            }
+            if let Some(v) = gpu_memory {
+                body["gpu_memory_mb"] = json!(v);
+            }
+            if let Some(v) = sim_gpu_warm_ms {
+                body["sim_gpu_warm_ms"] = json!(v);
+            }
+            if let Some(v) = sim_gpu_cold_ms {
+                body["sim_gpu_cold_ms"] = json!(v);
             }
             if let Some(v) = retries {
                 body["retries"] = json!(v);
