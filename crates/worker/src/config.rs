@@ -669,17 +669,24 @@ impl WorkerConfig {
             }
         }
         self.gpu.check().map_err(ConfigError::Invalid)?;
-        if self.gpu.devices == GpuDevices::Sim && self.backend != BackendKind::Sim {
-            return bad(format!(
-                "gpu.devices = \"sim\" needs the sim backend (simulated GPUs run no processes), \
-                 got backend {}",
-                self.backend
-            ));
-        }
         if let Some(store) = &self.store {
             config_checks::store(store, self.lease_ttl_ms)?;
         }
         config_checks::status_interval_ms(self.status_interval_ms)
+    }
+
+    /// Simulated GPUs run no processes: only the `sim` backend can use them. Checked when the
+    /// worker starts rather than in [`Self::check`], because the backend may still be set by a
+    /// command-line flag after the file and the environment are read.
+    pub fn check_gpu_backend(&self) -> Result<(), ConfigError> {
+        if self.gpu.devices == GpuDevices::Sim && self.backend != BackendKind::Sim {
+            return Err(ConfigError::Invalid(format!(
+                "gpu.devices = \"sim\" needs the sim backend (simulated GPUs run no processes), \
+                 got backend {}",
+                self.backend
+            )));
+        }
+        Ok(())
     }
 
     /// The elastic controller's settings (`[provision]`); `max_mb = 0` means `memory_mb`.
@@ -1124,7 +1131,8 @@ mod tests {
             );
             jail.set_env("HEARTH_GPU__DEVICES", "sim");
             jail.set_env("HEARTH_BACKEND", "runc");
-            let err = WorkerConfig::load(Some(&path)).unwrap_err().to_string();
+            let c = WorkerConfig::load(Some(&path)).map_err(|e| e.to_string())?;
+            let err = c.check_gpu_backend().unwrap_err().to_string();
             assert!(
                 err.contains("gpu.devices = \"sim\" needs the sim backend"),
                 "{err}"

@@ -91,6 +91,7 @@ impl Worker {
     /// Opens the registry, prepares the backend (removing leftovers of a crashed run) and starts
     /// the driver and the housekeeping task.
     pub async fn start(config: WorkerConfig) -> Result<Arc<Self>, StartError> {
+        config.check_gpu_backend()?;
         let data_dir = open_data_dir(&config.data_dir)
             .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
         let id = config.worker_id();
