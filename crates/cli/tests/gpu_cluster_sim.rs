@@ -106,3 +106,65 @@ fn without_a_gpu_worker_the_controller_answers_no_gpu() {
     assert_eq!(r.status, 201, "{}", r.text());
     assert_eq!(c.invoke("a", "{}").status, 200);
 }
+
+#[test]
+fn fn_register_takes_the_device_and_gpu_memory() {
+    let w = Server::start("sim", ONE_GPU);
+    let out = common::hearth(&[
+        "fn",
+        "register",
+        "g",
+        "--url",
+        &w.url,
+        "--device",
+        "gpu",
+        "--gpu-memory",
+        "8192",
+        "--sim-gpu-warm-ms",
+        "3",
+        "--sim-gpu-cold-ms",
+        "50",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = w.client().get("/v1/functions/g").unwrap().json();
+    assert_eq!(
+        (v["device"].as_str(), v["gpu_memory_mb"].as_u64()),
+        (Some("gpu"), Some(8192))
+    );
+    assert_eq!(
+        (v["sim_gpu_warm_ms"].as_f64(), v["sim_gpu_cold_ms"].as_f64()),
+        (Some(3.0), Some(50.0))
+    );
+    // An unknown device is refused before anything is sent, naming the accepted ones.
+    let out = common::hearth(&["fn", "register", "t", "--url", &w.url, "--device", "tpu"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(r#"one of "cpu", "gpu" or "any", got "tpu""#),
+        "{err}"
+    );
+    // Too much GPU memory for this worker: its answer, with the device's memory.
+    let out = common::hearth(&[
+        "fn",
+        "register",
+        "big",
+        "--url",
+        &w.url,
+        "--device",
+        "gpu",
+        "--gpu-memory",
+        "20000",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "400 no_gpu: big needs gpu_memory_mb 20000 but this worker's largest GPU has 16384 MiB"
+        ),
+        "{err}"
+    );
+}
