@@ -43,6 +43,7 @@ error_codes! {
     Overloaded => "overloaded",
     QueueFull => "queue_full",
     InsufficientMemory => "insufficient_memory",
+    NoGpu => "no_gpu",
     ShuttingDown => "shutting_down",
     Timeout => "timeout",
     DeadlinePassed => "deadline_passed",

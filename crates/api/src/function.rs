@@ -1,5 +1,6 @@
 //! The registered function: what a user asked for, validated.
 
+use crate::gpu::{Device, MAX_GPU_MEMORY_MB};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -49,6 +50,21 @@ pub struct FunctionSpec {
     /// Cold-start cost (sandbox + init) for the `sim` backend.
     #[serde(default)]
     pub sim_cold_ms: f64,
+    /// Where the handler runs: `cpu` (default), `gpu` (only on workers with a GPU) or `any`
+    /// (a CPU and a GPU variant, chosen by expected speedup). Left out when `cpu`, so specs
+    /// without GPUs read and write exactly as before.
+    #[serde(default, skip_serializing_if = "Device::is_cpu")]
+    pub device: Device,
+    /// GPU memory one invocation needs (MiB): required for `gpu` and `any`, 0 for `cpu`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gpu_memory_mb: u64,
+    /// Warm execution time on a GPU for the `sim` backend (`any`: the CPU variant's is
+    /// `sim_warm_ms`).
+    #[serde(default, skip_serializing_if = "is_zero_ms")]
+    pub sim_gpu_warm_ms: f64,
+    /// Cold-start cost on a GPU (container, driver context, model load) for the `sim` backend.
+    #[serde(default, skip_serializing_if = "is_zero_ms")]
+    pub sim_gpu_cold_ms: f64,
     /// Attempts after a failed async invocation before it is dead-lettered (Lambda-like).
     #[serde(default = "default_retries")]
     pub retries: u32,
@@ -61,6 +77,14 @@ pub struct FunctionSpec {
 pub const DEFAULT_RETRIES: u32 = 2;
 /// The most retries a function may ask for.
 pub const MAX_RETRIES: u32 = 10;
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_zero_ms(v: &f64) -> bool {
+    *v == 0.0
+}
 
 fn default_retries() -> u32 {
     DEFAULT_RETRIES
@@ -103,6 +127,11 @@ pub enum SpecError {
     },
     #[error("environment variable names must be identifiers not starting with HEARTH_: {0:?}")]
     BadEnv(String),
+    /// A GPU setting on a function that runs on CPUs only.
+    #[error(
+        "{field} applies to device \"gpu\" or \"any\" only: leave it out (or 0) for device \"cpu\""
+    )]
+    GpuFieldOnCpu { field: &'static str },
 }
 
 impl FunctionSpec {
@@ -120,6 +149,10 @@ impl FunctionSpec {
             env: BTreeMap::new(),
             sim_warm_ms: 0.0,
             sim_cold_ms: 0.0,
+            device: Device::Cpu,
+            gpu_memory_mb: 0,
+            sim_gpu_warm_ms: 0.0,
+            sim_gpu_cold_ms: 0.0,
             retries: DEFAULT_RETRIES,
             version: 0,
         }
@@ -167,6 +200,7 @@ impl FunctionSpec {
         )?;
         check_range("sim_warm_ms", 0.0, MAX_SIM_MS, "", self.sim_warm_ms)?;
         check_range("sim_cold_ms", 0.0, MAX_SIM_MS, "", self.sim_cold_ms)?;
+        self.validate_gpu()?;
         check_range(
             "priority",
             f64::from(MIN_PRIORITY),
@@ -197,6 +231,36 @@ impl FunctionSpec {
             return Err(SpecError::BadEnv(bad.clone()));
         }
         Ok(())
+    }
+
+    /// The GPU fields: set (and in range) exactly when the device may be a GPU.
+    fn validate_gpu(&self) -> Result<(), SpecError> {
+        if !self.device.uses_gpu() {
+            let set = [
+                ("gpu_memory_mb", self.gpu_memory_mb != 0),
+                ("sim_gpu_warm_ms", self.sim_gpu_warm_ms != 0.0),
+                ("sim_gpu_cold_ms", self.sim_gpu_cold_ms != 0.0),
+            ];
+            return match set.into_iter().find(|(_, set)| *set) {
+                Some((field, _)) => Err(SpecError::GpuFieldOnCpu { field }),
+                None => Ok(()),
+            };
+        }
+        check_range(
+            "gpu_memory_mb",
+            1.0,
+            MAX_GPU_MEMORY_MB as f64,
+            "",
+            self.gpu_memory_mb as f64,
+        )?;
+        check_range("sim_gpu_warm_ms", 0.0, MAX_SIM_MS, "", self.sim_gpu_warm_ms)?;
+        check_range("sim_gpu_cold_ms", 0.0, MAX_SIM_MS, "", self.sim_gpu_cold_ms)
+    }
+
+    /// The GPU memory (MiB) a worker must have on one device to take this function at all:
+    /// `Some` for `gpu` only (`any` falls back to its CPU variant).
+    pub fn required_gpu_mb(&self) -> Option<u64> {
+        (self.device == Device::Gpu).then_some(self.gpu_memory_mb)
     }
 
     /// The module part of the handler (`main` for `main.main`).
@@ -350,6 +414,122 @@ mod tests {
         s.sim_warm_ms = 3_600_000.5;
         let e = s.validate().unwrap_err();
         assert_eq!(e.range(), Some(("sim_warm_ms", 0.0, MAX_SIM_MS)));
+    }
+
+    fn gpu_spec(device: Device, gpu_memory_mb: u64) -> FunctionSpec {
+        FunctionSpec {
+            device,
+            gpu_memory_mb,
+            ..FunctionSpec::new("g")
+        }
+    }
+
+    #[test]
+    fn gpu_functions_need_gpu_memory_within_bounds() {
+        for device in [Device::Gpu, Device::Any] {
+            let mut s = gpu_spec(device, 16_384);
+            s.sim_gpu_warm_ms = 2.5;
+            s.sim_gpu_cold_ms = MAX_SIM_MS;
+            s.validate()
+                .expect("a GPU function with its memory is accepted");
+            gpu_spec(device, MAX_GPU_MEMORY_MB).validate().unwrap();
+            let e = gpu_spec(device, 0).validate().unwrap_err();
+            assert_eq!(e.range(), Some(("gpu_memory_mb", 1.0, 196_608.0)));
+            assert!(
+                e.to_string()
+                    .contains("gpu_memory_mb must be between 1 and 196608, got 0"),
+                "{e}"
+            );
+            let e = gpu_spec(device, MAX_GPU_MEMORY_MB + 1)
+                .validate()
+                .unwrap_err();
+            assert_eq!(e.range(), Some(("gpu_memory_mb", 1.0, 196_608.0)));
+            for (field, bad) in [("sim_gpu_warm_ms", -1.0), ("sim_gpu_cold_ms", f64::NAN)] {
+                let mut s = gpu_spec(device, 1024);
+                if field == "sim_gpu_warm_ms" {
+                    s.sim_gpu_warm_ms = bad;
+                } else {
+                    s.sim_gpu_cold_ms = bad;
+                }
+                assert_eq!(s.validate().unwrap_err().range().map(|r| r.0), Some(field));
+            }
+        }
+    }
+
+    #[test]
+    fn cpu_functions_refuse_gpu_settings_naming_the_field() {
+        gpu_spec(Device::Cpu, 0).validate().unwrap();
+        let e = gpu_spec(Device::Cpu, 1024).validate().unwrap_err();
+        assert_eq!(
+            e,
+            SpecError::GpuFieldOnCpu {
+                field: "gpu_memory_mb"
+            }
+        );
+        assert!(e.to_string().contains(r#"device "cpu""#), "{e}");
+        let mut s = FunctionSpec::new("c");
+        s.sim_gpu_cold_ms = 5.0;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.starts_with("sim_gpu_cold_ms applies to device"), "{e}");
+    }
+
+    #[test]
+    fn only_gpu_functions_require_a_gpu_to_run() {
+        assert_eq!(gpu_spec(Device::Gpu, 512).required_gpu_mb(), Some(512));
+        assert_eq!(gpu_spec(Device::Any, 512).required_gpu_mb(), None);
+        assert_eq!(FunctionSpec::new("c").required_gpu_mb(), None);
+    }
+
+    #[test]
+    fn specs_without_gpus_read_and_write_as_before() {
+        // A spec stored before devices existed reads as a CPU function...
+        let old = r#"{"name":"f","runtime":"python3","handler":"main.main","memory_mb":128,
+            "cpus":1.0,"timeout_ms":30000,"priority":0,"sim_warm_ms":0.0,"sim_cold_ms":0.0,
+            "retries":2,"version":3}"#;
+        let s: FunctionSpec = serde_json::from_str(old).unwrap();
+        assert_eq!((s.device, s.gpu_memory_mb), (Device::Cpu, 0));
+        // ...and a CPU function writes none of the new fields.
+        let v = serde_json::to_value(&s).unwrap();
+        for field in [
+            "device",
+            "gpu_memory_mb",
+            "sim_gpu_warm_ms",
+            "sim_gpu_cold_ms",
+        ] {
+            assert!(v.get(field).is_none(), "{field} in {v}");
+        }
+        let back: FunctionSpec = serde_json::from_value(v).unwrap();
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn gpu_specs_round_trip() {
+        let json = r#"{"name":"g","device":"any","gpu_memory_mb":8192,"sim_warm_ms":40,
+            "sim_gpu_warm_ms":4,"sim_gpu_cold_ms":900}"#;
+        let mut s: FunctionSpec = serde_json::from_str(json).unwrap();
+        s.validate().unwrap();
+        assert_eq!((s.device, s.gpu_memory_mb), (Device::Any, 8192));
+        assert_eq!((s.sim_gpu_warm_ms, s.sim_gpu_cold_ms), (4.0, 900.0));
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["device"], "any");
+        let back: FunctionSpec = serde_json::from_value(v).unwrap();
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn an_unknown_device_is_refused_naming_the_accepted_values() {
+        let e = serde_json::from_str::<FunctionSpec>(r#"{"name":"f","device":"tpu"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(r#"one of "cpu", "gpu" or "any", got "tpu""#),
+            "{e}"
+        );
+        // Still no room for fields nobody reads.
+        let e = serde_json::from_str::<FunctionSpec>(r#"{"name":"f","gpus":2}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `gpus`"), "{e}");
     }
 
     #[test]

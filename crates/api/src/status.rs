@@ -1,5 +1,6 @@
 //! A worker's status (`GET /v1/status`) and the report it pushes to its controller.
 
+use crate::gpu::{GpuInfo, MAX_GPUS};
 use crate::proactive::{ProactiveCounts, ProactivePoolStatus};
 use hearth_core::balance::WorkerLoad;
 use serde::{Deserialize, Serialize};
@@ -127,6 +128,10 @@ pub struct WorkerStatus {
     /// The proactive pool (Atoll; `proactive_mb`), absent when it is off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proactive: Option<ProactivePoolStatus>,
+    /// The worker's GPUs (found through NVML, or declared in `[gpu] sim`); absent when it has
+    /// none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuInfo>,
 }
 
 /// What a worker tells its controller (`PUT /v1/cluster/workers/{id}`) every status interval.
@@ -152,6 +157,10 @@ pub struct StatusReport {
     /// `functions`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proactive: Option<ProactivePoolStatus>,
+    /// The worker's GPUs: the controller routes `device: gpu` functions only to workers with
+    /// one large enough. Absent when it has none and from older workers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuInfo>,
 }
 
 impl StatusReport {
@@ -189,8 +198,19 @@ impl StatusReport {
             functions: status.functions.clone(),
             memory_budget_mb: (status.memory.budget_mb > 0).then_some(status.memory.budget_mb),
             proactive: status.proactive,
+            gpus: bounded_gpus(&status.gpus),
         }
     }
+
+    /// The report's GPUs, fit to keep: at most [`MAX_GPUS`], each [`GpuInfo::bounded`]. The
+    /// controller keeps only these of a report, whatever a peer sent.
+    pub fn bounded_gpus(&self) -> Vec<GpuInfo> {
+        bounded_gpus(&self.gpus)
+    }
+}
+
+fn bounded_gpus(gpus: &[GpuInfo]) -> Vec<GpuInfo> {
+    gpus.iter().take(MAX_GPUS).map(GpuInfo::bounded).collect()
 }
 
 #[cfg(test)]
@@ -286,5 +306,26 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(old.proactive, None);
+        assert!(old.gpus.is_empty());
+    }
+
+    #[test]
+    fn the_report_carries_the_gpus_bounded() {
+        let gpu = |i: u32| json!({"index": i, "name": "sim", "uuid": format!("sim-{i}"), "memory_mb": 16384});
+        let many: Vec<_> = (0..40).map(gpu).collect();
+        let s = status(json!({"worker": "w", "gpus": many}));
+        let r = StatusReport::from_status(&s, "http://x:1", "i", 1.0);
+        assert_eq!(r.gpus.len(), MAX_GPUS);
+        assert_eq!(r.gpus[1].uuid, "sim-1");
+        assert_eq!(r.gpus[1].memory_mb, 16384);
+        let wire = serde_json::to_value(&r).unwrap();
+        assert_eq!(wire["gpus"].as_array().unwrap().len(), MAX_GPUS);
+        // A worker without GPUs says nothing about them.
+        let plain = StatusReport::from_status(&status(json!({})), "u", "i", 1.0);
+        assert!(serde_json::to_value(&plain).unwrap().get("gpus").is_none());
+        assert!(serde_json::to_value(WorkerStatus::default())
+            .unwrap()
+            .get("gpus")
+            .is_none());
     }
 }

@@ -167,6 +167,24 @@ struct UpArgs {
     balance: Option<BalanceKind>,
 }
 
+/// Where a function runs (`fn register`).
+#[derive(clap::Args)]
+struct GpuArgs {
+    /// Where the handler runs: cpu (default), gpu (only on workers with a GPU) or any (a CPU
+    /// and a GPU variant, chosen by expected speedup).
+    #[arg(long)]
+    device: Option<hearth_api::Device>,
+    /// GPU memory one invocation needs, MiB (required with --device gpu or any).
+    #[arg(long)]
+    gpu_memory: Option<u64>,
+    /// Warm time on a GPU for the sim backend, ms.
+    #[arg(long)]
+    sim_gpu_warm_ms: Option<f64>,
+    /// Cold-start cost on a GPU for the sim backend, ms.
+    #[arg(long)]
+    sim_gpu_cold_ms: Option<f64>,
+}
+
 #[derive(Subcommand)]
 enum FnCommand {
     /// Register or update a function.
@@ -197,6 +215,9 @@ enum FnCommand {
         /// Cold-start cost for the sim backend, ms.
         #[arg(long)]
         sim_cold_ms: Option<f64>,
+        /// --device, --gpu-memory and the sim backend's GPU times (boxed: rarely set).
+        #[command(flatten)]
+        gpu: Box<GpuArgs>,
         /// Retries of a failed async invocation before it is dead-lettered (0-10, default 2).
         #[arg(long)]
         retries: Option<u32>,
@@ -592,6 +613,7 @@ fn function(cmd: FnCommand) -> Result<()> {
             env,
             sim_warm_ms,
             sim_cold_ms,
+            gpu,
             retries,
             url,
         } => {
@@ -617,6 +639,18 @@ fn function(cmd: FnCommand) -> Result<()> {
             }
             if let Some(v) = sim_cold_ms {
                 body["sim_cold_ms"] = json!(v);
+            }
+            if let Some(d) = gpu.device {
+                body["device"] = json!(d);
+            }
+            if let Some(v) = gpu.gpu_memory {
+                body["gpu_memory_mb"] = json!(v);
+            }
+            if let Some(v) = gpu.sim_gpu_warm_ms {
+                body["sim_gpu_warm_ms"] = json!(v);
+            }
+            if let Some(v) = gpu.sim_gpu_cold_ms {
+                body["sim_gpu_cold_ms"] = json!(v);
             }
             if let Some(v) = retries {
                 body["retries"] = json!(v);

@@ -208,6 +208,13 @@ pub fn invoke_error(e: InvokeError) -> ApiError {
             ErrorCode::Internal,
             format!("the worker's answer (HTTP {}) was not passed on", a.status),
         ),
+        InvokeError::NoGpuWorker { largest_mb, .. } => {
+            let e = unavailable(ErrorCode::NoGpu).with("field", json!("device"));
+            match largest_mb {
+                Some(mb) => e.with("largest_gpu_mb", json!(mb)),
+                None => e,
+            }
+        }
         InvokeError::Internal(m) => ApiError::internal(m),
     }
 }
@@ -229,6 +236,12 @@ fn register_error(e: RegisterError) -> ApiError {
             .with("field", json!("memory_mb"))
             .with("min", json!(hearth_api::function::MIN_MEMORY_MB))
             .with("max", json!(largest_mb)),
+        RegisterError::TooMuchGpuMemory { largest_mb, .. } => {
+            ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::NoGpu, e.to_string())
+                .with("field", json!("gpu_memory_mb"))
+                .with("min", json!(1))
+                .with("max", json!(largest_mb))
+        }
         RegisterError::Store(e) => async_api::store_error(e),
     }
 }

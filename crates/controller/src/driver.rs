@@ -32,7 +32,23 @@ pub struct Driver {
     /// keeps the membership (ids, liveness, loads). Lock order: `policy` before `atoll`.
     atoll: Option<Mutex<Atoll>>,
     members: DashMap<u32, Arc<Member>>,
+    /// Functions with `device: gpu` and the GPU memory they need: routed here, only to
+    /// workers with a GPU that large, never by the policy (which knows no devices).
+    gpu_only: DashMap<String, u64>,
     metrics: Arc<Metrics>,
+}
+
+/// Why an invocation has no worker.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RouteError {
+    /// The policy's own rejection.
+    Policy(Rejection),
+    /// A `gpu` function and no live worker with a GPU of `needed_mb`; `largest_mb` is the
+    /// largest GPU among live workers (None: none has a GPU).
+    NoGpu {
+        needed_mb: u64,
+        largest_mb: Option<u64>,
+    },
 }
 
 impl Driver {
@@ -42,6 +58,7 @@ impl Driver {
             policy: Mutex::new(policy),
             atoll: atoll.map(Mutex::new),
             members: DashMap::new(),
+            gpu_only: DashMap::new(),
             metrics,
         }
     }
@@ -129,14 +146,42 @@ impl Driver {
         self.policy
             .lock()
             .register(now, FunctionKey::of(&spec.name), function_info(spec));
-        if let Some(a) = &self.atoll {
-            a.lock().register(&spec.name, atoll_spec(spec));
+        match spec.required_gpu_mb() {
+            Some(mb) => {
+                self.gpu_only.insert(spec.name.clone(), mb);
+                // Atoll places proactive sandboxes on any worker: GPU functions stay out.
+                if let Some(a) = &self.atoll {
+                    let _ = a.lock().unregister(&spec.name);
+                }
+            }
+            None => {
+                self.gpu_only.remove(&spec.name);
+                if let Some(a) = &self.atoll {
+                    a.lock().register(&spec.name, atoll_spec(spec));
+                }
+            }
         }
+    }
+
+    /// The GPU memory a `gpu` function needs; None for functions that run on any worker.
+    pub fn gpu_need(&self, name: &str) -> Option<u64> {
+        self.gpu_only.get(name).map(|mb| *mb)
+    }
+
+    /// The largest GPU among live workers (MiB); None when none has a GPU.
+    pub fn largest_live_gpu_mb(&self) -> Option<u64> {
+        let b = self.policy.lock();
+        b.workers()
+            .live()
+            .iter()
+            .filter_map(|id| self.member(*id)?.largest_gpu_mb())
+            .max()
     }
 
     /// Forgets a function in the policy; returns the members that had it registered, which
     /// forget it too (and so lose its proactive sandboxes).
     pub fn unregister(&self, name: &str) -> Vec<Arc<Member>> {
+        self.gpu_only.remove(name);
         self.policy
             .lock()
             .unregister(self.now(), FunctionKey::of(name));
@@ -155,10 +200,13 @@ impl Driver {
 
     /// The policy's decision for one invocation. Books the decision's time and placement, or
     /// the rejection's outcome.
-    pub fn route(&self, key: FunctionKey, name: &str) -> Result<WorkerId, Rejection> {
+    pub fn route(&self, key: FunctionKey, name: &str) -> Result<WorkerId, RouteError> {
         let t = Instant::now();
+        if let Some(needed_mb) = self.gpu_need(name) {
+            return self.route_gpu(needed_mb, t);
+        }
         if let Some(a) = &self.atoll {
-            return self.route_atoll(a, name, t);
+            return self.route_atoll(a, name, t).map_err(RouteError::Policy);
         }
         let decision = self.policy.lock().route(self.now(), key);
         self.metrics.route.observe(t.elapsed().as_secs_f64());
@@ -175,7 +223,43 @@ impl Driver {
                     Rejection::NoWorkers => "no_workers",
                     Rejection::Overloaded { .. } => "rejected",
                 });
-                Err(r)
+                Err(RouteError::Policy(r))
+            }
+        }
+    }
+
+    /// A `gpu` function: the least-loaded live worker with a GPU of at least `needed_mb`.
+    fn route_gpu(&self, needed_mb: u64, t: Instant) -> Result<WorkerId, RouteError> {
+        let chosen = {
+            let b = self.policy.lock();
+            let mut largest_mb: Option<u64> = None;
+            let mut fits = Vec::new();
+            for id in b.workers().live() {
+                let Some(mb) = self.member(*id).and_then(|m| m.largest_gpu_mb()) else {
+                    continue;
+                };
+                largest_mb = largest_mb.max(Some(mb));
+                if mb >= needed_mb {
+                    fits.push(*id);
+                }
+            }
+            b.workers().least_loaded(fits).ok_or(RouteError::NoGpu {
+                needed_mb,
+                largest_mb,
+            })
+        };
+        self.metrics.route.observe(t.elapsed().as_secs_f64());
+        match chosen {
+            Ok(worker) => {
+                self.metrics
+                    .placements
+                    .get_or_create(&PlacementLabel { how: "gpu" })
+                    .inc();
+                Ok(worker)
+            }
+            Err(e) => {
+                self.metrics.outcome("no_gpu");
+                Err(e)
             }
         }
     }
@@ -210,6 +294,10 @@ impl Driver {
         how: Finished,
         outcome: Option<Outcome>,
     ) {
+        if self.gpu_only.contains_key(name) {
+            // Routed past the policy and Atoll: neither booked it.
+            return;
+        }
         if let Some(a) = &self.atoll {
             let now = self.now();
             let mut a = a.lock();
@@ -250,9 +338,11 @@ impl Driver {
     /// restart), which the caller reconciles with the registry.
     pub fn on_report(
         &self,
-        report: StatusReport,
+        mut report: StatusReport,
         is_static: bool,
     ) -> Result<Option<Arc<Member>>, ReportError> {
+        // Kept for routing: at most MAX_GPUS, labels cut, whatever the peer sent.
+        report.gpus = report.bounded_gpus();
         let scheme_ok = report.url.starts_with("http://") || report.url.starts_with("https://");
         if report.worker.is_empty() || !scheme_ok {
             return Err(ReportError::Unusable);
@@ -303,7 +393,7 @@ impl Driver {
             (member, was_up, new_incarnation)
         };
         if !was_up {
-            tracing::info!(worker = %report.worker, url = %report.url, "worker joined");
+            tracing::info!(worker = %report.worker, url = %report.url, gpus = report.gpus.len(), "worker joined");
             self.metrics.event("join");
         }
         member.set_report(report);

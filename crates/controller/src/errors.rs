@@ -72,6 +72,19 @@ pub enum InvokeError {
     /// passed to the client unchanged.
     #[error("worker answered HTTP {}", .0.status)]
     WorkerAnswer(Answer),
+    /// A `gpu` function and no live worker with a GPU that can hold it.
+    #[error(
+        "{function} has device \"gpu\" and needs gpu_memory_mb {needed_mb}, but {}",
+        match .largest_mb {
+            None => "no live worker has a GPU".to_string(),
+            Some(mb) => format!("the largest GPU of a live worker has {mb} MiB"),
+        }
+    )]
+    NoGpuWorker {
+        function: String,
+        needed_mb: u64,
+        largest_mb: Option<u64>,
+    },
     #[error("{0}")]
     Internal(String),
 }
@@ -90,6 +103,12 @@ pub enum RegisterError {
          {largest_mb} MiB"
     )]
     TooMuchMemory { memory_mb: u64, largest_mb: u64 },
+    /// No live worker's GPU could ever hold one invocation of the function.
+    #[error(
+        "gpu_memory_mb {gpu_memory_mb} is more than any live worker's GPU has: the largest is \
+         {largest_mb} MiB"
+    )]
+    TooMuchGpuMemory { gpu_memory_mb: u64, largest_mb: u64 },
     /// The cluster's store could not record it: nothing changed.
     #[error("{0}")]
     Store(#[from] hearth_service::store::StoreError),

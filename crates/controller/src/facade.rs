@@ -13,7 +13,7 @@
 //! as a failure and never retried, because the function may have run.
 
 use crate::config::ControllerConfig;
-use crate::driver::{Driver, RoutingPolicy};
+use crate::driver::{Driver, RouteError, RoutingPolicy};
 use crate::errors::{
     InvokeError, PrewarmError, RegisterError, ReportError, StartError, UnregisterError,
 };
@@ -325,6 +325,18 @@ impl Controller {
             if spec.memory_mb > largest_mb {
                 return Err(RegisterError::TooMuchMemory {
                     memory_mb: spec.memory_mb,
+                    largest_mb,
+                });
+            }
+        }
+        // A GPU function larger than every live worker's GPUs is a mistake; with no GPU worker
+        // up at all it waits for one to join (its invocations answer `no_gpu` until then).
+        if let (Some(needed_mb), Some(largest_mb)) =
+            (spec.required_gpu_mb(), self.driver.largest_live_gpu_mb())
+        {
+            if needed_mb > largest_mb {
+                return Err(RegisterError::TooMuchGpuMemory {
+                    gpu_memory_mb: needed_mb,
                     largest_mb,
                 });
             }
@@ -779,8 +791,18 @@ impl Controller {
     /// The policy's decision, as a worker or the error to answer.
     fn route(&self, key: FunctionKey, name: &str) -> Result<WorkerId, InvokeError> {
         self.driver.route(key, name).map_err(|r| match r {
-            Rejection::NoWorkers => InvokeError::NoWorkers,
-            Rejection::Overloaded { load, b_max } => InvokeError::Overloaded { load, b_max },
+            RouteError::Policy(Rejection::NoWorkers) => InvokeError::NoWorkers,
+            RouteError::Policy(Rejection::Overloaded { load, b_max }) => {
+                InvokeError::Overloaded { load, b_max }
+            }
+            RouteError::NoGpu {
+                needed_mb,
+                largest_mb,
+            } => InvokeError::NoGpuWorker {
+                function: name.to_string(),
+                needed_mb,
+                largest_mb,
+            },
         })
     }
 
@@ -964,7 +986,12 @@ impl Controller {
             .get(name)
             .ok_or_else(|| InvokeError::UnknownFunction(name.to_string()))?;
         let key = FunctionKey::of(name);
-        let worker = match self.driver.home(key) {
+        // A GPU function's home on the ring may have no GPU: it goes where it would run.
+        let home = match self.driver.gpu_need(name) {
+            Some(_) => None,
+            None => self.driver.home(key),
+        };
+        let worker = match home {
             Some(w) => w,
             None => {
                 let w = self.route(key, name)?;
@@ -1087,6 +1114,10 @@ impl Controller {
                         last_report_ms_ago: report
                             .as_ref()
                             .map(|r| r.1.elapsed().as_millis() as u64),
+                        gpus: report
+                            .as_ref()
+                            .map(|r| r.0.gpus.clone())
+                            .unwrap_or_default(),
                     }
                 })
                 .collect();

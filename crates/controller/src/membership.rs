@@ -118,6 +118,14 @@ impl Member {
         self.last.lock().clone()
     }
 
+    /// The memory of this worker's largest GPU by its last report (MiB); None without GPUs.
+    pub fn largest_gpu_mb(&self) -> Option<u64> {
+        self.last
+            .lock()
+            .as_ref()
+            .and_then(|(r, _)| hearth_api::largest_gpu_mb(&r.gpus))
+    }
+
     /// When the last report arrived (without copying it).
     pub fn report_at(&self) -> Option<Instant> {
         self.last.lock().as_ref().map(|(_, at)| *at)

@@ -70,6 +70,9 @@ pub struct WorkerView {
     pub backend: Option<String>,
     pub cpus: Option<f64>,
     pub last_report_ms_ago: Option<u64>,
+    /// Its GPUs by its last report (where `device: gpu` functions may go); absent without.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<hearth_api::GpuInfo>,
 }
 
 /// One pool of the pools policy.

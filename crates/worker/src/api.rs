@@ -6,6 +6,7 @@ use crate::errors::{
     InvokeError, PrewarmError, ProactiveBatchError, RegisterError, UnregisterError,
 };
 use crate::facade::{started, CallDeadline, Worker, PROACTIVE_CREATE_WAIT};
+use crate::gpu::GpuRefusal;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -258,7 +259,20 @@ pub fn api_error(e: InvokeError) -> ApiError {
                 .with("worker", json!(f.worker))
                 .with("timing", json!(f.timing))
         }
+        InvokeError::Gpu(e) => gpu_error(e),
         InvokeError::Internal(m) => ApiError::internal(m),
+    }
+}
+
+/// A `gpu` function this worker cannot run: 400 `no_gpu`, naming the field at fault and, for
+/// too little memory, the most this worker's GPUs have (`max`).
+fn gpu_error(e: GpuRefusal) -> ApiError {
+    let err = ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::NoGpu, e.to_string());
+    match e {
+        GpuRefusal::NoGpu { .. } => err.with("field", json!("device")),
+        GpuRefusal::TooLittleMemory { largest_mb, .. } => err
+            .with("field", json!("gpu_memory_mb"))
+            .with("max", json!(largest_mb)),
     }
 }
 
@@ -291,6 +305,7 @@ fn start_error(name: &str, e: SandboxError) -> ApiError {
 fn register_error(e: RegisterError) -> ApiError {
     match e {
         RegisterError::TooMuchMemory { .. } => ApiError::bad_request(e.to_string()),
+        RegisterError::Gpu(e) => gpu_error(e),
         RegisterError::Code(e) => e.into(),
     }
 }
@@ -304,6 +319,7 @@ fn prewarm_error(e: PrewarmError) -> ApiError {
         PrewarmError::StartFailed(m) => {
             ApiError::new(StatusCode::BAD_GATEWAY, ErrorCode::SandboxStartFailed, m)
         }
+        PrewarmError::Gpu(e) => gpu_error(e),
     }
 }
 

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use crate::cpu_sched::CpuSchedKind;
+pub use crate::gpu::{GpuDevices, GpuSettings, SimGpu};
 use hearth_service::config_checks;
 pub use hearth_service::config_loader::ConfigError;
 use hearth_service::config_loader::EnvKeys;
@@ -327,6 +328,8 @@ pub struct WorkerConfig {
     pub cpu_sched: CpuSchedKind,
     /// Elastic provisioning of the memory budget (`[provision]`).
     pub provision: ProvisionSettings,
+    /// The worker's GPUs (`[gpu]`): found through NVML (`auto`), none, or simulated (`sim`).
+    pub gpu: GpuSettings,
     /// SFS's slice of CPU time (and the `alps` slice until its frontend has learned one).
     pub sfs_slice_ms: u64,
     /// A controller to join (`http://HOST:PORT`); the worker pushes its status there.
@@ -410,6 +413,7 @@ impl Default for WorkerConfig {
             runc: RuncConfig::default(),
             cpu_sched: CpuSchedKind::Cfs,
             provision: ProvisionSettings::default(),
+            gpu: GpuSettings::default(),
             sfs_slice_ms: crate::cpu_sched::DEFAULT_SFS_SLICE_MS,
             controller: None,
             store: None,
@@ -472,6 +476,7 @@ const CONFIG_KEYS: &[&str] = &[
     "runc",
     "cpu_sched",
     "provision",
+    "gpu",
     "sfs_slice_ms",
     "controller",
     "store",
@@ -663,10 +668,25 @@ impl WorkerConfig {
                 ));
             }
         }
+        self.gpu.check().map_err(ConfigError::Invalid)?;
         if let Some(store) = &self.store {
             config_checks::store(store, self.lease_ttl_ms)?;
         }
         config_checks::status_interval_ms(self.status_interval_ms)
+    }
+
+    /// Simulated GPUs run no processes: only the `sim` backend can use them. Checked when the
+    /// worker starts rather than in [`Self::check`], because the backend may still be set by a
+    /// command-line flag after the file and the environment are read.
+    pub fn check_gpu_backend(&self) -> Result<(), ConfigError> {
+        if self.gpu.devices == GpuDevices::Sim && self.backend != BackendKind::Sim {
+            return Err(ConfigError::Invalid(format!(
+                "gpu.devices = \"sim\" needs the sim backend (simulated GPUs run no processes), \
+                 got backend {}",
+                self.backend
+            )));
+        }
+        Ok(())
     }
 
     /// The elastic controller's settings (`[provision]`); `max_mb = 0` means `memory_mb`.
@@ -1083,6 +1103,44 @@ mod tests {
                 err.contains("proactive_mb (1025 MiB) must be at most memory_mb (1024 MiB)"),
                 "{err}"
             );
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn the_gpu_section_reads_from_the_file_and_the_environment() {
+        assert_eq!(WorkerConfig::default().gpu.devices, GpuDevices::Auto);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.toml");
+        std::fs::write(
+            &path,
+            "backend = \"sim\"\n[gpu]\ndevices = \"sim\"\nsim = [{ memory_mb = 16384 }, { memory_mb = 8192 }]\n",
+        )
+        .unwrap();
+        figment::Jail::expect_with(|jail| {
+            let c = WorkerConfig::load(Some(&path)).map_err(|e| e.to_string())?;
+            assert_eq!(c.gpu.devices, GpuDevices::Sim);
+            let sizes: Vec<u64> = c.gpu.sim.iter().map(|g| g.memory_mb).collect();
+            assert_eq!(sizes, [16_384, 8192]);
+            jail.set_env("HEARTH_GPU__DEVICES", "none");
+            let err = WorkerConfig::load(Some(&path)).unwrap_err().to_string();
+            assert!(
+                err.contains("set gpu.devices = \"sim\" to use them"),
+                "{err}"
+            );
+            jail.set_env("HEARTH_GPU__DEVICES", "sim");
+            jail.set_env("HEARTH_BACKEND", "runc");
+            let c = WorkerConfig::load(Some(&path)).map_err(|e| e.to_string())?;
+            let err = c.check_gpu_backend().unwrap_err().to_string();
+            assert!(
+                err.contains("gpu.devices = \"sim\" needs the sim backend"),
+                "{err}"
+            );
+            jail.set_env("HEARTH_BACKEND", "sim");
+            jail.set_env("HEARTH_GPU__SIM", "[{memory_mb=24576}]");
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.gpu.sim, [SimGpu { memory_mb: 24_576 }]);
             Ok(())
         });
     }

@@ -64,6 +64,9 @@ pub enum InvokeError {
     /// The async store could not record the invocation: nothing was accepted.
     #[error("{0}")]
     AsyncStore(String),
+    /// A `gpu` function on a worker without a GPU that can hold it.
+    #[error("{0}")]
+    Gpu(crate::gpu::GpuRefusal),
     #[error("{0}")]
     Internal(&'static str),
 }
@@ -87,6 +90,9 @@ pub struct HandlerFailure {
 pub enum RegisterError {
     #[error("memory_mb {memory_mb} exceeds this worker's memory budget of {budget_mb} MiB")]
     TooMuchMemory { memory_mb: u64, budget_mb: u64 },
+    /// A `gpu` function this worker's GPUs cannot take.
+    #[error("{0}")]
+    Gpu(#[from] crate::gpu::GpuRefusal),
     /// The code or its storage (the registry's error says which, and its HTTP answer).
     #[error("{0}")]
     Code(#[from] hearth_service::registry::RegistryError),
@@ -117,6 +123,8 @@ pub enum PrewarmError {
     NoMemory { function: String, no_memory: u32 },
     #[error("{0}")]
     StartFailed(String),
+    #[error("{0}")]
+    Gpu(crate::gpu::GpuRefusal),
 }
 
 /// Why a batch of proactive commands was refused whole (one command's failure is in its

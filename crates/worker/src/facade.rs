@@ -9,11 +9,12 @@ use crate::driver::{Driver, LoadSampling, StartFailure};
 use crate::errors::{
     HandlerFailure, InvokeError, PrewarmError, ProactiveBatchError, RegisterError, UnregisterError,
 };
+use crate::gpu::GpuRefusal;
 use crate::metrics::{ColdLabel, FnLabel, Metrics, Outcome, QueueLabel};
 use bytes::Bytes;
 use hearth_api::{
-    raw_json, ColdPath, FunctionSpec, InvokeAnswer, LoadStatus, LowLatencyStatus, MemoryStatus,
-    PolicyStatus, PrewarmAnswer, ProactiveAnswer, ProactiveCommand, ProactiveCounts,
+    raw_json, ColdPath, FunctionSpec, GpuInfo, InvokeAnswer, LoadStatus, LowLatencyStatus,
+    MemoryStatus, PolicyStatus, PrewarmAnswer, ProactiveAnswer, ProactiveCommand, ProactiveCounts,
     ProactiveFailure, ProactiveOp, ProactivePoolStatus, ProactiveResult, QueueStatus, Timing,
     WorkerStatus,
 };
@@ -61,6 +62,8 @@ pub struct Worker {
     namespaces: AtomicUsize,
     /// The CPU scheduling of sandboxes (None with `cpu_sched = cfs`).
     cpu_sched: Option<Arc<CpuScheduler>>,
+    /// The GPUs found or declared at start (`[gpu]`); fixed for the process's life.
+    gpus: Vec<GpuInfo>,
 }
 
 /// Errors of [`Worker::start`].
@@ -88,6 +91,7 @@ impl Worker {
     /// Opens the registry, prepares the backend (removing leftovers of a crashed run) and starts
     /// the driver and the housekeeping task.
     pub async fn start(config: WorkerConfig) -> Result<Arc<Self>, StartError> {
+        config.check_gpu_backend()?;
         let data_dir = open_data_dir(&config.data_dir)
             .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
         let id = config.worker_id();
@@ -115,6 +119,13 @@ impl Worker {
             BackendKind::Sim => Backend::Sim(crate::backend::sim::SimBackend::new()),
         };
         backend.cleanup_all().await;
+        let gpus = {
+            // NVML loads a library and initializes the driver: not on an async thread.
+            let settings = config.gpu.clone();
+            tokio::task::spawn_blocking(move || crate::gpu::discover(&settings))
+                .await
+                .unwrap_or_default()
+        };
         let cpus = config.effective_cpus();
         let pool = PoolConfig {
             memory_budget_mb: config.memory_mb,
@@ -201,8 +212,10 @@ impl Worker {
             quotas: Quotas::new(config_quota.0, config_quota.1),
             namespaces: AtomicUsize::new(0),
             cpu_sched,
+            gpus,
         });
         worker.recount_namespaces();
+        worker.warn_unrunnable_gpu_functions();
         let _ = runner.0.set(Arc::downgrade(&worker));
         // Async invocations a crash left unfinished run again now.
         worker.delivery.start_background();
@@ -239,6 +252,27 @@ impl Worker {
 
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The worker's GPUs (`[gpu]`), in device order; empty when it has none.
+    pub fn gpus(&self) -> &[GpuInfo] {
+        &self.gpus
+    }
+
+    /// `Ok` when this worker's GPUs can take `spec` (a `gpu` function needs a device with its
+    /// `gpu_memory_mb`).
+    pub fn admit_gpu(&self, spec: &FunctionSpec) -> Result<(), GpuRefusal> {
+        crate::gpu::admit(&self.gpus, self.config.gpu.devices, spec)
+    }
+
+    /// Functions registered earlier that these GPUs cannot run: said once at start (their
+    /// invocations are refused until the GPUs come back or the function changes).
+    fn warn_unrunnable_gpu_functions(&self) {
+        for r in self.registry.list() {
+            if let Err(e) = self.admit_gpu(&r.spec) {
+                tracing::warn!(function = %r.spec.name, "registered function cannot run here: {e}");
+            }
+        }
     }
 
     pub fn config(&self) -> &WorkerConfig {
@@ -324,6 +358,10 @@ impl Worker {
             .get(name)
             .ok_or_else(|| InvokeError::UnknownFunction(name.to_string()))?;
         let spec = &reg.spec;
+        self.admit_gpu(spec).map_err(|e| {
+            self.metrics.outcome(&spec.name, Outcome::rejected);
+            InvokeError::Gpu(e)
+        })?;
         let deadline_ms = call.deadline_ms.or(spec.deadline_ms);
         let left_us = deadline_ms.map(|d| (d * 1000).saturating_sub(call.elapsed_us));
         let admitted = self
@@ -505,6 +543,7 @@ impl Worker {
             .registry
             .get(&name)
             .ok_or_else(|| InvokeError::UnknownFunction(name.clone()))?;
+        self.admit_gpu(&reg.spec).map_err(InvokeError::Gpu)?;
         let retries = retries.unwrap_or(reg.spec.retries);
         self.delivery
             .accept(&name, owner, args, retries, idempotency_key, slot)
@@ -553,6 +592,7 @@ impl Worker {
             .registry
             .get(name)
             .ok_or_else(|| PrewarmError::UnknownFunction(name.to_string()))?;
+        self.admit_gpu(&reg.spec).map_err(PrewarmError::Gpu)?;
         let done = self.driver.prewarm(&reg, count).await;
         if done.ready == 0 && done.no_memory > 0 {
             return Err(PrewarmError::NoMemory {
@@ -587,6 +627,7 @@ impl Worker {
                 budget_mb: self.config.memory_mb,
             });
         }
+        self.admit_gpu(&spec)?;
         let (reg, previous) = self
             .registry
             .put_blocking(spec, code, self.driver.backend().needs_code())
@@ -726,6 +767,7 @@ impl Worker {
                     .proactive_pool_mb
                     .saturating_sub(pool.memory_proactive_mb),
             }),
+            gpus: self.gpus.clone(),
         }
     }
 

@@ -11,6 +11,7 @@ pub mod cpu_sched;
 pub mod driver;
 pub mod errors;
 pub mod facade;
+pub mod gpu;
 pub mod latency;
 pub mod membership;
 pub mod metrics;

@@ -1,0 +1,9 @@
+//! The worker's GPUs: which it has ([`discover`]: NVML, or simulated devices declared in the
+//! config) and which functions it can therefore take ([`admission`]). The GPU scheduler that
+//! places invocations on these devices reads the same list ([`crate::Worker::gpus`]).
+
+pub mod admission;
+pub mod discover;
+
+pub use admission::{admit, GpuRefusal};
+pub use discover::{discover, GpuDevices, GpuSettings, SimGpu, MIN_SIM_GPU_MEMORY_MB};
