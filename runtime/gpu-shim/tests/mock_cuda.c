@@ -4,8 +4,10 @@
  *   cuMemAllocManaged ptr=0x700000000000 size=4096 flags=1 ctx=0x1000 rc=0
  * Like the real driver, calls that need a context fail with CUDA_ERROR_INVALID_CONTEXT when the
  * calling thread has none. mock_cuda_fail() makes one entry point return a chosen error.
+ * cuGetProcAddress(_v2) answer by base name and version as the driver documents it.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -18,12 +20,20 @@ typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef unsigned int CUdeviceptr_v1;
 typedef int CUdevice;
+typedef unsigned long long cuuint64_t;
+typedef int CUdriverProcAddressQueryResult;
 typedef struct CUstream_st *CUstream;
 typedef struct CUctx_st *CUcontext;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
 #define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_NOT_FOUND 500
+#define CU_GET_PROC_ADDRESS_SUCCESS 0
+#define CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND 1
+#define CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT 2
+/* The CUDA version this mock driver supports: a cuGetProcAddress for a newer one is refused. */
+#define MOCK_DRIVER_VERSION 12080
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -35,10 +45,22 @@ static unsigned int handed_out;
 static int scatter;
 static __thread CUcontext current;
 
-enum { F_ALLOC, F_ALLOC_V1, F_MANAGED, F_FREE, F_PREFETCH, F_SYNC, F_COUNT };
+enum {
+    F_ALLOC,
+    F_ALLOC_V1,
+    F_MANAGED,
+    F_FREE,
+    F_FREE_V1,
+    F_PREFETCH,
+    F_SYNC,
+    F_GET_PROC,
+    F_GET_PROC_V2,
+    F_COUNT
+};
 static const char *const names[F_COUNT] = {
-    "cuMemAlloc_v2", "cuMemAlloc", "cuMemAllocManaged", "cuMemFree_v2", "cuMemPrefetchAsync",
-    "cuCtxSynchronize",
+    "cuMemAlloc_v2",      "cuMemAlloc",       "cuMemAllocManaged", "cuMemFree_v2",
+    "cuMemFree",          "cuMemPrefetchAsync", "cuCtxSynchronize", "cuGetProcAddress",
+    "cuGetProcAddress_v2",
 };
 static CUresult forced[F_COUNT];
 
@@ -191,4 +213,126 @@ EXPORT CUresult cuCtxSynchronize(void)
     CUresult rc = current == NULL ? CUDA_ERROR_INVALID_CONTEXT : outcome(F_SYNC);
     logf_("cuCtxSynchronize ctx=%p rc=%d", (void *)current, rc);
     return rc;
+}
+
+EXPORT CUresult cuMemFree(CUdeviceptr_v1 ptr)
+{
+    CUresult rc = outcome(F_FREE_V1);
+    logf_("cuMemFree ptr=0x%x rc=%d", ptr, rc);
+    return rc;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags, CUdriverProcAddressQueryResult *status);
+
+/*
+ * The mock's own functions, by local aliases: its exported names may be interposed (by the
+ * shim), and a driver hands out its own entry points, never whatever the global scope holds.
+ */
+#define LOCAL(local, name)                                                                      \
+    extern __typeof(name) local __attribute__((alias(#name), visibility("hidden")))
+LOCAL(own_get_proc, cuGetProcAddress);
+LOCAL(own_get_proc_v2, cuGetProcAddress_v2);
+LOCAL(own_mem_alloc, cuMemAlloc_v2);
+LOCAL(own_mem_alloc_v1, cuMemAlloc);
+LOCAL(own_mem_free, cuMemFree_v2);
+LOCAL(own_mem_free_v1, cuMemFree);
+LOCAL(own_mem_alloc_managed, cuMemAllocManaged);
+LOCAL(own_prefetch, cuMemPrefetchAsync);
+LOCAL(own_ctx_synchronize, cuCtxSynchronize);
+LOCAL(own_ctx_get_current, cuCtxGetCurrent);
+LOCAL(own_ctx_set_current, cuCtxSetCurrent);
+
+/* Base name, the CUDA version that introduced this ABI of it, the function; newest ABI first. */
+static const struct {
+    const char *name;
+    int since;
+    void *fn;
+    const char *exported; /* the name the function is exported under */
+} procs[] = {
+    {"cuGetProcAddress", 12000, (void *)own_get_proc_v2, "cuGetProcAddress_v2"},
+    {"cuGetProcAddress", 11030, (void *)own_get_proc, "cuGetProcAddress"},
+    {"cuMemAlloc", 3020, (void *)own_mem_alloc, "cuMemAlloc_v2"},
+    {"cuMemAlloc", 2000, (void *)own_mem_alloc_v1, "cuMemAlloc"},
+    {"cuMemFree", 3020, (void *)own_mem_free, "cuMemFree_v2"},
+    {"cuMemFree", 2000, (void *)own_mem_free_v1, "cuMemFree"},
+    {"cuMemAllocManaged", 6000, (void *)own_mem_alloc_managed, "cuMemAllocManaged"},
+    {"cuMemPrefetchAsync", 8000, (void *)own_prefetch, "cuMemPrefetchAsync"},
+    {"cuCtxSynchronize", 2000, (void *)own_ctx_synchronize, "cuCtxSynchronize"},
+    {"cuCtxGetCurrent", 4000, (void *)own_ctx_get_current, "cuCtxGetCurrent"},
+    {"cuCtxSetCurrent", 4000, (void *)own_ctx_set_current, "cuCtxSetCurrent"},
+};
+
+/* The mock's own function exported as `name` (whatever interposes it), for tests to compare. */
+EXPORT void *mock_cuda_entry(const char *name)
+{
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)
+        if (strcmp(procs[i].exported, name) == 0)
+            return procs[i].fn;
+    return NULL;
+}
+
+/* dlsym(name) on the mock's own handle, made from inside it, as a driver wiring itself up would. */
+EXPORT void *mock_cuda_dlsym_self(const char *name)
+{
+    void *self = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (self == NULL)
+        return NULL;
+    void *sym = dlsym(self, name);
+    dlclose(self);
+    return sym;
+}
+
+/* The driver's search: the newest ABI of `symbol` not newer than `version`. */
+static void *find_proc(const char *symbol, int version, CUdriverProcAddressQueryResult *status)
+{
+    *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
+        if (strcmp(procs[i].name, symbol) != 0)
+            continue;
+        if (version >= procs[i].since) {
+            *status = CU_GET_PROC_ADDRESS_SUCCESS;
+            return procs[i].fn;
+        }
+        *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+    }
+    return NULL;
+}
+
+/*
+ * An error forced with mock_cuda_fail() still writes the pointer found, so a caller that acts on
+ * the pointer without looking at the result is caught.
+ */
+static CUresult get_proc(int which, const char *symbol, void **pfn, int version, cuuint64_t flags,
+                         CUdriverProcAddressQueryResult *status)
+{
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CUresult rc;
+    if (symbol == NULL || pfn == NULL || version > MOCK_DRIVER_VERSION) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        *pfn = find_proc(symbol, version, &found);
+        /* Since 12.0 a symbol not found is a success with a NULL pointer; before, an error. */
+        rc = which == F_GET_PROC && *pfn == NULL ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS;
+        if (status != NULL)
+            *status = found;
+        CUresult forced_rc = outcome(which);
+        if (forced_rc != CUDA_SUCCESS)
+            rc = forced_rc;
+    }
+    logf_("%s symbol=%s version=%d flags=%llu found=%d rc=%d", names[which],
+          symbol != NULL ? symbol : "(null)", version, flags, found, rc);
+    return rc;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    return get_proc(F_GET_PROC, symbol, pfn, cudaVersion, flags, NULL);
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+    return get_proc(F_GET_PROC_V2, symbol, pfn, cudaVersion, flags, status);
 }
