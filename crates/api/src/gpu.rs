@@ -130,6 +130,14 @@ impl GpuInfo {
     }
 }
 
+/// Where a GPU invocation ran: the device, and how its sandbox started (`warm`: memory on the
+/// device; `host-warm`: its memory was prefetched first; `cold`: a GPU sandbox was created).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuPlacement {
+    pub index: u32,
+    pub start: hearth_core::gpu::Start,
+}
+
 /// The memory of the largest of `gpus` (MiB); None when there are none.
 pub fn largest_gpu_mb(gpus: &[GpuInfo]) -> Option<u64> {
     gpus.iter().map(|g| g.memory_mb).max()

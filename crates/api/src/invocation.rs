@@ -117,6 +117,9 @@ pub struct InvokeAnswer {
     /// … and by how much: the time left when it ended, in µs (negative: how late it was).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_margin_us: Option<i64>,
+    /// For an invocation that ran on a GPU: which, and how its sandbox started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<crate::gpu::GpuPlacement>,
 }
 
 impl InvokeAnswer {

@@ -15,7 +15,7 @@ pub mod status;
 
 pub use error::{ErrorBody, ErrorCode, ErrorObject};
 pub use function::{FunctionSpec, SpecError, MAX_TIMEOUT_MS};
-pub use gpu::{largest_gpu_mb, Device, GpuInfo, MAX_GPUS, MAX_GPU_MEMORY_MB};
+pub use gpu::{largest_gpu_mb, Device, GpuInfo, GpuPlacement, MAX_GPUS, MAX_GPU_MEMORY_MB};
 pub use invocation::{
     raw_json, AsyncAccepted, AsyncOutcome, AsyncRecord, AsyncState, ColdPath, ColdReason,
     InvokeAnswer, PrewarmAnswer, Timing,

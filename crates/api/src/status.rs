@@ -132,6 +132,10 @@ pub struct WorkerStatus {
     /// none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuInfo>,
+    /// The GPU scheduler (thesis ch. 6): per device D, running, utilization and memory; per
+    /// flow its state and virtual time; absent without GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_scheduler: Option<hearth_core::gpu::GpuStatus>,
 }
 
 /// What a worker tells its controller (`PUT /v1/cluster/workers/{id}`) every status interval.

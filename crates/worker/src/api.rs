@@ -273,6 +273,7 @@ fn gpu_error(e: GpuRefusal) -> ApiError {
         GpuRefusal::TooLittleMemory { largest_mb, .. } => err
             .with("field", json!("gpu_memory_mb"))
             .with("max", json!(largest_mb)),
+        GpuRefusal::Scheduler { .. } => err,
     }
 }
 
@@ -438,5 +439,5 @@ async fn metrics(
     State(w): State<Arc<Worker>>,
     Extension(p): Extension<Principal>,
 ) -> Result<Response, ApiError> {
-    metrics_for(&p, w.metrics.encode(&w.stats()))
+    metrics_for(&p, w.metrics.encode(&w.stats(), w.gpu_status().as_ref()))
 }

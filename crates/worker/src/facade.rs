@@ -9,16 +9,20 @@ use crate::driver::{Driver, LoadSampling, StartFailure};
 use crate::errors::{
     HandlerFailure, InvokeError, PrewarmError, ProactiveBatchError, RegisterError, UnregisterError,
 };
-use crate::gpu::GpuRefusal;
-use crate::metrics::{ColdLabel, FnLabel, Metrics, Outcome, QueueLabel};
+use crate::gpu::executor::SIM_GPU_RESULT;
+use crate::gpu::{GpuExecutor, GpuRefusal, GpuRunError};
+use crate::metrics::{
+    start_label, ColdLabel, FnLabel, GpuStartLabel, Metrics, Outcome, QueueLabel,
+};
 use bytes::Bytes;
 use hearth_api::{
-    raw_json, ColdPath, FunctionSpec, GpuInfo, InvokeAnswer, LoadStatus, LowLatencyStatus,
-    MemoryStatus, PolicyStatus, PrewarmAnswer, ProactiveAnswer, ProactiveCommand, ProactiveCounts,
-    ProactiveFailure, ProactiveOp, ProactivePoolStatus, ProactiveResult, QueueStatus, Timing,
-    WorkerStatus,
+    raw_json, ColdPath, Device, FunctionSpec, GpuInfo, GpuPlacement, InvokeAnswer, LoadStatus,
+    LowLatencyStatus, MemoryStatus, PolicyStatus, PrewarmAnswer, ProactiveAnswer, ProactiveCommand,
+    ProactiveCounts, ProactiveFailure, ProactiveOp, ProactivePoolStatus, ProactiveResult,
+    QueueStatus, Timing, WorkerStatus,
 };
 use hearth_core::characteristics::CharacteristicsReport;
+use hearth_core::gpu::{GpuReject, Start};
 use hearth_core::pool::FunctionPoolStats;
 use hearth_core::{
     EngineConfig, EngineStats, LoadSource, Micros, PoolConfig, PoolConfigError, ProactiveError,
@@ -64,6 +68,8 @@ pub struct Worker {
     cpu_sched: Option<Arc<CpuScheduler>>,
     /// The GPUs found or declared at start (`[gpu]`); fixed for the process's life.
     gpus: Vec<GpuInfo>,
+    /// The GPU scheduler and its devices; `None` without GPUs.
+    gpu_exec: Option<Arc<GpuExecutor>>,
 }
 
 /// Errors of [`Worker::start`].
@@ -85,6 +91,8 @@ pub enum StartError {
     Pool(#[from] PoolConfigError),
     #[error("{0}")]
     CpuSched(#[from] crate::cpu_sched::CpuSchedError),
+    #[error("configuration: {0}")]
+    Gpu(String),
 }
 
 impl Worker {
@@ -125,6 +133,14 @@ impl Worker {
             tokio::task::spawn_blocking(move || crate::gpu::discover(&settings))
                 .await
                 .unwrap_or_default()
+        };
+        let gpu_exec = match gpus.is_empty() {
+            true => None,
+            false => {
+                let exec = GpuExecutor::new(&gpus, &config.gpu).map_err(StartError::Gpu)?;
+                exec.start_sampling();
+                Some(exec)
+            }
         };
         let cpus = config.effective_cpus();
         let pool = PoolConfig {
@@ -213,6 +229,7 @@ impl Worker {
             namespaces: AtomicUsize::new(0),
             cpu_sched,
             gpus,
+            gpu_exec,
         });
         worker.recount_namespaces();
         worker.warn_unrunnable_gpu_functions();
@@ -257,6 +274,11 @@ impl Worker {
     /// The worker's GPUs (`[gpu]`), in device order; empty when it has none.
     pub fn gpus(&self) -> &[GpuInfo] {
         &self.gpus
+    }
+
+    /// The GPU scheduler's state; `None` without GPUs.
+    pub fn gpu_status(&self) -> Option<hearth_core::gpu::GpuStatus> {
+        self.gpu_exec.as_ref().map(|g| g.status())
     }
 
     /// `Ok` when this worker's GPUs can take `spec` (a `gpu` function needs a device with its
@@ -363,6 +385,11 @@ impl Worker {
             InvokeError::Gpu(e)
         })?;
         let deadline_ms = call.deadline_ms.or(spec.deadline_ms);
+        if let Some(exec) = self.gpu_target(spec) {
+            return self
+                .invoke_gpu(exec, spec, args, t0, call, deadline_ms)
+                .await;
+        }
         let left_us = deadline_ms.map(|d| (d * 1000).saturating_sub(call.elapsed_us));
         let admitted = self
             .driver
@@ -452,6 +479,11 @@ impl Worker {
             Ok(Ok(reply)) => reply,
         };
         let exec = reply.exec_us.unwrap_or(0);
+        if spec.device == Device::Any {
+            if let Some(g) = &self.gpu_exec {
+                g.record(&spec.name, hearth_core::gpu::Device::Cpu, exec);
+            }
+        }
         // The agent answered, so the sandbox is healthy whatever the handler did.
         lease.completion.reusable = true;
         lease.completion.exec_us = Some(exec);
@@ -510,6 +542,7 @@ impl Worker {
             deadline_ms,
             deadline_missed: None,
             deadline_margin_us: None,
+            gpu: None,
         };
         answer.judge_deadline(call.elapsed_us.saturating_add(e2e));
         if answer.deadline_missed == Some(true) {
@@ -521,6 +554,110 @@ impl Worker {
         if let Some(reason) = run.cold {
             answer = answer.with_cold_reason(reason, self.config.keepalive.name());
         }
+        Ok(answer)
+    }
+
+    /// The GPU executor when `spec` runs on a GPU now: a `gpu` function always (admission
+    /// checked this worker has one), an `any` function when the speedup dispatch says so.
+    fn gpu_target(&self, spec: &FunctionSpec) -> Option<&Arc<GpuExecutor>> {
+        let exec = self.gpu_exec.as_ref()?;
+        match spec.device {
+            Device::Gpu => Some(exec),
+            Device::Any if exec.choose(&spec.name) == hearth_core::gpu::Device::Gpu => Some(exec),
+            Device::Any | Device::Cpu => None,
+        }
+    }
+
+    /// Runs one invocation on a GPU under the GPU scheduler (the CPU engine's queue, limit and
+    /// pool are not involved: the GPU has its own, `gpu::executor`).
+    async fn invoke_gpu(
+        &self,
+        exec: &GpuExecutor,
+        spec: &FunctionSpec,
+        args: &[u8],
+        t0: Instant,
+        call: CallDeadline,
+        deadline_ms: Option<u64>,
+    ) -> Result<InvokeAnswer, InvokeError> {
+        let run = match exec.run(spec, args).await {
+            Ok(run) => run,
+            Err(e) => {
+                let (outcome, err) = match e {
+                    GpuRunError::Rejected(GpuReject::QueueFull { length }) => {
+                        (Outcome::rejected, InvokeError::QueueFull { length })
+                    }
+                    GpuRunError::Rejected(GpuReject::ShuttingDown) => {
+                        (Outcome::rejected, InvokeError::ShuttingDown)
+                    }
+                    GpuRunError::Rejected(reason) => (
+                        Outcome::rejected,
+                        InvokeError::Gpu(GpuRefusal::Scheduler {
+                            function: spec.name.clone(),
+                            reason,
+                        }),
+                    ),
+                    GpuRunError::Failed(why) => (
+                        Outcome::crashed,
+                        InvokeError::Sandbox(SandboxError::Crashed(why)),
+                    ),
+                    GpuRunError::Timeout { timeout_ms } => (
+                        Outcome::timeout,
+                        InvokeError::Timeout {
+                            function: spec.name.clone(),
+                            timeout_ms,
+                        },
+                    ),
+                };
+                self.metrics.outcome(&spec.name, outcome);
+                return Err(err);
+            }
+        };
+        if spec.device == Device::Any {
+            exec.record(&spec.name, hearth_core::gpu::Device::Gpu, run.exec_us);
+        }
+        let start = run.placed.start;
+        self.metrics
+            .gpu_starts
+            .get_or_create(&GpuStartLabel {
+                gpu: run.placed.gpu.to_string(),
+                start: start_label(start),
+            })
+            .inc();
+        let fn_label = || FnLabel {
+            function: spec.name.clone(),
+        };
+        self.metrics
+            .exec
+            .get_or_create(&fn_label())
+            .observe(run.exec_us as f64 / 1e6);
+        self.metrics.outcome(&spec.name, Outcome::success);
+        let e2e = t0.elapsed().as_micros() as u64;
+        let busy = run.placed.queued_us + run.setup_us + run.exec_us;
+        let mut answer = InvokeAnswer {
+            result: raw_json(SIM_GPU_RESULT).map_err(|_| InvokeError::Internal("sim result"))?,
+            cold: start == Start::Cold,
+            cold_reason: None,
+            cold_reason_policy: None,
+            cold_reason_ago_us: None,
+            cold_path: None,
+            worker: self.id.clone(),
+            timing: Timing {
+                queue: run.placed.queued_us,
+                init: run.setup_us,
+                exec: run.exec_us,
+                overhead: e2e.saturating_sub(busy),
+                e2e,
+                controller: None,
+            },
+            deadline_ms,
+            deadline_missed: None,
+            deadline_margin_us: None,
+            gpu: Some(GpuPlacement {
+                index: run.placed.gpu as u32,
+                start,
+            }),
+        };
+        answer.judge_deadline(call.elapsed_us.saturating_add(e2e));
         Ok(answer)
     }
 
@@ -768,6 +905,7 @@ impl Worker {
                     .saturating_sub(pool.memory_proactive_mb),
             }),
             gpus: self.gpus.clone(),
+            gpu_scheduler: self.gpu_exec.as_ref().map(|g| g.status()),
         }
     }
 
@@ -902,6 +1040,10 @@ impl Worker {
     /// then remove every sandbox.
     pub async fn shutdown(&self, grace: Duration) {
         self.shutting_down.store(true, Ordering::Release);
+        if let Some(g) = &self.gpu_exec {
+            // Queued GPU invocations are answered now; running ones finish within the grace.
+            g.shutdown();
+        }
         let deadline = tokio::time::Instant::now() + grace;
         if !self.in_flight.wait_idle(deadline).await {
             tracing::warn!(

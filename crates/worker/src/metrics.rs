@@ -1,5 +1,6 @@
 //! Prometheus metrics (text exposition format at `GET /metrics`).
 
+use hearth_core::gpu::GpuStatus;
 use hearth_core::EngineStats;
 use hearth_service::metrics::{doubling_buckets, encode_text, registered};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -51,6 +52,27 @@ pub struct QueueLabel {
     pub discipline: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuStartLabel {
+    pub gpu: String,
+    /// `warm`, `host-warm` (memory prefetched first) or `cold`.
+    pub start: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuLabel {
+    pub gpu: String,
+}
+
+/// The label value of a GPU start.
+pub fn start_label(start: hearth_core::gpu::Start) -> &'static str {
+    match start {
+        hearth_core::gpu::Start::Warm => "warm",
+        hearth_core::gpu::Start::HostWarm => "host-warm",
+        hearth_core::gpu::Start::Cold => "cold",
+    }
+}
+
 /// Every metric the worker exports.
 pub struct Metrics {
     registry: Registry,
@@ -84,6 +106,16 @@ pub struct Metrics {
     /// The mechanism's cost: cgroup control writes and CPU-time reads.
     pub cpu_sched_writes: Counter,
     pub cpu_sched_reads: Counter,
+    /// GPU invocations by device and how their sandbox started.
+    pub gpu_starts: Family<GpuStartLabel, Counter>,
+    /// Per GPU, at scrape time: device parallelism D, invocations running, the last
+    /// utilization sample, device memory resident.
+    pub gpu_parallelism: Family<GpuLabel, Gauge>,
+    pub gpu_running: Family<GpuLabel, Gauge>,
+    pub gpu_utilization: Family<GpuLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub gpu_memory_resident_mb: Family<GpuLabel, Gauge>,
+    /// GPU invocations waiting in the GPU scheduler's flows.
+    pub gpu_queue_length: Gauge,
 }
 
 /// Latency histogram: 10 µs .. ~84 s, doubling.
@@ -254,6 +286,42 @@ impl Default for Metrics {
                 "Reads of sandboxes' cpuacct.usage by the CPU scheduling",
                 Counter::default(),
             ),
+            gpu_starts: registered(
+                &mut r,
+                "gpu_invocations",
+                "GPU invocations by device and start (warm, host-warm: memory prefetched first, cold)",
+                Family::default(),
+            ),
+            gpu_parallelism: registered(
+                &mut r,
+                "gpu_parallelism",
+                "Device parallelism D of each GPU (MQFQ-Sticky's tokens)",
+                Family::default(),
+            ),
+            gpu_running: registered(
+                &mut r,
+                "gpu_running",
+                "Invocations running on each GPU",
+                Family::default(),
+            ),
+            gpu_utilization: registered(
+                &mut r,
+                "gpu_utilization",
+                "Last utilization sample of each GPU (0..1)",
+                Family::default(),
+            ),
+            gpu_memory_resident_mb: registered(
+                &mut r,
+                "gpu_memory_resident_mb",
+                "Device memory held on each GPU by its sandboxes, MiB",
+                Family::default(),
+            ),
+            gpu_queue_length: registered(
+                &mut r,
+                "gpu_queue_length",
+                "GPU invocations queued in the GPU scheduler",
+                Gauge::default(),
+            ),
             registry: r,
         }
     }
@@ -269,8 +337,29 @@ impl Metrics {
             .inc();
     }
 
-    /// Text exposition, with pool and queue gauges taken from `engine` at scrape time.
-    pub fn encode(&self, engine: &EngineStats) -> String {
+    /// Text exposition, with pool and queue gauges taken from `engine` (and the GPU gauges from
+    /// `gpu`) at scrape time.
+    pub fn encode(&self, engine: &EngineStats, gpu: Option<&GpuStatus>) -> String {
+        if let Some(g) = gpu {
+            self.gpu_queue_length.set(g.queued as i64);
+            for d in &g.gpus {
+                let label = GpuLabel {
+                    gpu: d.index.to_string(),
+                };
+                self.gpu_parallelism
+                    .get_or_create(&label)
+                    .set(i64::from(d.d));
+                self.gpu_running
+                    .get_or_create(&label)
+                    .set(i64::from(d.running));
+                self.gpu_utilization
+                    .get_or_create(&label)
+                    .set(d.measured_util.unwrap_or(0.0));
+                self.gpu_memory_resident_mb
+                    .get_or_create(&label)
+                    .set(d.memory_resident_mb as i64);
+            }
+        }
         self.queue_length.set(engine.queue_length as i64);
         self.concurrency_limit.set(i64::from(engine.limit));
         self.running

@@ -178,3 +178,222 @@ async fn a_gpu_function_stored_earlier_is_refused_once_its_gpu_is_gone() {
         "{v}"
     );
 }
+
+/// A sim worker with one 16 GiB GPU under `tweak`ed GPU scheduling.
+async fn gpu_worker(
+    tweak: impl FnOnce(&mut hearth_worker::config::GpuSettings) + Send + 'static,
+) -> TestWorker {
+    TestWorker::start_with(move |c| {
+        c.gpu.devices = GpuDevices::Sim;
+        c.gpu.sim = vec![SimGpu { memory_mb: 16_384 }];
+        tweak(&mut c.gpu);
+    })
+    .await
+}
+
+async fn invoke_with(w: &TestWorker, name: &str, args: Value) -> (StatusCode, Value) {
+    w.call(Method::POST, &format!("/v1/functions/{name}/invoke"), args)
+        .await
+}
+
+#[tokio::test]
+async fn gpu_invocations_start_cold_then_warm_and_show_in_status_and_metrics() {
+    let w = gpu_worker(|_| {}).await;
+    w.register(
+        "g",
+        json!({"device": "gpu", "gpu_memory_mb": 2048, "sim_gpu_warm_ms": 3, "sim_gpu_cold_ms": 40}),
+    )
+    .await;
+    let first = w.invoke("g").await;
+    assert_eq!(
+        first["gpu"],
+        json!({"index": 0, "start": "cold"}),
+        "{first}"
+    );
+    assert_eq!(first["cold"], true);
+    let init = first["timing"]["init"].as_u64().unwrap();
+    assert!(
+        (40_000..200_000).contains(&init),
+        "the GPU sandbox's start: {first}"
+    );
+    // Seen once, the flow's TTL is 0: its memory went to the host, so the next call waits
+    // for the prefetch (2 GiB at 12 GB/s); the one after that finds it on the device.
+    let second = w.invoke("g").await;
+    assert_eq!(
+        second["gpu"],
+        json!({"index": 0, "start": "host-warm"}),
+        "{second}"
+    );
+    assert_eq!(second["cold"], false);
+    assert!(
+        second["timing"]["init"].as_u64().unwrap() >= 170_000,
+        "{second}"
+    );
+    let third = w.invoke("g").await;
+    assert_eq!(
+        third["gpu"],
+        json!({"index": 0, "start": "warm"}),
+        "{third}"
+    );
+    assert_eq!(third["timing"]["init"], 0);
+    assert!(
+        third["timing"]["exec"].as_u64().unwrap() >= 3_000,
+        "{third}"
+    );
+    let st = w.status().await;
+    let sched = &st["gpu_scheduler"];
+    assert_eq!(sched["policy"], "mqfq-sticky", "{st}");
+    assert_eq!(sched["counters"]["dispatched_cold"], 1);
+    assert_eq!(sched["counters"]["dispatched_host_warm"], 1);
+    assert_eq!(sched["counters"]["dispatched_warm"], 1);
+    let flow = &sched["flows"][0];
+    assert_eq!(flow["function"], "g");
+    assert!(flow["vt"].as_f64().unwrap() > 0.0, "{flow}");
+    assert_eq!(sched["gpus"][0]["memory_resident_mb"], 2048, "{sched}");
+    let (s, body) = w
+        .raw(Method::GET, "/metrics", w.admin.as_deref(), Vec::new())
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let text = body["raw"].as_str().unwrap_or_default().to_string();
+    assert!(
+        text.contains("hearth_gpu_invocations_total{gpu=\"0\",start=\"cold\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("hearth_gpu_memory_resident_mb{gpu=\"0\"} 2048"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_crashed_or_leaking_gpu_sandbox_is_discarded_and_the_device_serves_the_next_call() {
+    let w = gpu_worker(|_| {}).await;
+    w.register(
+        "g",
+        json!({"device": "gpu", "gpu_memory_mb": 1024, "sim_gpu_warm_ms": 1, "sim_gpu_cold_ms": 2}),
+    )
+    .await;
+    w.invoke("g").await;
+    let (s, v) = invoke_with(&w, "g", json!({"hearth_sim_gpu": {"crash": true}})).await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY, "{v}");
+    assert_eq!(v["error"]["code"], "sandbox_crashed");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("lost its CUDA context"), "{msg}");
+    let next = w.invoke("g").await;
+    assert_eq!(
+        next["gpu"]["start"], "cold",
+        "the crashed sandbox is gone: {next}"
+    );
+    // A leak the device can hold is accounted; one it cannot ends the sandbox.
+    let (s, v) = invoke_with(&w, "g", json!({"hearth_sim_gpu": {"leak_mb": 1000}})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let st = w.status().await;
+    assert_eq!(
+        st["gpu_scheduler"]["gpus"][0]["memory_resident_mb"], 2024,
+        "{st}"
+    );
+    let (s, v) = invoke_with(&w, "g", json!({"hearth_sim_gpu": {"leak_mb": 20000}})).await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("ran out of device memory"),
+        "{v}"
+    );
+    let st = w.status().await;
+    assert_eq!(
+        st["gpu_scheduler"]["gpus"][0]["memory_resident_mb"], 0,
+        "{st}"
+    );
+    assert_eq!(st["gpu_scheduler"]["counters"]["failed"], 2);
+    let next = w.invoke("g").await;
+    assert_eq!(next["gpu"]["start"], "cold", "{next}");
+}
+
+#[tokio::test]
+async fn with_d_one_a_second_gpu_invocation_waits_for_the_first() {
+    let w = std::sync::Arc::new(
+        gpu_worker(|g| {
+            g.scheduler.d = 1;
+            g.scheduler.d_max = 1;
+            g.scheduler.dynamic_d = false;
+        })
+        .await,
+    );
+    for f in ["a", "b"] {
+        w.register(
+            f,
+            json!({"device": "gpu", "gpu_memory_mb": 512, "sim_gpu_warm_ms": 150, "sim_gpu_cold_ms": 1}),
+        )
+        .await;
+    }
+    let (w1, w2) = (w.clone(), w.clone());
+    let a = tokio::spawn(async move { w1.invoke("a").await });
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let b = tokio::spawn(async move { w2.invoke("b").await });
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    assert_eq!(a["timing"]["queue"], 0, "{a}");
+    let queued = b["timing"]["queue"].as_u64().unwrap();
+    assert!(queued >= 80_000, "b waited for a's token: {b}");
+}
+
+#[tokio::test]
+async fn a_gpu_queue_over_its_bound_answers_429() {
+    let w = std::sync::Arc::new(
+        gpu_worker(|g| {
+            g.scheduler.d = 1;
+            g.scheduler.d_max = 1;
+            g.scheduler.dynamic_d = false;
+            g.scheduler.max_queue = 1;
+        })
+        .await,
+    );
+    w.register(
+        "g",
+        json!({"device": "gpu", "gpu_memory_mb": 512, "sim_gpu_warm_ms": 300, "sim_gpu_cold_ms": 1}),
+    )
+    .await;
+    let (w1, w2) = (w.clone(), w.clone());
+    let running = tokio::spawn(async move { w1.invoke("g").await });
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let queued = tokio::spawn(async move { w2.invoke("g").await });
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let (s, v) = invoke_with(&w, "g", json!({})).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert_eq!(v["error"]["code"], "queue_full");
+    running.await.unwrap();
+    queued.await.unwrap();
+}
+
+#[tokio::test]
+async fn an_any_function_goes_where_its_speedup_says() {
+    let w = gpu_worker(|_| {}).await;
+    // 40× faster on the GPU, and 1× (no gain): after one run on each side, the first stays on
+    // the GPU and the second on the CPU.
+    w.register(
+        "fast",
+        json!({"device": "any", "gpu_memory_mb": 512, "sim_warm_ms": 40, "sim_gpu_warm_ms": 1}),
+    )
+    .await;
+    w.register(
+        "flat",
+        json!({"device": "any", "gpu_memory_mb": 512, "sim_warm_ms": 2, "sim_gpu_warm_ms": 2}),
+    )
+    .await;
+    let on_gpu = |v: &Value| v.get("gpu").is_some();
+    for f in ["fast", "flat"] {
+        let mut sides = Vec::new();
+        for _ in 0..2 {
+            sides.push(on_gpu(&w.invoke(f).await));
+        }
+        assert!(
+            sides.contains(&true) && sides.contains(&false),
+            "{f} explores both: {sides:?}"
+        );
+    }
+    for _ in 0..3 {
+        assert!(on_gpu(&w.invoke("fast").await), "fast runs on the GPU");
+        assert!(!on_gpu(&w.invoke("flat").await), "flat runs on the CPU");
+    }
+}

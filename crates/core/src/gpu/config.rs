@@ -108,6 +108,9 @@ pub struct GpuSchedConfig {
     /// τ of a function never seen to complete: one second, the order of Table 6.1's warm GPU
     /// times, so an unknown function neither hoards nor starves on its first dispatches.
     pub default_exec_us: Micros,
+    /// The devices: set by the driver (the worker from the GPUs it found or declared, the
+    /// simulator from its setup), never read from a settings file.
+    #[serde(skip)]
     pub gpus: Vec<GpuSpec>,
 }
 

@@ -3,7 +3,7 @@
 
 use super::scheduler::GpuInvocationId;
 use crate::time::Micros;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
 /// Weight of the newest sample in the IAT and τ moving averages: recent behaviour dominates
@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 const EWMA_WEIGHT: f64 = 0.25;
 
 /// A flow's scheduling state (Table 6.2, Algorithm 3 `update_state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FlowState {
     /// May dispatch; its containers' memory is wanted on the device.

@@ -36,7 +36,8 @@
 //! for their TTL after their last dispatch or completion (anticipatory scheduling: their
 //! containers stay on the device); then they go Inactive and their idle containers' memory is swapped
 //! to the host. Flows going Throttled are swapped out too; flows becoming Active get their idle
-//! containers prefetched where there is free device memory.
+//! containers prefetched where there is free device memory. A dispatch in the same event as such a prefetch is
+//! a host-warm start (the copy is still under way), not a warm one.
 //!
 //! FCFS dispatches in arrival order over all functions, swapping a container's memory out after
 //! each completion; Batch drains the flow holding the oldest invocation, then picks again. Both

@@ -15,7 +15,7 @@
 use super::config::{GpuConfigError, GpuPolicy, GpuSchedConfig};
 use super::flow::{Flow, FlowState, Pending};
 use crate::time::Micros;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -58,7 +58,7 @@ pub struct GpuCompletion {
 }
 
 /// How a dispatched invocation gets its container.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Start {
     /// An idle container whose memory is on the device.
@@ -156,6 +156,9 @@ struct Container {
     on_device: bool,
     busy: bool,
     last_used: Micros,
+    /// When its flow's activation last ordered its memory onto the device: a dispatch in
+    /// that same event finds the copy still under way, so it is a host-warm start, not warm.
+    prefetched_at: Option<Micros>,
 }
 
 #[derive(Debug, Clone)]
@@ -194,7 +197,7 @@ struct Plan {
 }
 
 /// Running totals, for status and experiments.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuCounters {
     pub dispatched_warm: u64,
     pub dispatched_host_warm: u64,
@@ -208,7 +211,7 @@ pub struct GpuCounters {
 }
 
 /// One GPU, as [`GpuScheduler::status`] shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuDeviceStatus {
     pub index: usize,
     pub d: u32,
@@ -226,7 +229,7 @@ pub struct GpuDeviceStatus {
 }
 
 /// One flow, as [`GpuScheduler::status`] shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuFlowStatus {
     pub function: String,
     pub state: FlowState,
@@ -240,7 +243,7 @@ pub struct GpuFlowStatus {
 }
 
 /// A snapshot of the scheduler.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuStatus {
     pub policy: GpuPolicy,
     pub global_vt: f64,
@@ -359,7 +362,7 @@ impl GpuScheduler {
             flow.vt = flow.vt.max(global_vt);
         }
         if flow.state == FlowState::Inactive {
-            self.set_state(&name, FlowState::Active);
+            self.set_state(now, &name, FlowState::Active);
         }
         self.dispatch(now);
         Ok(id)
@@ -612,7 +615,9 @@ impl GpuScheduler {
         loop {
             self.update_states(now);
             let Some(name) = self.pick() else { break };
-            let Some(plan) = self.place(&name) else { break };
+            let Some(plan) = self.place(now, &name) else {
+                break;
+            };
             self.execute(now, &name, plan);
         }
     }
@@ -633,7 +638,7 @@ impl GpuScheduler {
             }
         }
         for (name, state) in changes.drain(..) {
-            self.set_state(&name, state);
+            self.set_state(now, &name, state);
         }
         if let Some(min) = self
             .flows
@@ -661,13 +666,13 @@ impl GpuScheduler {
             }
         }
         for (name, state) in changes {
-            self.set_state(&name, state);
+            self.set_state(now, &name, state);
         }
     }
 
     /// Moves a flow to `state` with its memory actions: an activated flow's idle containers
     /// are prefetched where there is free room; a deactivated one's are swapped out.
-    fn set_state(&mut self, name: &Arc<str>, state: FlowState) {
+    fn set_state(&mut self, now: Micros, name: &Arc<str>, state: FlowState) {
         let Some(flow) = self.flows.get_mut(name) else {
             return;
         };
@@ -691,6 +696,7 @@ impl GpuScheduler {
                     let gpu = c.gpu;
                     if let Some(c) = self.containers.get_mut(&id) {
                         c.on_device = true;
+                        c.prefetched_at = Some(now);
                     }
                     self.counters.prefetches += 1;
                     self.actions
@@ -753,7 +759,7 @@ impl GpuScheduler {
     ///    there (busy ones: wait for the home GPU rather than cold-start elsewhere), otherwise
     ///    on the GPU with the most free tokens, then free memory, then lowest index, among
     ///    those that can take it now. That GPU becomes the function's home.
-    fn place(&self, name: &Arc<str>) -> Option<Plan> {
+    fn place(&self, now: Micros, name: &Arc<str>) -> Option<Plan> {
         let flow = self.flows.get(name)?;
         let head = flow.queue.front()?;
         let home = flow.home;
@@ -764,10 +770,14 @@ impl GpuScheduler {
             .collect();
         idle.sort_by_key(|(id, c)| (Some(c.gpu) != home, Reverse(c.last_used), **id));
         if let Some((id, c)) = idle.iter().find(|(_, c)| c.on_device) {
+            let start = match c.prefetched_at {
+                Some(t) if t == now => Start::HostWarm,
+                _ => Start::Warm,
+            };
             return Some(Plan {
                 gpu: c.gpu,
                 container: Some(**id),
-                start: Start::Warm,
+                start,
                 memory_mb: c.memory_mb,
                 evict: None,
                 swaps: Vec::new(),
@@ -929,6 +939,7 @@ impl GpuScheduler {
                         on_device: true,
                         busy: false,
                         last_used: now,
+                        prefetched_at: None,
                     },
                 );
                 id

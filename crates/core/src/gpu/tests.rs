@@ -308,12 +308,15 @@ fn empty_flow_stays_active_for_alpha_times_iat_then_swaps_out() {
     assert_eq!(drain(&mut s), vec![GpuAction::Swap { container, gpu: 0 }]);
     assert_eq!(s.next_timeout(), None);
 
-    // A returning flow is prefetched and runs warm.
+    // A returning flow is prefetched; dispatched in the same event, its memory is still on
+    // the way (host-warm). Once there, the next one runs warm.
     let c = arrive(&mut s, 4_000, "f", 100);
     let acts = drain(&mut s);
     assert_eq!(acts[0], GpuAction::Prefetch { container, gpu: 0 });
-    assert_eq!(dispatches(&acts)[0].start, Start::Warm);
-    let _ = c;
+    assert_eq!(dispatches(&acts)[0].start, Start::HostWarm);
+    done(&mut s, 4_500, c, 500);
+    arrive(&mut s, 4_600, "f", 100);
+    assert_eq!(dispatches(&drain(&mut s))[0].start, Start::Warm);
 
     // A fixed TTL overrides α × IAT.
     let mut s = sched(GpuSchedConfig {

@@ -23,6 +23,13 @@ pub enum GpuRefusal {
         needed_mb: u64,
         largest_mb: u64,
     },
+    /// The GPU scheduler refused the invocation itself (a bad weight or name, too many GPU
+    /// functions at once).
+    #[error("{function}: {reason}")]
+    Scheduler {
+        function: String,
+        reason: hearth_core::gpu::GpuReject,
+    },
 }
 
 /// `Ok` when a worker with `gpus` (from `source`) can take `spec`.

@@ -4,6 +4,7 @@
 //! GPU functions run (on the `sim` backend) on any machine.
 
 use hearth_api::{GpuInfo, MAX_GPUS, MAX_GPU_MEMORY_MB};
+use hearth_core::gpu::{DispatchConfig, GpuSchedConfig, GpuSpec, SimGpuModel};
 use serde::{Deserialize, Serialize};
 
 /// The smallest simulated device: below this no GPU function is worth simulating.
@@ -39,13 +40,38 @@ pub struct SimGpu {
     pub memory_mb: u64,
 }
 
-/// `[gpu]`: the worker's GPUs.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// `[gpu]`: the worker's GPUs, and how its GPU invocations are scheduled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GpuSettings {
     pub devices: GpuDevices,
     /// The simulated devices of `devices = "sim"` (1 to [`MAX_GPUS`]).
     pub sim: Vec<SimGpu>,
+    /// `[gpu.scheduler]`: MQFQ-Sticky, FCFS or Batch and their parameters (thesis Table 6.2:
+    /// `policy`, `t`, `alpha`, `fixed_ttl_us`, `d`, `d_max`, `dynamic_d`, `util_threshold`,
+    /// `containers_per_gpu`, `max_queue`, …); the devices come from `devices`.
+    pub scheduler: GpuSchedConfig,
+    /// `[gpu.dispatch]`: where `device: any` functions run (`min_speedup`, `gpu_fraction`).
+    pub dispatch: DispatchConfig,
+    /// `[gpu.sim_model]`: the simulated device (`interference`, `pcie_mb_per_s`,
+    /// `gpu_init_us`).
+    pub sim_model: SimGpuModel,
+    /// Share of a simulated device one invocation keeps busy alone: its utilization samples
+    /// are the running invocations' shares, at most 1.
+    pub sim_solo_util: f64,
+}
+
+impl Default for GpuSettings {
+    fn default() -> Self {
+        GpuSettings {
+            devices: GpuDevices::default(),
+            sim: Vec::new(),
+            scheduler: GpuSchedConfig::default(),
+            dispatch: DispatchConfig::default(),
+            sim_model: SimGpuModel::default(),
+            sim_solo_util: 0.5,
+        }
+    }
 }
 
 impl GpuSettings {
@@ -73,6 +99,29 @@ impl GpuSettings {
         if n > MAX_GPUS {
             return Err(format!(
                 "gpu.sim may declare at most {MAX_GPUS} devices, got {n}"
+            ));
+        }
+        let sched = GpuSchedConfig {
+            // Checked here for its own fields; the devices are the ones found at start.
+            gpus: vec![GpuSpec {
+                memory_mb: MIN_SIM_GPU_MEMORY_MB,
+            }],
+            ..self.scheduler.clone()
+        };
+        sched.check().map_err(|e| format!("gpu.scheduler: {e}"))?;
+        self.dispatch
+            .check()
+            .map_err(|e| format!("gpu.dispatch: {e}"))?;
+        self.sim_model
+            .check()
+            .map_err(|e| format!("gpu.sim_model: {e}"))?;
+        if !(self.sim_solo_util.is_finite()
+            && self.sim_solo_util > 0.0
+            && self.sim_solo_util <= 1.0)
+        {
+            return Err(format!(
+                "gpu.sim_solo_util must be above 0 and at most 1, got {}",
+                self.sim_solo_util
             ));
         }
         for (i, g) in self.sim.iter().enumerate() {
@@ -193,7 +242,37 @@ mod tests {
                 .iter()
                 .map(|&memory_mb| SimGpu { memory_mb })
                 .collect(),
+            ..GpuSettings::default()
         }
+    }
+
+    #[test]
+    fn scheduling_settings_are_read_and_range_checked() {
+        let parse = |text: &str| {
+            figment::Figment::from(figment::providers::Toml::string(text)).extract::<GpuSettings>()
+        };
+        let g: GpuSettings = parse(
+            "devices = \"sim\"\nsim = [{ memory_mb = 4096 }]\n[scheduler]\npolicy = \"fcfs\"\nd = 3\nd_max = 3\n[dispatch]\nmin_speedup = 2.0\n",
+        )
+        .unwrap();
+        assert_eq!(g.scheduler.policy, hearth_core::gpu::GpuPolicy::Fcfs);
+        assert_eq!((g.scheduler.d, g.dispatch.min_speedup), (3, 2.0));
+        assert_eq!(g.sim_solo_util, 0.5, "defaults fill the rest");
+        g.check().unwrap();
+        let bad = |f: fn(&mut GpuSettings), needle: &str| {
+            let mut g = sim(&[4096]);
+            f(&mut g);
+            let e = g.check().unwrap_err();
+            assert!(e.contains(needle), "{e} should name {needle}");
+        };
+        bad(|g| g.scheduler.d = 0, "gpu.scheduler");
+        bad(|g| g.dispatch.gpu_fraction = 2.0, "gpu.dispatch");
+        bad(|g| g.sim_model.interference = f64::NAN, "gpu.sim_model");
+        bad(|g| g.sim_solo_util = 0.0, "gpu.sim_solo_util");
+        assert!(
+            parse("[scheduler]\ngpus = [{ memory_mb = 1 }]\n").is_err(),
+            "the devices are never read from the settings"
+        );
     }
 
     #[test]
@@ -280,7 +359,7 @@ mod tests {
         // `none` never asks NVML.
         let none = GpuSettings {
             devices: GpuDevices::None,
-            sim: Vec::new(),
+            ..GpuSettings::default()
         };
         assert!(discover_with(&none, || panic!("NVML asked")).is_empty());
     }

@@ -4,6 +4,8 @@
 
 pub mod admission;
 pub mod discover;
+pub mod executor;
 
 pub use admission::{admit, GpuRefusal};
 pub use discover::{discover, GpuDevices, GpuSettings, SimGpu, MIN_SIM_GPU_MEMORY_MB};
+pub use executor::{GpuExecutor, GpuRun, GpuRunError};
