@@ -247,6 +247,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's error, test-only
     fn scheduling_settings_are_read_and_range_checked() {
         let parse = |text: &str| {
             figment::Figment::from(figment::providers::Toml::string(text)).extract::<GpuSettings>()
