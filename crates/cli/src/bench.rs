@@ -7,8 +7,9 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 /// Registers a benchmark function that sleeps `exec_ms` (a no-op for 0). With the sim backend the
-/// same time is its `sim_warm_ms`.
-pub fn register_bench_function(url: &str, exec_ms: u64) -> Result<String, String> {
+/// same time is its `sim_warm_ms` (its `sim_gpu_warm_ms` with `gpu`: a `device: gpu` function of
+/// 512 MiB, for a worker with simulated GPUs).
+pub fn register_bench_function(url: &str, exec_ms: u64, gpu: bool) -> Result<String, String> {
     let mut c = Client::new(url).map_err(|e| e.to_string())?;
     let status = c.get("/v1/status").map_err(|e| e.to_string())?.json();
     let sim = status["backend"] == "sim";
@@ -35,6 +36,16 @@ pub fn register_bench_function(url: &str, exec_ms: u64) -> Result<String, String
         spec["sim_warm_ms"] = json!(exec_ms);
         spec["sim_cold_ms"] = json!(0);
     }
+    let name = if gpu {
+        spec["device"] = json!("gpu");
+        spec["gpu_memory_mb"] = json!(512);
+        if sim {
+            spec["sim_gpu_warm_ms"] = json!(exec_ms);
+        }
+        format!("{name}-gpu")
+    } else {
+        name
+    };
     let r = c
         .put(
             &format!("/v1/functions/{name}"),
@@ -164,16 +175,19 @@ pub fn closed_loop_prewarmed(
     warmup: Duration,
 ) -> Result<OverheadReport, String> {
     let path = format!("/v1/functions/{function}/invoke");
-    // One warm sandbox per client by default, so the measured loop is warm.
-    let mut c = Client::new(url).map_err(|e| e.to_string())?;
-    let r = c
-        .post(
-            &format!("/v1/functions/{function}/prewarm"),
-            json!({"count": prewarm.max(1)}).to_string().as_bytes(),
-        )
-        .map_err(|e| e.to_string())?;
-    if r.status >= 300 {
-        return Err(format!("prewarm failed: {} {}", r.status, r.text()));
+    // One warm sandbox per client by default, so the measured loop is warm; none with 0 (the
+    // warm-up's first calls start them).
+    if prewarm > 0 {
+        let mut c = Client::new(url).map_err(|e| e.to_string())?;
+        let r = c
+            .post(
+                &format!("/v1/functions/{function}/prewarm"),
+                json!({ "count": prewarm }).to_string().as_bytes(),
+            )
+            .map_err(|e| e.to_string())?;
+        if r.status >= 300 {
+            return Err(format!("prewarm failed: {} {}", r.status, r.text()));
+        }
     }
     let warm_end = Instant::now() + Duration::from_millis(50) + warmup;
     let end = warm_end + duration;
@@ -295,7 +309,7 @@ fn wait_for_generic(c: &mut Client) -> Result<(), String> {
 /// sequential accepts of the no-op bench function, after `warmup` unmeasured ones. Returns the
 /// accept latencies in µs, sorted, and the errors.
 pub fn async_accepts(url: &str, n: usize, warmup: usize) -> Result<(Vec<u64>, usize), String> {
-    let f = register_bench_function(url, 0)?;
+    let f = register_bench_function(url, 0, false)?;
     let path = format!("/v1/functions/{f}/invoke?async=true");
     let mut c = Client::new(url).map_err(|e| e.to_string())?;
     let mut lat = Vec::with_capacity(n);

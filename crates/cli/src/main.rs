@@ -290,6 +290,10 @@ enum BenchCommand {
         /// Sandboxes made before the run (default: one per client; fewer makes a burst).
         #[arg(long)]
         prewarm: Option<usize>,
+        /// Benchmark a `device: gpu` function (a worker with GPUs; its GPU sandboxes start on
+        /// demand, during the warm-up, and are not prewarmed).
+        #[arg(long)]
+        gpu: bool,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -713,14 +717,15 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
             warmup,
             exec_ms,
             prewarm,
+            gpu,
             json: as_json,
         } => {
             if clients == 0 {
                 bail!("--clients must be at least 1");
             }
-            let f =
-                bench::register_bench_function(&url.url, exec_ms).map_err(anyhow::Error::msg)?;
-            let prewarm = prewarm.unwrap_or(clients);
+            let f = bench::register_bench_function(&url.url, exec_ms, gpu)
+                .map_err(anyhow::Error::msg)?;
+            let prewarm = if gpu { 0 } else { prewarm.unwrap_or(clients) };
             let r = bench::closed_loop_prewarmed(&url.url, &f, clients, prewarm, duration, warmup)
                 .map_err(anyhow::Error::msg)?;
             if as_json {

@@ -321,6 +321,7 @@ fn prewarm_error(e: PrewarmError) -> ApiError {
             ApiError::new(StatusCode::BAD_GATEWAY, ErrorCode::SandboxStartFailed, m)
         }
         PrewarmError::Gpu(e) => gpu_error(e),
+        PrewarmError::OnGpu(_) => ApiError::bad_request(e.to_string()),
     }
 }
 

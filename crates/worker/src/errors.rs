@@ -125,6 +125,12 @@ pub enum PrewarmError {
     StartFailed(String),
     #[error("{0}")]
     Gpu(crate::gpu::GpuRefusal),
+    /// A `device: gpu` function: the GPU scheduler starts its sandboxes as its flow needs them.
+    #[error(
+        "{0} runs on a GPU: its GPU sandboxes are started by the GPU scheduler when its \
+         invocations need them, and prewarm makes CPU sandboxes only"
+    )]
+    OnGpu(String),
 }
 
 /// Why a batch of proactive commands was refused whole (one command's failure is in its

@@ -730,6 +730,9 @@ impl Worker {
             .get(name)
             .ok_or_else(|| PrewarmError::UnknownFunction(name.to_string()))?;
         self.admit_gpu(&reg.spec).map_err(PrewarmError::Gpu)?;
+        if reg.spec.device == Device::Gpu {
+            return Err(PrewarmError::OnGpu(name.to_string()));
+        }
         let done = self.driver.prewarm(&reg, count).await;
         if done.ready == 0 && done.no_memory > 0 {
             return Err(PrewarmError::NoMemory {

@@ -397,3 +397,20 @@ async fn an_any_function_goes_where_its_speedup_says() {
         assert!(!on_gpu(&w.invoke("flat").await), "flat runs on the CPU");
     }
 }
+
+#[tokio::test]
+async fn prewarming_a_gpu_function_is_refused_and_makes_no_cpu_sandbox() {
+    let w = gpu_worker(|_| {}).await;
+    w.register("g", gpu_fn(1024)).await;
+    let (s, v) = w
+        .call(Method::POST, "/v1/functions/g/prewarm", json!({"count": 2}))
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("runs on a GPU"), "{msg}");
+    assert_eq!(
+        w.status().await["memory"]["warm_mb"],
+        0,
+        "no CPU sandbox was made"
+    );
+}

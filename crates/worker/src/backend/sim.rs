@@ -84,13 +84,13 @@ impl Ord for TimerSlot {
     }
 }
 
-/// A precise sleep service: one thread, a heap of deadlines.
-struct SimClock {
+/// A precise sleep service: one thread, a heap of deadlines (also the simulated GPUs').
+pub(crate) struct SimClock {
     tx: mpsc::Sender<(Instant, oneshot::Sender<()>)>,
 }
 
 impl SimClock {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let (tx, rx) = mpsc::channel::<(Instant, oneshot::Sender<()>)>();
         let spawned = std::thread::Builder::new()
             .name("hearth-sim-clock".into())
@@ -101,7 +101,7 @@ impl SimClock {
         SimClock { tx }
     }
 
-    async fn sleep(&self, d: Duration) {
+    pub(crate) async fn sleep(&self, d: Duration) {
         if d.is_zero() {
             return;
         }

@@ -17,6 +17,7 @@
 //! the shim would; past the device's memory the allocation fails and the container goes).
 
 use super::GpuSettings;
+use crate::backend::sim::SimClock;
 use hearth_api::{FunctionSpec, GpuInfo};
 use hearth_core::gpu::{
     ContainerId, CpuGpuDispatch, Device, GpuAction, GpuCompletion, GpuInvocationId, GpuReject,
@@ -181,6 +182,8 @@ impl Inner {
 /// The worker's GPU scheduler and its simulated devices.
 pub struct GpuExecutor {
     inner: Mutex<Inner>,
+    /// Sleeps of simulated runs: tokio's timer would add up to a millisecond to each.
+    clock: SimClock,
     epoch: Instant,
     model: SimGpuModel,
     solo_util: f64,
@@ -269,6 +272,7 @@ impl GpuExecutor {
                 memory_mb: gpus.iter().map(|g| g.memory_mb).collect(),
                 dispatch,
             }),
+            clock: SimClock::start(),
             epoch: Instant::now(),
             model: settings.sim_model,
             solo_util: settings.sim_solo_util,
@@ -360,13 +364,13 @@ impl GpuExecutor {
         let timeout = Duration::from_millis(spec.timeout_ms);
         let total = Duration::from_micros(setup_us.saturating_add(exec_us));
         if total > timeout {
-            tokio::time::sleep(timeout).await;
+            self.clock.sleep(timeout).await;
             running.end(None);
             return Err(GpuRunError::Timeout {
                 timeout_ms: spec.timeout_ms,
             });
         }
-        tokio::time::sleep(total).await;
+        self.clock.sleep(total).await;
         if fault.crash {
             running.end(None);
             return Err(GpuRunError::Failed(

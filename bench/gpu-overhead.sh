@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Control-plane overhead of the GPU path (issue 16) against the CPU path, on one `sim` worker
+# with a simulated GPU: `hearth bench overhead` with 1 and 4 clients for a no-op, once as a CPU
+# function and once as a `device: gpu` function scheduled by MQFQ-Sticky (D = 16, fixed, so no
+# client waits for a token: the numbers are the scheduler's and executor's own cost).
+#
+#   bench/gpu-overhead.sh [seconds per run]     (default 10)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/lib.sh
+secs=${1:-10}
+H=${HEARTH_BIN:-target/release/hearth}
+[ -x "$H" ] || cargo build --release -q -p hearth-cli
+port=$(free_port)
+data=$(mktemp -d /tmp/hearth-bench-XXXXXX)
+log="$data.log"
+HEARTH_CONCURRENCY=16 HEARTH_GPU__DEVICES=sim HEARTH_GPU__SIM='[{memory_mb=16384}]' \
+    HEARTH_GPU__SCHEDULER__D=16 HEARTH_GPU__SCHEDULER__D_MAX=16 \
+    HEARTH_GPU__SCHEDULER__DYNAMIC_D=false \
+    "$H" worker --listen "127.0.0.1:$port" --data-dir "$data" --backend sim >"$log" 2>&1 &
+pid=$!
+cleanup() { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$data" "$log"; }
+trap cleanup EXIT
+url="http://127.0.0.1:$port"
+wait_healthy "$url"
+export HEARTH_API_KEY=$(key_of "$data")
+
+echo "# hearth bench overhead, sim backend with one simulated GPU: $(nproc) CPUs, ${secs}s per run"
+printf '%-22s %10s %8s %8s %8s %8s %8s\n' case "inv/s" "ovh p50" "ovh p90" "ovh p99" "e2e p50" "e2e p99"
+for path in cpu gpu; do
+    flag=""
+    [ "$path" = gpu ] && flag="--gpu"
+    for clients in 1 4; do
+        j=$("$H" bench overhead --url "$url" --clients "$clients" --duration "${secs}s" $flag --json)
+        python3 - "$path" "$clients" "$j" <<'PY'
+import json, sys
+p, c, j = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+name = f"no-op {p}, {c} client" + ("s" if c != "1" else "")
+o, t = j["overhead_us"], j["e2e_us"]
+print(f'{name:<22} {j["throughput"]:>10.0f} {o["p50"]:>8} {o["p90"]:>8} {o["p99"]:>8} {t["p50"]:>8} {t["p99"]:>8}'
+      + (f'   errors {j["errors"]}' if j["errors"] else ''))
+PY
+    done
+done
