@@ -832,7 +832,8 @@ mod tests {
         let path = dir.path().join("w.toml");
         std::fs::write(
             &path,
-            "listen = \"127.0.0.1:9000\"\nmemory_mb = 2048\nbackend = \"sim\"\n[runc]\nuid = 1000\n",
+            "listen = \"127.0.0.1:9000\"\nmemory_mb = 2048\nbackend = \"sim\"\n[runc]\nuid = 1000\n\
+             gpu_shim_path = \"/opt/hearth/libhearth_cuda_shim.so\"\n",
         )
         .unwrap();
         figment::Jail::expect_with(|jail| {
@@ -844,6 +845,11 @@ mod tests {
             assert_eq!(c.backend, BackendKind::Sim);
             assert_eq!(c.runc.uid, 1000);
             assert_eq!(c.runc.tmp_size_mb, 32);
+            assert_eq!(
+                c.runc.gpu_shim_path.as_deref(),
+                Some(Path::new("/opt/hearth/libhearth_cuda_shim.so"))
+            );
+            assert_eq!(RuncConfig::default().gpu_shim_path, None);
             Ok(())
         });
     }

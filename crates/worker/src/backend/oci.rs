@@ -949,7 +949,11 @@ mod tests {
             ]
         );
         let rules = spec["linux"]["resources"]["devices"].as_array().unwrap();
-        assert_eq!(rules[0], json!({"allow": false, "access": "rwm"}), "deny-all first");
+        assert_eq!(
+            rules[0],
+            json!({"allow": false, "access": "rwm"}),
+            "deny-all first"
+        );
         let allowed: Vec<(u64, u64)> = rules[1..]
             .iter()
             .map(|r| {
@@ -998,7 +1002,10 @@ mod tests {
             assert_eq!((&m["type"], &m["source"]), (&json!("bind"), &json!(src)));
             let o = options(m);
             assert!(o.contains(&"ro") && o.contains(&"nosuid") && o.contains(&"nodev"));
-            assert!(!o.contains(&"rw") && !o.contains(&"noexec"), "{dest}: {o:?}");
+            assert!(
+                !o.contains(&"rw") && !o.contains(&"noexec"),
+                "{dest}: {o:?}"
+            );
             assert!(at(dest) > at(GPU_MOUNT), "{dest} is bound after the tmpfs");
         }
         // Nothing else of the GPU's is mounted, and a CPU sandbox gets none of it.

@@ -318,9 +318,7 @@ impl RuncBackend {
             .get_or_try_init(|| async move {
                 tokio::task::spawn_blocking(move || DriverFiles::find(shim.as_deref()))
                     .await
-                    .map_err(|e| {
-                        SandboxError::StartFailed(format!("finding the GPU driver: {e}"))
-                    })?
+                    .map_err(|e| SandboxError::StartFailed(format!("finding the GPU driver: {e}")))?
                     .map(Arc::new)
                     .map_err(|e| SandboxError::StartFailed(e.to_string()))
             })
