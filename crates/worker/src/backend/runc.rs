@@ -288,10 +288,22 @@ impl RuncBackend {
             .await
             .map_err(|e| SandboxError::StartFailed(format!("reading the GPU's devices: {e}")))?
             .map_err(|e| SandboxError::StartFailed(e.to_string()))?;
+        self.create_with_gpu(id, spec, code_dir, gpu, &params).await
+    }
+
+    /// [`Self::create_gpu`] with the host's part already found.
+    async fn create_with_gpu(
+        &self,
+        id: SandboxId,
+        spec: &FunctionSpec,
+        code_dir: &Path,
+        gpu: &GpuInfo,
+        params: &GpuParams,
+    ) -> Result<RuncSandbox, SandboxError> {
         let purpose = Purpose::Function {
             spec,
             code_dir,
-            gpu: Some(&params),
+            gpu: Some(params),
         };
         let mut sb = self.make(id, purpose).await?;
         sb.gpu = Some(gpu.clone());
@@ -1109,5 +1121,181 @@ fn set_limits(
     match shares {
         Some(shares) => std::fs::write(cpu.join("cpu.shares"), shares.to_string()),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod gpu_tests {
+    //! A GPU sandbox started by runc for real, on any machine: the shim and the mock driver of
+    //! runtime/gpu-shim's tests stand in for the NVIDIA driver, and harmless character devices
+    //! (null, zero) for its nodes. Needs root, runc, a cgroup v1 freezer and gcc; without them
+    //! it says why and passes.
+    use super::*;
+    use crate::backend::oci::DeviceNode;
+
+    const HANDLER: &str = r#"
+import ctypes, os
+
+cuda = ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+glob = ctypes.CDLL(None)
+held = []
+
+def main(args):
+    if "fail" in args:
+        return {"fail": cuda.mock_cuda_fail(args["fail"].encode(), args["rc"])}
+    st = os.stat("/dev/nvidiactl")
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    out = {
+        "ctl": [os.major(st.st_rdev), os.minor(st.st_rdev)],
+        "gpu0": os.path.exists("/dev/nvidia0"),
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "preload": os.environ.get("LD_PRELOAD"),
+        "shim_mapped": "/hearth/gpu/libhearth_cuda_shim.so" in maps,
+        "driver_mapped": "/hearth/gpu/lib/libcuda.so.1" in maps,
+        "set": cuda.cuCtxSetCurrent(ctypes.c_void_p(0x1000)),
+    }
+    ptr = ctypes.c_uint64(0)
+    out["alloc"] = glob.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(args["bytes"]))
+    held.append(ptr)
+    return out
+"#;
+
+    fn usable() -> bool {
+        let ok = unsafe { libc::geteuid() } == 0
+            && Path::new("/sys/fs/cgroup/freezer").is_dir()
+            && std::process::Command::new("runc")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+            && std::process::Command::new("gcc")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success());
+        if !ok {
+            eprintln!(
+                "skipping: the mock GPU sandbox test needs root, runc, a cgroup v1 freezer and gcc"
+            );
+        }
+        ok
+    }
+
+    /// Builds the shim and the mock `libcuda.so.1` into `out`.
+    fn build(out: &Path) -> (PathBuf, PathBuf) {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../runtime/gpu-shim");
+        let shim = out.join("libhearth_cuda_shim.so");
+        let mock = out.join("mock/libcuda.so.1");
+        let status = std::process::Command::new("make")
+            .arg("-s")
+            .arg("-C")
+            .arg(&src)
+            .arg(format!("OUT={}", out.display()))
+            .arg(&shim)
+            .arg(&mock)
+            .status()
+            .unwrap();
+        assert!(status.success(), "building the shim and the mock driver");
+        (shim, mock)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gpu_sandbox_runs_with_its_nodes_driver_and_shim() {
+        if !usable() {
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::Builder::new()
+            .prefix("hgpu")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let (shim, mock) = build(&tmp.path().join("b"));
+        let code = tmp.path().join("code");
+        std::fs::create_dir(&code).unwrap();
+        std::fs::write(code.join("main.py"), HANDLER).unwrap();
+        for p in [tmp.path(), &code] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let b = RuncBackend::new(
+            RuncConfig::default(),
+            &tmp.path().join("d"),
+            &format!("gt{}", std::process::id()),
+            1 << 20,
+            false,
+        )
+        .await
+        .unwrap();
+        let node = |path: &str, minor| DeviceNode {
+            path: path.to_string(),
+            major: 1,
+            minor,
+        };
+        let params = GpuParams {
+            // Named as the driver's, numbered as /dev/null and /dev/zero.
+            devices: vec![
+                node("/dev/nvidiactl", 3),
+                node("/dev/nvidia-uvm", 5),
+                node("/dev/nvidia1", 5),
+            ],
+            libraries: vec![("libcuda.so.1".to_string(), mock)],
+            shim,
+        };
+        let gpu = GpuInfo {
+            index: 1,
+            name: "mock".into(),
+            uuid: "GPU-mock".into(),
+            memory_mb: 1024,
+        };
+        let mut spec = FunctionSpec::new("g");
+        spec.memory_mb = 256;
+        spec.env
+            .insert("LD_PRELOAD".to_string(), "/code/evil.so".to_string());
+
+        let mut sb = b
+            .create_with_gpu(SandboxId(7), &spec, &code, &gpu, &params)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(sb.gpu().map(|g| g.index), Some(1));
+        assert_eq!(sb.device_memory_bytes(), Some(0));
+
+        let r = b.invoke(&mut sb, br#"{"bytes": 1048576}"#).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(r.status, 200, "{v}");
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "ctl": [1, 3], "gpu0": false, "visible": "0",
+                "preload": "/hearth/gpu/libhearth_cuda_shim.so",
+                "shim_mapped": true, "driver_mapped": true, "set": 0, "alloc": 0,
+            })
+        );
+        assert_eq!(r.device_memory_bytes, Some(1 << 20));
+        assert_eq!(sb.device_memory_bytes(), Some(1 << 20));
+
+        let out = b.gpu_swap_out(&mut sb).await.unwrap();
+        assert_eq!(
+            out,
+            GpuMemory {
+                resident_bytes: 1 << 20,
+                regions: 1
+            }
+        );
+        assert_eq!(b.gpu_prefetch(&mut sb).await.unwrap(), out);
+
+        // A driver refusal is typed, and the sandbox goes on serving.
+        let r = b
+            .invoke(&mut sb, br#"{"fail": "cuMemPrefetchAsync", "rc": 700}"#)
+            .await
+            .unwrap();
+        assert_eq!(&r.body[..], br#"{"fail":0}"#);
+        match b.gpu_swap_out(&mut sb).await {
+            Err(e @ GpuOpError::Cuda { code: Some(700) }) => assert!(!e.is_fatal()),
+            other => panic!("{other:?}"),
+        }
+        let r = b.invoke(&mut sb, br#"{"bytes": 4096}"#).await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.device_memory_bytes, Some((1 << 20) + 4096));
+
+        b.destroy(sb).await;
+        b.cleanup_all().await;
     }
 }
