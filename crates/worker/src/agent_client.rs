@@ -5,6 +5,10 @@
 //! vectored `write` of an 8-byte header and the payload; a reply is a 16-byte header (length,
 //! status, flags, exec_us) read with usually one `read`, then the body. The body's length is
 //! checked against the limit before a byte of it is buffered.
+//!
+//! GPU sandboxes (docs/gpu.md) add two ops, `P` (prefetch the function's device memory to the
+//! GPU) and `S` (swap it out to host memory), and every invoke answer of theirs carries the bytes
+//! of device memory the CUDA shim holds, in an 8-byte extension of the header (flags bit 1).
 
 use bytes::Bytes;
 use serde::ser::{Serialize, SerializeMap, Serializer};
@@ -24,9 +28,19 @@ const REQ_HEADER: usize = 8;
 const RESP_HEADER: usize = 16;
 /// Response flag: the exec_us field is present.
 const FLAG_EXEC_US: u16 = 1;
+/// Response flag: an 8-byte BE device-memory count follows the header (not counted in length).
+const FLAG_DEVICE_MEMORY: u16 = 2;
+/// The header extension of [`FLAG_DEVICE_MEMORY`].
+const RESP_DEVICE_MEMORY: usize = 8;
 const OP_HEALTH: u8 = b'H';
 const OP_INVOKE: u8 = b'I';
 const OP_LOAD: u8 = b'L';
+const OP_PREFETCH: u8 = b'P';
+const OP_SWAP_OUT: u8 = b'S';
+/// The largest device ordinal the agent takes (it is a C `int` in the shim).
+pub const MAX_DEVICE_ORDINAL: u32 = i32::MAX as u32;
+/// The most of a `P`/`S` answer's body read: two small numbers, or an error document.
+const GPU_OP_MAX_BODY: usize = 4096;
 /// Receive buffer for headers and small bodies; a larger body is read straight into its own.
 const RBUF_SIZE: usize = 16 * 1024;
 
@@ -36,10 +50,23 @@ pub struct AgentReply {
     pub status: u16,
     /// Handler time measured inside the agent (the frame's exec_us, when flagged present).
     pub exec_us: Option<u64>,
+    /// Bytes of device memory the sandbox's CUDA shim has recorded as held, read by the agent
+    /// after the handler returned; present on the invoke answers of GPU sandboxes only.
+    pub device_memory_bytes: Option<u64>,
     pub body: Bytes,
 }
 
-/// The connection failed: the agent died or spoke nonsense. The sandbox is not reusable.
+/// A GPU sandbox's device memory after a prefetch or swap-out: what the shim has recorded,
+/// wherever it now lies (moving memory does not forget it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub struct GpuMemory {
+    pub resident_bytes: u64,
+    pub regions: u32,
+}
+
+/// A request failed. [`AgentError::NoShim`] and [`AgentError::Cuda`] are answers of a healthy
+/// agent (the connection stays usable); every other variant means the connection failed (the
+/// agent died or spoke nonsense) and the sandbox is not reusable.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error("agent closed the connection")]
@@ -51,6 +78,22 @@ pub enum AgentError {
     /// The agent announced a body over the limit: it was not read, so the connection is lost.
     #[error("the sandbox's answer of {size} bytes is over the limit of {limit} bytes")]
     TooLarge { size: usize, limit: usize },
+    /// `P`/`S` to an agent without the CUDA shim loaded (409 `NoShim`): not a GPU sandbox.
+    #[error("the CUDA shim is not loaded in this sandbox")]
+    NoShim,
+    /// `P`/`S` refused by the CUDA driver (500 `CudaError`); every region was still attempted.
+    /// Only the `CUresult` is kept from the sandbox's message.
+    #[error("the CUDA driver refused to move the sandbox's memory (CUresult {})",
+            code.map_or_else(|| "unknown".to_string(), |c| c.to_string()))]
+    Cuda { code: Option<i32> },
+}
+
+impl AgentError {
+    /// Whether the connection is lost with this error (the sandbox must go), as opposed to a
+    /// refusal answered by a healthy agent.
+    pub fn is_fatal(&self) -> bool {
+        !matches!(self, AgentError::NoShim | AgentError::Cuda { .. })
+    }
 }
 
 /// A persistent connection to one agent.
@@ -112,7 +155,42 @@ impl AgentConn {
         self.request(OP_LOAD, &payload).await
     }
 
+    /// Op `P`: moves every region the CUDA shim recorded to device `device` (the ordinal inside
+    /// the sandbox) and waits for the moves to finish.
+    pub async fn prefetch(&mut self, device: u32) -> Result<GpuMemory, AgentError> {
+        if device > MAX_DEVICE_ORDINAL {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "device ordinal over 2^31-1",
+            )
+            .into());
+        }
+        let payload = format!("{{\"device\":{device}}}");
+        self.gpu_op(OP_PREFETCH, payload.as_bytes()).await
+    }
+
+    /// Op `S`: moves every region the CUDA shim recorded to host memory and waits for it.
+    pub async fn swap_out(&mut self) -> Result<GpuMemory, AgentError> {
+        self.gpu_op(OP_SWAP_OUT, &[]).await
+    }
+
+    async fn gpu_op(&mut self, op: u8, payload: &[u8]) -> Result<GpuMemory, AgentError> {
+        // Two numbers are expected: a body over this is nonsense, and is not buffered.
+        let reply = self.request_within(op, payload, GPU_OP_MAX_BODY).await?;
+        gpu_memory_answer(&reply)
+    }
+
     async fn request(&mut self, op: u8, payload: &[u8]) -> Result<AgentReply, AgentError> {
+        self.request_within(op, payload, self.max_result).await
+    }
+
+    /// Sends one request and reads its answer; a 200 body over `max_body` is not read.
+    async fn request_within(
+        &mut self,
+        op: u8,
+        payload: &[u8],
+        max_body: usize,
+    ) -> Result<AgentReply, AgentError> {
         if self.start != self.end {
             return Err(AgentError::Malformed(
                 "bytes arrived before a request was sent".into(),
@@ -131,7 +209,7 @@ impl AgentConn {
         if written < REQ_HEADER + payload.len() {
             self.write_rest(&hdr, payload, written).await?;
         }
-        self.read_reply().await
+        self.read_reply(max_body).await
     }
 
     /// Writes what the socket takes without waiting; how many bytes of header + payload.
@@ -171,8 +249,9 @@ impl AgentConn {
         Ok(())
     }
 
-    async fn read_reply(&mut self) -> Result<AgentReply, AgentError> {
-        while self.end - self.start < RESP_HEADER {
+    /// Reads until at least `n` (at most [`RBUF_SIZE`]) unconsumed bytes are buffered.
+    async fn fill(&mut self, n: usize) -> Result<(), AgentError> {
+        while self.end - self.start < n {
             if self.start > 0 {
                 self.rbuf.copy_within(self.start..self.end, 0);
                 self.end -= self.start;
@@ -183,21 +262,35 @@ impl AgentConn {
                 n => self.end += n,
             }
         }
+        Ok(())
+    }
+
+    async fn read_reply(&mut self, max_body: usize) -> Result<AgentReply, AgentError> {
+        self.fill(RESP_HEADER).await?;
         let mut hdr = [0u8; RESP_HEADER];
         hdr.copy_from_slice(&self.rbuf[self.start..self.start + RESP_HEADER]);
         self.start += RESP_HEADER;
         let head = parse_header(&hdr)?;
+        let device_memory_bytes = if head.device_memory {
+            self.fill(RESP_DEVICE_MEMORY).await?;
+            let mut ext = [0u8; RESP_DEVICE_MEMORY];
+            ext.copy_from_slice(&self.rbuf[self.start..self.start + RESP_DEVICE_MEMORY]);
+            self.start += RESP_DEVICE_MEMORY;
+            Some(u64::from_be_bytes(ext))
+        } else {
+            None
+        };
 
         // Code in the sandbox may bypass the agent's own check: never buffer more.
         let limit = if head.status == 200 {
-            self.max_result
+            max_body
         } else {
-            self.max_result.saturating_add(ERROR_MARGIN_BYTES)
+            max_body.saturating_add(ERROR_MARGIN_BYTES)
         };
         if head.len > limit {
             return Err(AgentError::TooLarge {
                 size: head.len,
-                limit: self.max_result,
+                limit: max_body,
             });
         }
 
@@ -218,6 +311,7 @@ impl AgentConn {
         Ok(AgentReply {
             status: head.status,
             exec_us: head.exec_us,
+            device_memory_bytes,
             body: Bytes::from(body),
         })
     }
@@ -262,6 +356,8 @@ struct Head {
     len: usize,
     status: u16,
     exec_us: Option<u64>,
+    /// The device-memory extension follows the header.
+    device_memory: bool,
 }
 
 fn parse_header(h: &[u8; RESP_HEADER]) -> Result<Head, AgentError> {
@@ -272,7 +368,7 @@ fn parse_header(h: &[u8; RESP_HEADER]) -> Result<Head, AgentError> {
     if !(100..=599).contains(&status) {
         return Err(AgentError::Malformed(format!("status {status}")));
     }
-    if flags & !FLAG_EXEC_US != 0 {
+    if flags & !(FLAG_EXEC_US | FLAG_DEVICE_MEMORY) != 0 {
         return Err(AgentError::Malformed(format!("unknown flags {flags:#x}")));
     }
     let exec_us = if flags & FLAG_EXEC_US != 0 {
@@ -286,7 +382,45 @@ fn parse_header(h: &[u8; RESP_HEADER]) -> Result<Head, AgentError> {
         len,
         status,
         exec_us,
+        device_memory: flags & FLAG_DEVICE_MEMORY != 0,
     })
+}
+
+/// The outcome of a `P`/`S` answer: 200 `{"resident_bytes":N,"regions":M}`, 409 `NoShim`, 500
+/// `CudaError` with the `CUresult` in its message; anything else is malformed.
+fn gpu_memory_answer(reply: &AgentReply) -> Result<GpuMemory, AgentError> {
+    #[derive(serde::Deserialize)]
+    struct ErrorBody<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: std::borrow::Cow<'a, str>,
+        #[serde(default, borrow)]
+        message: std::borrow::Cow<'a, str>,
+    }
+    if reply.status == 200 {
+        return serde_json::from_slice::<GpuMemory>(&reply.body)
+            .map_err(|_| AgentError::Malformed("a memory move answered a bad body".into()));
+    }
+    let err: Option<ErrorBody> = serde_json::from_slice(&reply.body).ok();
+    match (reply.status, err) {
+        (409, Some(e)) if e.kind == "NoShim" => Err(AgentError::NoShim),
+        (500, Some(e)) if e.kind == "CudaError" => Err(AgentError::Cuda {
+            code: cuda_result_in(&e.message),
+        }),
+        (status, _) => Err(AgentError::Malformed(format!(
+            "a memory move answered status {status}"
+        ))),
+    }
+}
+
+/// The number after `CUresult ` in the agent's message (`prefetch to device 0 failed: CUresult
+/// 2`), if it is one.
+fn cuda_result_in(message: &str) -> Option<i32> {
+    let (_, rest) = message.rsplit_once("CUresult ")?;
+    let digits = rest
+        .char_indices()
+        .take_while(|&(i, c)| c.is_ascii_digit() || (i == 0 && c == '-'))
+        .count();
+    rest[..digits].parse().ok()
 }
 
 /// The `L` payload: `{"handler": ..., "code_dir": ..., "env": {K: V, ...}}`.
@@ -327,6 +461,18 @@ mod tests {
         v
     }
 
+    /// A GPU sandbox's answer: flags bit 1 and the device-memory extension after the header.
+    fn reply_mem(status: u16, exec_us: Option<u64>, device_mem: u64, body: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        v.extend_from_slice(&status.to_be_bytes());
+        v.extend_from_slice(&(exec_us.is_some() as u16 | 2).to_be_bytes());
+        v.extend_from_slice(&exec_us.unwrap_or(0).to_be_bytes());
+        v.extend_from_slice(&device_mem.to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
     /// Reads one request frame: (op, payload).
     async fn read_frame(s: &mut UnixStream) -> Option<(u8, Vec<u8>)> {
         let mut hdr = [0u8; 8];
@@ -354,12 +500,29 @@ mod tests {
             Head {
                 len: 0,
                 status: 200,
-                exec_us: Some(17)
+                exec_us: Some(17),
+                device_memory: false
             }
         );
-        let mut bad = h;
-        bad[7] = 3; // unknown flag bit
-        assert!(matches!(parse_header(&bad), Err(AgentError::Malformed(_))));
+        for unknown in [4u16, 5, 0x8001] {
+            let mut bad = h;
+            bad[6..8].copy_from_slice(&unknown.to_be_bytes());
+            assert!(
+                matches!(parse_header(&bad), Err(AgentError::Malformed(_))),
+                "{unknown:#x}"
+            );
+        }
+        let mut gpu = h;
+        gpu[7] = 3; // exec_us and device memory
+        assert_eq!(
+            parse_header(&gpu).unwrap(),
+            Head {
+                len: 0,
+                status: 200,
+                exec_us: Some(17),
+                device_memory: true
+            }
+        );
         let mut bad = h;
         bad[7] = 0; // exec_us without its flag
         assert!(matches!(parse_header(&bad), Err(AgentError::Malformed(_))));
@@ -560,6 +723,210 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn device_memory_is_read_from_the_header_extension() {
+        let (_dir, path, listener) = listen();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            // The extension arrives byte by byte, split from both header and body.
+            let _ = read_frame(&mut s).await.unwrap();
+            let frame = reply_mem(200, Some(9), 0x0102_0304_0506_0708, b"{\"x\":1}");
+            assert_eq!(&frame[16..24], &[1, 2, 3, 4, 5, 6, 7, 8]);
+            for b in &frame {
+                s.write_all(&[*b]).await.unwrap();
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            // A handler error of a GPU sandbox, without exec_us, then a plain 16-byte answer,
+            // both in one write: the extension must not be taken from the next frame.
+            let _ = read_frame(&mut s).await.unwrap();
+            let _ = read_frame(&mut s).await.unwrap();
+            let mut both = reply_mem(500, None, 0, b"{\"type\":\"E\"}");
+            both.extend_from_slice(&reply(200, Some(4), b"{}"));
+            s.write_all(&both).await.unwrap();
+        });
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+        let r = c.invoke(b"{}").await.unwrap();
+        assert_eq!(
+            (r.status, r.exec_us, r.device_memory_bytes),
+            (200, Some(9), Some(0x0102_0304_0506_0708))
+        );
+        assert_eq!(&r.body[..], b"{\"x\":1}");
+        let (a, b) = {
+            // Pipelined by hand: both requests are out before either answer is read.
+            let hdr = |op: u8| [0, 0, 0, 0, op, 0, 0, 0];
+            let mut s = c.sock.get_ref();
+            s.write_all(&hdr(b'I')).unwrap();
+            s.write_all(&hdr(b'H')).unwrap();
+            (
+                c.read_reply(1024).await.unwrap(),
+                c.read_reply(1024).await.unwrap(),
+            )
+        };
+        assert_eq!(
+            (a.status, a.exec_us, a.device_memory_bytes),
+            (500, None, Some(0))
+        );
+        assert_eq!(&a.body[..], b"{\"type\":\"E\"}");
+        assert_eq!(
+            (b.status, b.exec_us, b.device_memory_bytes),
+            (200, Some(4), None)
+        );
+        assert_eq!(&b.body[..], b"{}");
+    }
+
+    #[tokio::test]
+    async fn a_header_cut_short_in_its_extension_is_closed() {
+        let (_dir, path, listener) = listen();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let _ = read_frame(&mut s).await;
+            let _ = s.write_all(&reply_mem(200, Some(1), 7, b"{}")[..20]).await;
+        });
+        let mut c = AgentConn::connect(&path, 1 << 20).await.unwrap();
+        assert!(matches!(c.invoke(b"{}").await, Err(AgentError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn prefetch_and_swap_out_send_the_specified_frames() {
+        let (_dir, path, listener) = listen();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut frames = Vec::new();
+            for body in [
+                &br#"{"resident_bytes":1073741824,"regions":3}"#[..],
+                br#"{"resident_bytes":0,"regions":0}"#,
+            ] {
+                let mut hdr = [0u8; 8];
+                s.read_exact(&mut hdr).await.unwrap();
+                let len = u32::from_be_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
+                let mut payload = vec![0u8; len];
+                s.read_exact(&mut payload).await.unwrap();
+                frames.push([&hdr[..], &payload].concat());
+                s.write_all(&reply(200, None, body)).await.unwrap();
+            }
+            frames
+        });
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+        assert_eq!(
+            c.prefetch(3).await.unwrap(),
+            GpuMemory {
+                resident_bytes: 1 << 30,
+                regions: 3
+            }
+        );
+        assert_eq!(
+            c.swap_out().await.unwrap(),
+            GpuMemory {
+                resident_bytes: 0,
+                regions: 0
+            }
+        );
+        let frames = server.await.unwrap();
+        assert_eq!(frames[0], b"\0\0\0\x0cP\0\0\0{\"device\":3}");
+        assert_eq!(frames[1], b"\0\0\0\0S\0\0\0");
+    }
+
+    #[tokio::test]
+    async fn memory_move_refusals_are_typed_and_keep_the_connection() {
+        let (_dir, path, listener) = listen();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let answers = [
+                reply(
+                    409,
+                    None,
+                    br#"{"type":"NoShim","message":"the CUDA shim is not loaded in this sandbox","phase":"request"}"#,
+                ),
+                reply(
+                    500,
+                    None,
+                    br#"{"type":"CudaError","message":"prefetch to device 0 failed: CUresult 2","phase":"request"}"#,
+                ),
+                reply(
+                    500,
+                    None,
+                    br#"{"type":"CudaError","message":"/host/secret CUresult x","phase":"request"}"#,
+                ),
+                reply(200, Some(3), b"{}"),
+            ];
+            for a in answers {
+                let _ = read_frame(&mut s).await.unwrap();
+                s.write_all(&a).await.unwrap();
+            }
+        });
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+        let e = c.swap_out().await.unwrap_err();
+        assert!(matches!(e, AgentError::NoShim) && !e.is_fatal(), "{e:?}");
+        let e = c.prefetch(0).await.unwrap_err();
+        assert!(matches!(e, AgentError::Cuda { code: Some(2) }) && !e.is_fatal());
+        assert!(e.to_string().contains("CUresult 2"), "{e}");
+        // The sandbox's own text never reaches the message.
+        let e = c.prefetch(0).await.unwrap_err();
+        assert!(matches!(e, AgentError::Cuda { code: None }));
+        assert!(!e.to_string().contains("secret"), "{e}");
+        assert_eq!(c.invoke(b"{}").await.unwrap().status, 200);
+    }
+
+    #[tokio::test]
+    async fn memory_move_nonsense_is_malformed_or_too_large() {
+        let (_dir, path, listener) = listen();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let answers = [
+                reply(400, None, br#"{"type":"BadRequest","phase":"request"}"#),
+                reply(200, None, br#"{"resident_bytes":-1,"regions":0}"#),
+                reply(409, None, br#"{"type":"AlreadyLoaded"}"#),
+                reply(200, None, &[b' '; 5000]),
+            ];
+            for a in answers {
+                let _ = read_frame(&mut s).await.unwrap();
+                s.write_all(&a).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        });
+        // A large result limit does not let a memory move answer more than a few KiB.
+        let mut c = AgentConn::connect(&path, 1 << 20).await.unwrap();
+        for _ in 0..3 {
+            let e = c.prefetch(1).await.unwrap_err();
+            assert!(
+                matches!(e, AgentError::Malformed(_)) && e.is_fatal(),
+                "{e:?}"
+            );
+        }
+        assert!(matches!(
+            c.swap_out().await,
+            Err(AgentError::TooLarge { size: 5000, .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_device_ordinal_over_the_agents_range_is_not_sent() {
+        let (_dir, path, listener) = listen();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            read_frame(&mut s).await
+        });
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+        match c.prefetch(MAX_DEVICE_ORDINAL + 1).await {
+            Err(AgentError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput),
+            other => panic!("{other:?}"),
+        }
+        drop(c);
+        assert!(server.await.unwrap().is_none(), "nothing was sent");
+    }
+
+    #[test]
+    fn the_cuda_result_is_taken_from_the_message_only_when_numeric() {
+        assert_eq!(
+            cuda_result_in("swap out to host memory failed: CUresult 999"),
+            Some(999)
+        );
+        assert_eq!(cuda_result_in("x failed: CUresult -3"), Some(-3));
+        assert_eq!(cuda_result_in("CUresult 99999999999"), None);
+        assert_eq!(cuda_result_in("CUresult "), None);
+        assert_eq!(cuda_result_in("no code"), None);
+    }
+
+    #[tokio::test]
     async fn the_real_agent_loads_and_invokes_in_generic_mode() {
         let agent = concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -625,6 +992,11 @@ mod tests {
 
         let r = c.load("main.main", "/code", &[]).await.unwrap();
         assert_eq!(r.status, 409);
+        let r = c.invoke(br#"{"n": 1}"#).await.unwrap();
+        assert_eq!((r.status, r.device_memory_bytes), (200, None));
+        // Without the CUDA shim (no LD_PRELOAD) memory moves are refused, and nothing breaks.
+        assert!(matches!(c.prefetch(0).await, Err(AgentError::NoShim)));
+        assert!(matches!(c.swap_out().await, Err(AgentError::NoShim)));
         assert_eq!(c.invoke(br#"{"n": 1}"#).await.unwrap().status, 200);
     }
 }

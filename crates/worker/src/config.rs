@@ -171,6 +171,10 @@ pub struct RuncConfig {
     /// sandbox's `cpu.shares` is this many per GiB of its memory (1024 = a default-weight task
     /// per GiB). 0 (default): every sandbox has the kernel's default weight.
     pub cpu_shares_per_gb: u64,
+    /// The CUDA shim (`make -C runtime/gpu-shim`) that GPU sandboxes preload (docs/gpu.md).
+    /// Unset: `libhearth_cuda_shim.so` beside the worker's binary, else
+    /// `/usr/local/lib/hearth/libhearth_cuda_shim.so`. Looked for at the first GPU sandbox.
+    pub gpu_shim_path: Option<PathBuf>,
 }
 
 impl RuncConfig {
@@ -228,6 +232,7 @@ impl Default for RuncConfig {
             idle_freeze_ms: 20,
             start_timeout_ms: 10_000,
             cpu_shares_per_gb: 0,
+            gpu_shim_path: None,
         }
     }
 }
@@ -827,7 +832,8 @@ mod tests {
         let path = dir.path().join("w.toml");
         std::fs::write(
             &path,
-            "listen = \"127.0.0.1:9000\"\nmemory_mb = 2048\nbackend = \"sim\"\n[runc]\nuid = 1000\n",
+            "listen = \"127.0.0.1:9000\"\nmemory_mb = 2048\nbackend = \"sim\"\n[runc]\nuid = 1000\n\
+             gpu_shim_path = \"/opt/hearth/libhearth_cuda_shim.so\"\n",
         )
         .unwrap();
         figment::Jail::expect_with(|jail| {
@@ -839,6 +845,11 @@ mod tests {
             assert_eq!(c.backend, BackendKind::Sim);
             assert_eq!(c.runc.uid, 1000);
             assert_eq!(c.runc.tmp_size_mb, 32);
+            assert_eq!(
+                c.runc.gpu_shim_path.as_deref(),
+                Some(Path::new("/opt/hearth/libhearth_cuda_shim.so"))
+            );
+            assert_eq!(RuncConfig::default().gpu_shim_path, None);
             Ok(())
         });
     }

@@ -5,12 +5,13 @@
 
 mod code_mount;
 pub mod freezer;
+pub mod gpu_host;
 pub mod oci;
 pub mod runc;
 pub mod sim;
 
-use crate::agent_client::AgentReply;
-use hearth_api::FunctionSpec;
+use crate::agent_client::{AgentReply, GpuMemory};
+use hearth_api::{FunctionSpec, GpuInfo};
 use hearth_core::SandboxId;
 use std::path::Path;
 
@@ -37,6 +38,37 @@ pub enum SandboxError {
     /// The sandbox process died or the connection broke.
     #[error("sandbox crashed: {0}")]
     Crashed(String),
+    /// The backend cannot make this kind of sandbox (a GPU sandbox on sim).
+    #[error("{0}")]
+    Unsupported(&'static str),
+}
+
+/// Why a GPU sandbox's memory could not be moved ([`Backend::gpu_prefetch`],
+/// [`Backend::gpu_swap_out`]). Only [`GpuOpError::Broken`] means the sandbox must go; after the
+/// others it still serves invocations (its memory stays where it was, and unified memory
+/// pages it on demand).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GpuOpError {
+    /// Not a GPU sandbox (a CPU one, or the sim backend's).
+    #[error("not a GPU sandbox")]
+    NotGpu,
+    /// The agent has no CUDA shim loaded.
+    #[error("the CUDA shim is not loaded in the sandbox")]
+    NoShim,
+    /// The CUDA driver refused a move (its `CUresult` when the agent gave one).
+    #[error("the CUDA driver refused to move the sandbox's memory (CUresult {})",
+            code.map_or_else(|| "unknown".to_string(), |c| c.to_string()))]
+    Cuda { code: Option<i32> },
+    /// The sandbox died or its connection broke: destroy it.
+    #[error(transparent)]
+    Broken(SandboxError),
+}
+
+impl GpuOpError {
+    /// Whether the sandbox is broken and must be destroyed.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, GpuOpError::Broken(_))
+    }
 }
 
 /// A backend.
@@ -86,6 +118,67 @@ impl Backend {
                     .map(|s| Sandbox::Runc(Box::new(s)))
             }
             Backend::Sim(b) => b.create(spec).await.map(Sandbox::Sim),
+        }
+    }
+
+    /// Starts a GPU sandbox for `spec` on `gpu` (runc only; docs/gpu.md) and waits until its
+    /// handler is imported and its device memory prefetched. Always a new sandbox: GPU
+    /// sandboxes are never made from the generic pool. The sim backend refuses with
+    /// [`SandboxError::Unsupported`] (the sim GPU scheduling runs sim sandboxes).
+    pub async fn create_gpu(
+        &self,
+        id: SandboxId,
+        spec: &FunctionSpec,
+        code_dir: Option<&Path>,
+        gpu: &GpuInfo,
+    ) -> Result<Sandbox, SandboxError> {
+        match self {
+            Backend::Runc(b) => {
+                let dir = code_dir.ok_or_else(|| {
+                    SandboxError::StartFailed("the function has no code directory".into())
+                })?;
+                b.create_gpu(id, spec, dir, gpu)
+                    .await
+                    .map(|s| Sandbox::Runc(Box::new(s)))
+            }
+            Backend::Sim(_) => Err(SandboxError::Unsupported(
+                "the sim backend has no GPU sandboxes",
+            )),
+        }
+    }
+
+    /// Moves a GPU sandbox's device memory onto its GPU and waits for it (before dispatching
+    /// to it). Inside the sandbox its GPU is CUDA device 0, so no device is named here.
+    pub async fn gpu_prefetch(&self, sandbox: &mut Sandbox) -> Result<GpuMemory, GpuOpError> {
+        match (self, sandbox) {
+            (Backend::Runc(b), Sandbox::Runc(s)) => b.gpu_prefetch(s).await,
+            _ => Err(GpuOpError::NotGpu),
+        }
+    }
+
+    /// Moves a GPU sandbox's device memory to host memory and waits for it (its flow is idle,
+    /// or its GPU's memory is wanted).
+    pub async fn gpu_swap_out(&self, sandbox: &mut Sandbox) -> Result<GpuMemory, GpuOpError> {
+        match (self, sandbox) {
+            (Backend::Runc(b), Sandbox::Runc(s)) => b.gpu_swap_out(s).await,
+            _ => Err(GpuOpError::NotGpu),
+        }
+    }
+
+    /// The host GPU a GPU sandbox runs on.
+    pub fn gpu<'a>(&self, sandbox: &'a Sandbox) -> Option<&'a GpuInfo> {
+        match sandbox {
+            Sandbox::Runc(s) => s.gpu(),
+            Sandbox::Sim(_) => None,
+        }
+    }
+
+    /// The device memory a GPU sandbox's shim last reported (its start, every invocation,
+    /// prefetch and swap-out). Reported by the sandbox itself: a hint, not a measure.
+    pub fn device_memory_bytes(&self, sandbox: &Sandbox) -> Option<u64> {
+        match sandbox {
+            Sandbox::Runc(s) => s.device_memory_bytes(),
+            Sandbox::Sim(_) => None,
         }
     }
 

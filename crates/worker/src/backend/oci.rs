@@ -44,6 +44,29 @@ pub struct OciParams<'a> {
     /// (`HEARTH_GENERIC=1`, no user env), and `code_dir` is a shared mount point bound as a
     /// slave, onto which the worker later mounts the function's code ([`super::code_mount`]).
     pub generic: bool,
+    /// A GPU sandbox: its device nodes, the driver's libraries and the CUDA shim. Never
+    /// generic (GPU sandboxes are not pooled).
+    pub gpu: Option<&'a GpuParams>,
+}
+
+/// A character device of the host given to a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceNode {
+    /// Its path, the same on the host and in the sandbox (`/dev/nvidiactl`).
+    pub path: String,
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// What a GPU sandbox adds to its spec ([`super::gpu_host`] reads it from the host).
+#[derive(Debug, Clone)]
+pub struct GpuParams {
+    /// The nodes of the control device, unified memory, and the sandbox's one GPU.
+    pub devices: Vec<DeviceNode>,
+    /// The driver's user-space libraries: (file name in [`GPU_LIB_DIR`], host file).
+    pub libraries: Vec<(String, PathBuf)>,
+    /// The CUDA shim on the host, preloaded into the agent from [`SHIM_MOUNT`].
+    pub shim: PathBuf,
 }
 
 /// Where the function's code appears inside the sandbox.
@@ -65,6 +88,18 @@ pub const AGENT_ARGS: [&str; 4] = [
     "-S",
     "/hearth/agent/hearth_agent.py",
 ];
+/// A GPU sandbox's own tmpfs for the mount points of the driver's libraries and the shim (the
+/// shared rootfs is never written to), and the directory `LD_LIBRARY_PATH` names first.
+pub const GPU_MOUNT: &str = "/hearth/gpu";
+pub const GPU_LIB_DIR: &str = "/hearth/gpu/lib";
+/// The CUDA shim inside a GPU sandbox (`LD_PRELOAD`).
+pub const SHIM_MOUNT: &str = "/hearth/gpu/libhearth_cuda_shim.so";
+/// Environment keys a GPU sandbox's user env may not set: the shim must stay preloaded, and
+/// the one device inside is ordinal 0. (`LD_LIBRARY_PATH` is appended to, not replaced.)
+pub const GPU_RESERVED_ENV: [&str; 2] = ["LD_PRELOAD", "CUDA_VISIBLE_DEVICES"];
+/// Mode of device nodes created in a sandbox: the sandbox user opens them; the cgroup device
+/// rules decide which exist for it.
+const DEVICE_FILE_MODE: u32 = 0o666;
 /// `PATH` inside the sandbox; `/bin` is a symlink to `usr/bin`.
 pub const SANDBOX_PATH: &str = "/usr/bin:/bin";
 /// CFS period; the quota is `cpus` times this.
@@ -92,6 +127,7 @@ const BASE_DIRS: &[&str] = &[
     "hearth",
     "hearth/agent",
     "hearth/run",
+    "hearth/gpu",
     "tmp",
     "proc",
     "dev",
@@ -229,6 +265,7 @@ fn reserved_env_key(key: &str) -> bool {
 }
 
 fn env_list(p: &OciParams) -> Vec<String> {
+    let gpu = p.gpu.is_some();
     let mut env = vec![
         format!("PATH={SANDBOX_PATH}"),
         format!("HEARTH_SOCKET={AGENT_SOCKET}"),
@@ -240,12 +277,33 @@ fn env_list(p: &OciParams) -> Vec<String> {
         },
         format!("HEARTH_MAX_RESULT_BYTES={}", p.max_result_bytes),
     ];
-    env.extend(
-        p.env
-            .iter()
-            .filter(|(k, v)| user_env_allowed(k, v))
-            .map(|(k, v)| format!("{k}={v}")),
-    );
+    let user = p.env.iter().filter(|(k, v)| {
+        user_env_allowed(k, v) && !(gpu && GPU_RESERVED_ENV.contains(&k.as_str()))
+    });
+    if !gpu {
+        env.extend(user.map(|(k, v)| format!("{k}={v}")));
+        return env;
+    }
+    // The loader takes the last LD_PRELOAD of the environment and getenv the first: no key
+    // may appear twice, so the user's LD_LIBRARY_PATH is folded into Hearth's.
+    let mut lib_path = GPU_LIB_DIR.to_string();
+    let mut rest = Vec::new();
+    for (k, v) in user {
+        if k == "LD_LIBRARY_PATH" {
+            if !v.is_empty() {
+                lib_path.push(':');
+                lib_path.push_str(v);
+            }
+        } else {
+            rest.push(format!("{k}={v}"));
+        }
+    }
+    env.extend([
+        format!("LD_PRELOAD={SHIM_MOUNT}"),
+        format!("LD_LIBRARY_PATH={lib_path}"),
+        "CUDA_VISIBLE_DEVICES=0".to_string(),
+    ]);
+    env.extend(rest);
     env
 }
 
@@ -278,7 +336,7 @@ fn bind(dest: &str, src: &Path, writable: bool) -> Value {
 }
 
 fn mounts(p: &OciParams) -> Vec<Value> {
-    vec![
+    let mut mounts = vec![
         json!({"destination": "/proc", "type": "proc", "source": "proc",
                "options": ["nosuid", "noexec", "nodev"]}),
         json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
@@ -312,13 +370,61 @@ fn mounts(p: &OciParams) -> Vec<Value> {
         json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                "options": ["nosuid", "nodev", "mode=1777", format!("size={}m", p.tmp_size_mb),
                            format!("nr_inodes={}", p.tmp_inodes)]}),
-    ]
+    ];
+    if let Some(gpu) = p.gpu {
+        mounts.extend(gpu_mounts(gpu));
+    }
+    mounts
+}
+
+/// A GPU sandbox's tmpfs at [`GPU_MOUNT`], then the shim and each driver library bound
+/// read-only onto mount points runc makes in it. The tmpfs is root's (mode 755): the sandbox
+/// user cannot add files; each bind carries its own flags (no `noexec`: they are mapped as
+/// code).
+fn gpu_mounts(gpu: &GpuParams) -> Vec<Value> {
+    // A mount point per file, a directory, and room to spare.
+    let inodes = gpu.libraries.len() + 16;
+    let mut mounts = vec![
+        json!({"destination": GPU_MOUNT, "type": "tmpfs", "source": "tmpfs",
+               "options": ["nosuid", "nodev", "noexec", "mode=755", "size=64k",
+                           format!("nr_inodes={inodes}")]}),
+        bind(SHIM_MOUNT, &gpu.shim, false),
+    ];
+    mounts.extend(
+        gpu.libraries
+            .iter()
+            .map(|(name, file)| bind(&format!("{GPU_LIB_DIR}/{name}"), file, false)),
+    );
+    mounts
+}
+
+/// `linux.devices` of a GPU sandbox: its nodes, made by runc in the sandbox's `/dev`.
+fn device_nodes(p: &OciParams) -> Vec<Value> {
+    p.gpu
+        .map(|gpu| {
+            gpu.devices
+                .iter()
+                .map(|d| {
+                    json!({"path": d.path, "type": "c", "major": d.major, "minor": d.minor,
+                           "fileMode": DEVICE_FILE_MODE, "uid": 0, "gid": 0})
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn resources(p: &OciParams) -> Value {
+    let mut devices = vec![json!({"allow": false, "access": "rwm"})];
+    // A GPU sandbox's nodes and nothing else of the driver's (no other GPU's node).
+    if let Some(gpu) = p.gpu {
+        devices.extend(gpu.devices.iter().map(|d| {
+            json!({"allow": true, "type": "c", "major": d.major, "minor": d.minor,
+                   "access": "rwm"})
+        }));
+    }
     let mut res = json!({
         // Deny all devices; runc adds its default allow-list (null, zero, full, tty, random, ...).
-        "devices": [{"allow": false, "access": "rwm"}],
+        "devices": devices,
         "pids": {"limit": PIDS_LIMIT},
     });
     if p.memory_mb > 0 {
@@ -349,6 +455,14 @@ pub fn cpu_quota_us(cpus: f64) -> Option<i64> {
 
 /// The config.json value.
 pub fn runtime_spec(p: &OciParams) -> Value {
+    let mut spec = cpu_spec(p);
+    if p.gpu.is_some() {
+        spec["linux"]["devices"] = Value::Array(device_nodes(p));
+    }
+    spec
+}
+
+fn cpu_spec(p: &OciParams) -> Value {
     json!({
         "ociVersion": "1.0.2",
         "process": {
@@ -398,6 +512,11 @@ pub fn prepare_base_rootfs(dir: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(
         dir.join("tmp"),
         std::fs::Permissions::from_mode(BASE_TMP_MODE),
+    )?;
+    // runc gives a tmpfs the mode of the directory it covers: GPU sandboxes' must stay root's.
+    std::fs::set_permissions(
+        dir.join(GPU_MOUNT.trim_start_matches('/')),
+        std::fs::Permissions::from_mode(0o755),
     )?;
     for (link, target) in BASE_LINKS {
         let path = dir.join(link);
@@ -491,6 +610,7 @@ mod tests {
             tmp_size_mb: 64,
             tmp_inodes: 4096,
             generic: false,
+            gpu: None,
         }
     }
 
@@ -770,6 +890,186 @@ mod tests {
         assert_eq!(clone3["errnoRet"], 38);
     }
 
+    /// A host with two GPUs; the sandbox gets the second (`/dev/nvidia1`).
+    fn gpu_params() -> GpuParams {
+        let node = |path: &str, major, minor| DeviceNode {
+            path: path.to_string(),
+            major,
+            minor,
+        };
+        GpuParams {
+            devices: vec![
+                node("/dev/nvidiactl", 195, 255),
+                node("/dev/nvidia-uvm", 508, 0),
+                node("/dev/nvidia1", 195, 1),
+                node("/dev/nvidia-uvm-tools", 508, 1),
+            ],
+            libraries: vec![
+                (
+                    "libcuda.so.1".to_string(),
+                    PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"),
+                ),
+                (
+                    "libnvidia-ml.so.1".to_string(),
+                    PathBuf::from("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15"),
+                ),
+            ],
+            shim: PathBuf::from("/usr/local/lib/hearth/libhearth_cuda_shim.so"),
+        }
+    }
+
+    #[test]
+    fn a_gpu_sandbox_gets_its_nodes_allowed_and_no_other_device() {
+        let gpu = gpu_params();
+        let mut p = params(&[]);
+        p.gpu = Some(&gpu);
+        let spec = runtime_spec(&p);
+        let nodes: Vec<(&str, u64, u64)> = spec["linux"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                assert_eq!(d["type"], "c");
+                assert_eq!(d["fileMode"], 0o666);
+                assert_eq!((&d["uid"], &d["gid"]), (&json!(0), &json!(0)));
+                (
+                    d["path"].as_str().unwrap(),
+                    d["major"].as_u64().unwrap(),
+                    d["minor"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            nodes,
+            [
+                ("/dev/nvidiactl", 195, 255),
+                ("/dev/nvidia-uvm", 508, 0),
+                ("/dev/nvidia1", 195, 1),
+                ("/dev/nvidia-uvm-tools", 508, 1),
+            ]
+        );
+        let rules = spec["linux"]["resources"]["devices"].as_array().unwrap();
+        assert_eq!(
+            rules[0],
+            json!({"allow": false, "access": "rwm"}),
+            "deny-all first"
+        );
+        let allowed: Vec<(u64, u64)> = rules[1..]
+            .iter()
+            .map(|r| {
+                assert_eq!((&r["allow"], &r["type"]), (&json!(true), &json!("c")));
+                assert_eq!(r["access"], "rwm");
+                (r["major"].as_u64().unwrap(), r["minor"].as_u64().unwrap())
+            })
+            .collect();
+        assert_eq!(allowed, [(195, 255), (508, 0), (195, 1), (508, 1)]);
+        assert!(!allowed.contains(&(195, 0)), "another GPU's node");
+        assert!(!nodes.iter().any(|n| n.0 == "/dev/nvidia0"));
+        // A CPU sandbox has no node and only the deny-all rule.
+        let cpu = runtime_spec(&params(&[]));
+        assert!(cpu["linux"].get("devices").is_none());
+        assert_eq!(
+            cpu["linux"]["resources"]["devices"],
+            json!([{"allow": false, "access": "rwm"}])
+        );
+    }
+
+    #[test]
+    fn a_gpu_sandboxs_libraries_and_shim_are_read_only_binds_in_its_own_tmpfs() {
+        let gpu = gpu_params();
+        let mut p = params(&[]);
+        p.gpu = Some(&gpu);
+        let spec = runtime_spec(&p);
+        let all = spec["mounts"].as_array().unwrap();
+        let at = |dest: &str| all.iter().position(|m| m["destination"] == dest).unwrap();
+        let tmpfs = mount(&spec, GPU_MOUNT);
+        assert_eq!(tmpfs["type"], "tmpfs");
+        let o = options(tmpfs);
+        assert!(o.contains(&"mode=755") && o.contains(&"nosuid") && o.contains(&"nodev"));
+        assert!(BASE_DIRS.contains(&GPU_MOUNT.trim_start_matches('/')));
+        for (dest, src) in [
+            (SHIM_MOUNT, "/usr/local/lib/hearth/libhearth_cuda_shim.so"),
+            (
+                "/hearth/gpu/lib/libcuda.so.1",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
+            ),
+            (
+                "/hearth/gpu/lib/libnvidia-ml.so.1",
+                "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15",
+            ),
+        ] {
+            let m = mount(&spec, dest);
+            assert_eq!((&m["type"], &m["source"]), (&json!("bind"), &json!(src)));
+            let o = options(m);
+            assert!(o.contains(&"ro") && o.contains(&"nosuid") && o.contains(&"nodev"));
+            assert!(
+                !o.contains(&"rw") && !o.contains(&"noexec"),
+                "{dest}: {o:?}"
+            );
+            assert!(at(dest) > at(GPU_MOUNT), "{dest} is bound after the tmpfs");
+        }
+        // Nothing else of the GPU's is mounted, and a CPU sandbox gets none of it.
+        let gpu_dests = all
+            .iter()
+            .filter(|m| m["destination"].as_str().unwrap().starts_with(GPU_MOUNT))
+            .count();
+        assert_eq!(gpu_dests, 4);
+        let cpu = runtime_spec(&params(&[]));
+        assert!(!cpu["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["destination"].as_str().unwrap().starts_with(GPU_MOUNT)));
+    }
+
+    #[test]
+    fn a_gpu_sandbox_preloads_the_shim_and_its_user_env_cannot_undo_it() {
+        let user = vec![
+            ("LD_PRELOAD".to_string(), "/code/evil.so".to_string()),
+            ("CUDA_VISIBLE_DEVICES".to_string(), "1".to_string()),
+            ("LD_LIBRARY_PATH".to_string(), "/code/lib".to_string()),
+            ("FOO".to_string(), "bar".to_string()),
+            ("HEARTH_SOCKET".to_string(), "/tmp/x".to_string()),
+        ];
+        let gpu = gpu_params();
+        let mut p = params(&user);
+        p.gpu = Some(&gpu);
+        let spec = runtime_spec(&p);
+        let env = env_of(&spec);
+        assert_eq!(
+            env,
+            [
+                "PATH=/usr/bin:/bin",
+                "HEARTH_SOCKET=/hearth/run/agent.sock",
+                "HEARTH_CODE_DIR=/code",
+                "HEARTH_HANDLER=main.main",
+                "HEARTH_MAX_RESULT_BYTES=6291456",
+                "LD_PRELOAD=/hearth/gpu/libhearth_cuda_shim.so",
+                "LD_LIBRARY_PATH=/hearth/gpu/lib:/code/lib",
+                "CUDA_VISIBLE_DEVICES=0",
+                "FOO=bar",
+            ]
+        );
+        // Without a user LD_LIBRARY_PATH the driver's directory alone.
+        let user = vec![("LD_LIBRARY_PATH".to_string(), String::new())];
+        let mut p = params(&user);
+        p.gpu = Some(&gpu);
+        let spec = runtime_spec(&p);
+        let env = env_of(&spec);
+        assert!(env.contains(&"LD_LIBRARY_PATH=/hearth/gpu/lib"), "{env:?}");
+        assert_eq!(
+            env.iter()
+                .filter(|e| e.starts_with("LD_LIBRARY_PATH="))
+                .count(),
+            1
+        );
+        // A CPU sandbox sets none of these.
+        let spec = runtime_spec(&params(&[]));
+        assert!(!env_of(&spec)
+            .iter()
+            .any(|e| e.starts_with("LD_") || e.starts_with("CUDA_")));
+    }
+
     #[test]
     fn base_rootfs_is_idempotent() {
         let dir = std::env::temp_dir().join(format!("hearth-oci-test-{}", std::process::id()));
@@ -791,6 +1091,11 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o7777, 0o1777);
+        let gpu = std::fs::metadata(dir.join("hearth/gpu"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(gpu & 0o7777, 0o755, "GPU sandboxes' tmpfs stays root's");
         // A wrong symlink is replaced.
         std::fs::remove_file(dir.join("bin")).unwrap();
         std::os::unix::fs::symlink("elsewhere", dir.join("bin")).unwrap();

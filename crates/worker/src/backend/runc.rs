@@ -15,12 +15,13 @@
 
 use super::code_mount;
 use super::freezer::{Freezer, IdleFreezer};
-use super::oci::{self, OciParams};
-use super::SandboxError;
-use crate::agent_client::{AgentConn, AgentError, AgentReply};
+use super::gpu_host::DriverFiles;
+use super::oci::{self, GpuParams, OciParams};
+use super::{GpuOpError, SandboxError};
+use crate::agent_client::{AgentConn, AgentError, AgentReply, GpuMemory};
 use crate::config::RuncConfig;
 use crate::cpu_sched::SandboxCpu;
-use hearth_api::FunctionSpec;
+use hearth_api::{FunctionSpec, GpuInfo};
 use hearth_core::SandboxId;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -52,6 +53,9 @@ const LOG_SETTLE_WAIT: Duration = Duration::from_millis(200);
 /// or back: with a single sandbox, each invocation's freeze and thaw would do that twice
 /// (measured 215 µs per freeze+thaw; 4.6 µs while this anchor keeps the key on).
 const FREEZER_ANCHOR: &str = "frozen-anchor";
+/// The CUDA ordinal of a GPU sandbox's one device: only its GPU's node exists inside and
+/// `CUDA_VISIBLE_DEVICES=0`, whatever the GPU's index on the host.
+const SANDBOX_DEVICE: u32 = 0;
 
 pub struct RuncBackend {
     cfg: RuncConfig,
@@ -71,6 +75,9 @@ pub struct RuncBackend {
     idle: Arc<IdleFreezer>,
     /// Whether sandboxes carry CPU controls for the CPU scheduling (off with `cfs`).
     cpu_sched: bool,
+    /// The driver's libraries and the shim, found at the first GPU sandbox (a worker without
+    /// GPUs never looks).
+    gpu_files: tokio::sync::OnceCell<Arc<DriverFiles>>,
 }
 
 pub struct RuncSandbox {
@@ -86,6 +93,10 @@ pub struct RuncSandbox {
     log: LogCopier,
     /// Its CPU controls, for the CPU scheduling (None with `cfs`).
     cpu: Option<Arc<SandboxCpu>>,
+    /// The host GPU of a GPU sandbox.
+    gpu: Option<GpuInfo>,
+    /// The device memory its CUDA shim last said it holds (GPU sandboxes).
+    device_memory: Option<u64>,
 }
 
 /// The task copying a sandbox's stdout and stderr from its pipe into the capped log. It ends
@@ -124,6 +135,18 @@ impl RuncSandbox {
     pub fn cpu(&self) -> Option<&Arc<SandboxCpu>> {
         self.cpu.as_ref()
     }
+
+    /// The host GPU of a GPU sandbox.
+    pub fn gpu(&self) -> Option<&GpuInfo> {
+        self.gpu.as_ref()
+    }
+
+    /// The device memory the sandbox's CUDA shim last reported (after its start, each
+    /// invocation, prefetch and swap-out): what the function holds, wherever it now lies. The
+    /// sandbox says so itself: a hint for the scheduler, not a measure to trust.
+    pub fn device_memory_bytes(&self) -> Option<u64> {
+        self.device_memory
+    }
 }
 
 /// What a new container is made for.
@@ -133,6 +156,8 @@ enum Purpose<'a> {
     Function {
         spec: &'a FunctionSpec,
         code_dir: &'a Path,
+        /// A GPU sandbox's devices, libraries and shim.
+        gpu: Option<&'a GpuParams>,
     },
     /// A generic sandbox: the agent without a handler, `/code` an empty mount point.
     Generic,
@@ -190,6 +215,7 @@ impl RuncBackend {
             cfg,
             max_result_bytes,
             cpu_sched,
+            gpu_files: tokio::sync::OnceCell::new(),
         };
         // <data>/sandboxes/<id>/run/agent.sock must fit in sockaddr_un (108 bytes).
         let socket_len = b.sandboxes_dir.as_os_str().len()
@@ -232,7 +258,129 @@ impl RuncBackend {
         spec: &FunctionSpec,
         code_dir: &Path,
     ) -> Result<RuncSandbox, SandboxError> {
-        self.make(id, Purpose::Function { spec, code_dir }).await
+        self.make(
+            id,
+            Purpose::Function {
+                spec,
+                code_dir,
+                gpu: None,
+            },
+        )
+        .await
+    }
+
+    /// Starts a GPU sandbox for `spec` on `gpu` and waits until its handler is imported
+    /// (docs/gpu.md): the GPU's device nodes only, the driver's libraries, and the CUDA shim
+    /// preloaded into the agent. Always a new sandbox: GPU sandboxes never come from the generic
+    /// pool, whose sandboxes have no devices. Once the handler is imported its device memory
+    /// is prefetched to the GPU, which also proves the shim is loaded (a sandbox without it is
+    /// refused: its memory could be neither counted nor moved).
+    pub async fn create_gpu(
+        &self,
+        id: SandboxId,
+        spec: &FunctionSpec,
+        code_dir: &Path,
+        gpu: &GpuInfo,
+    ) -> Result<RuncSandbox, SandboxError> {
+        let files = self.driver_files().await?;
+        let info = gpu.clone();
+        let params = tokio::task::spawn_blocking(move || files.for_gpu(&info))
+            .await
+            .map_err(|e| SandboxError::StartFailed(format!("reading the GPU's devices: {e}")))?
+            .map_err(|e| SandboxError::StartFailed(e.to_string()))?;
+        self.create_with_gpu(id, spec, code_dir, gpu, &params).await
+    }
+
+    /// [`Self::create_gpu`] with the host's part already found.
+    async fn create_with_gpu(
+        &self,
+        id: SandboxId,
+        spec: &FunctionSpec,
+        code_dir: &Path,
+        gpu: &GpuInfo,
+        params: &GpuParams,
+    ) -> Result<RuncSandbox, SandboxError> {
+        let purpose = Purpose::Function {
+            spec,
+            code_dir,
+            gpu: Some(params),
+        };
+        let mut sb = self.make(id, purpose).await?;
+        sb.gpu = Some(gpu.clone());
+        match self.move_memory(&mut sb, true).await {
+            Ok(_) => Ok(sb),
+            Err(e) => {
+                let err = match e {
+                    GpuOpError::Broken(e) => e,
+                    GpuOpError::NoShim => SandboxError::StartFailed(
+                        "the CUDA shim did not load in the sandbox (LD_PRELOAD)".into(),
+                    ),
+                    other => SandboxError::StartFailed(other.to_string()),
+                };
+                self.destroy(sb).await;
+                Err(err)
+            }
+        }
+    }
+
+    /// The driver's libraries and the shim, looked for once (blocking work off the runtime).
+    async fn driver_files(&self) -> Result<Arc<DriverFiles>, SandboxError> {
+        let shim = self.cfg.gpu_shim_path.clone();
+        self.gpu_files
+            .get_or_try_init(|| async move {
+                tokio::task::spawn_blocking(move || DriverFiles::find(shim.as_deref()))
+                    .await
+                    .map_err(|e| SandboxError::StartFailed(format!("finding the GPU driver: {e}")))?
+                    .map(Arc::new)
+                    .map_err(|e| SandboxError::StartFailed(e.to_string()))
+            })
+            .await
+            .cloned()
+    }
+
+    /// Moves a GPU sandbox's device memory to its GPU, waiting for the move (thesis §6.4.2:
+    /// before an invocation of an active flow).
+    pub async fn gpu_prefetch(&self, sb: &mut RuncSandbox) -> Result<GpuMemory, GpuOpError> {
+        self.move_memory(sb, true).await
+    }
+
+    /// Moves a GPU sandbox's device memory to host memory, waiting for the move (its flow went
+    /// idle, or the GPU's memory is needed).
+    pub async fn gpu_swap_out(&self, sb: &mut RuncSandbox) -> Result<GpuMemory, GpuOpError> {
+        self.move_memory(sb, false).await
+    }
+
+    /// A prefetch (`to_gpu`) or swap-out through the agent, thawing the sandbox for it and
+    /// leaving it to the idle freezer afterwards, as an invocation does.
+    async fn move_memory(
+        &self,
+        sb: &mut RuncSandbox,
+        to_gpu: bool,
+    ) -> Result<GpuMemory, GpuOpError> {
+        if sb.gpu.is_none() {
+            return Err(GpuOpError::NotGpu);
+        }
+        sb.freezer.begin().map_err(|e| {
+            GpuOpError::Broken(SandboxError::Crashed(format!("thawing the sandbox: {e}")))
+        })?;
+        let moved = if to_gpu {
+            sb.conn.prefetch(SANDBOX_DEVICE).await
+        } else {
+            sb.conn.swap_out().await
+        };
+        let outcome = match moved {
+            Ok(m) => {
+                sb.device_memory = Some(m.resident_bytes);
+                Ok(m)
+            }
+            Err(AgentError::NoShim) => Err(GpuOpError::NoShim),
+            Err(AgentError::Cuda { code }) => Err(GpuOpError::Cuda { code }),
+            Err(e) => return Err(GpuOpError::Broken(self.diagnose_sandbox(sb, &e).await)),
+        };
+        self.idle.invocation_ended(&sb.freezer).map_err(|e| {
+            GpuOpError::Broken(SandboxError::Crashed(format!("freezing the sandbox: {e}")))
+        })?;
+        outcome
     }
 
     /// Starts a generic sandbox (memory limit `memory_mb`) and waits until its agent listens.
@@ -295,7 +443,7 @@ impl RuncBackend {
                     Ok(freezer) => {
                         self.idle.track(&freezer);
                         let (code_dir, memory_mb) = match purpose {
-                            Purpose::Function { spec, code_dir } => {
+                            Purpose::Function { spec, code_dir, .. } => {
                                 (Some(code_dir.to_path_buf()), spec.memory_mb)
                             }
                             Purpose::Generic => (None, 0),
@@ -312,6 +460,8 @@ impl RuncBackend {
                             conn,
                             freezer,
                             log,
+                            gpu: None,
+                            device_memory: None,
                         });
                     }
                     Err(e) => SandboxError::StartFailed(format!("freezing the sandbox: {e}")),
@@ -429,8 +579,12 @@ impl RuncBackend {
         private(&run_dir)?;
         mount_run_tmpfs(&run_dir, &self.cfg)?;
         let point = dir.join(CODE_POINT);
-        let (code_dir, handler, env, memory_mb, cpus) = match purpose {
-            Purpose::Function { spec, code_dir } => {
+        let (code_dir, handler, env, memory_mb, cpus, gpu) = match purpose {
+            Purpose::Function {
+                spec,
+                code_dir,
+                gpu,
+            } => {
                 let env: Vec<(String, String)> = spec
                     .env
                     .iter()
@@ -442,13 +596,14 @@ impl RuncBackend {
                     env,
                     spec.memory_mb,
                     spec.cpus,
+                    gpu,
                 )
             }
             Purpose::Generic => {
                 // Readable by the sandbox user: it becomes the sandbox's `/code` (and cwd).
                 std::fs::DirBuilder::new().mode(0o755).create(&point)?;
                 code_mount::prepare_mount_point(&point)?;
-                (point.as_path(), "", Vec::new(), 0, 0.0)
+                (point.as_path(), "", Vec::new(), 0, 0.0, None)
             }
         };
         let config = oci::runtime_spec(&OciParams {
@@ -469,6 +624,7 @@ impl RuncBackend {
             max_result_bytes: self.max_result_bytes,
             tmp_inodes: self.cfg.tmp_inodes,
             generic: matches!(purpose, Purpose::Generic),
+            gpu,
         });
         use std::io::Write;
         private_file(&dir.join("config.json"))?.write_all(config.to_string().as_bytes())
@@ -551,6 +707,9 @@ impl RuncBackend {
             .map_err(|e| SandboxError::Crashed(format!("thawing the sandbox: {e}")))?;
         match sb.conn.invoke(args).await {
             Ok(r) => {
+                if r.device_memory_bytes.is_some() {
+                    sb.device_memory = r.device_memory_bytes;
+                }
                 self.idle
                     .invocation_ended(&sb.freezer)
                     .map_err(|e| SandboxError::Crashed(format!("freezing the sandbox: {e}")))?;
@@ -962,5 +1121,181 @@ fn set_limits(
     match shares {
         Some(shares) => std::fs::write(cpu.join("cpu.shares"), shares.to_string()),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod gpu_tests {
+    //! A GPU sandbox started by runc for real, on any machine: the shim and the mock driver of
+    //! runtime/gpu-shim's tests stand in for the NVIDIA driver, and harmless character devices
+    //! (null, zero) for its nodes. Needs root, runc, a cgroup v1 freezer and gcc; without them
+    //! it says why and passes.
+    use super::*;
+    use crate::backend::oci::DeviceNode;
+
+    const HANDLER: &str = r#"
+import ctypes, os
+
+cuda = ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+glob = ctypes.CDLL(None)
+held = []
+
+def main(args):
+    if "fail" in args:
+        return {"fail": cuda.mock_cuda_fail(args["fail"].encode(), args["rc"])}
+    st = os.stat("/dev/nvidiactl")
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    out = {
+        "ctl": [os.major(st.st_rdev), os.minor(st.st_rdev)],
+        "gpu0": os.path.exists("/dev/nvidia0"),
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "preload": os.environ.get("LD_PRELOAD"),
+        "shim_mapped": "/hearth/gpu/libhearth_cuda_shim.so" in maps,
+        "driver_mapped": "/hearth/gpu/lib/libcuda.so.1" in maps,
+        "set": cuda.cuCtxSetCurrent(ctypes.c_void_p(0x1000)),
+    }
+    ptr = ctypes.c_uint64(0)
+    out["alloc"] = glob.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(args["bytes"]))
+    held.append(ptr)
+    return out
+"#;
+
+    fn usable() -> bool {
+        let ok = unsafe { libc::geteuid() } == 0
+            && Path::new("/sys/fs/cgroup/freezer").is_dir()
+            && std::process::Command::new("runc")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+            && std::process::Command::new("gcc")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success());
+        if !ok {
+            eprintln!(
+                "skipping: the mock GPU sandbox test needs root, runc, a cgroup v1 freezer and gcc"
+            );
+        }
+        ok
+    }
+
+    /// Builds the shim and the mock `libcuda.so.1` into `out`.
+    fn build(out: &Path) -> (PathBuf, PathBuf) {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../runtime/gpu-shim");
+        let shim = out.join("libhearth_cuda_shim.so");
+        let mock = out.join("mock/libcuda.so.1");
+        let status = std::process::Command::new("make")
+            .arg("-s")
+            .arg("-C")
+            .arg(&src)
+            .arg(format!("OUT={}", out.display()))
+            .arg(&shim)
+            .arg(&mock)
+            .status()
+            .unwrap();
+        assert!(status.success(), "building the shim and the mock driver");
+        (shim, mock)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gpu_sandbox_runs_with_its_nodes_driver_and_shim() {
+        if !usable() {
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::Builder::new()
+            .prefix("hgpu")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let (shim, mock) = build(&tmp.path().join("b"));
+        let code = tmp.path().join("code");
+        std::fs::create_dir(&code).unwrap();
+        std::fs::write(code.join("main.py"), HANDLER).unwrap();
+        for p in [tmp.path(), &code] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let b = RuncBackend::new(
+            RuncConfig::default(),
+            &tmp.path().join("d"),
+            &format!("gt{}", std::process::id()),
+            1 << 20,
+            false,
+        )
+        .await
+        .unwrap();
+        let node = |path: &str, minor| DeviceNode {
+            path: path.to_string(),
+            major: 1,
+            minor,
+        };
+        let params = GpuParams {
+            // Named as the driver's, numbered as /dev/null and /dev/zero.
+            devices: vec![
+                node("/dev/nvidiactl", 3),
+                node("/dev/nvidia-uvm", 5),
+                node("/dev/nvidia1", 5),
+            ],
+            libraries: vec![("libcuda.so.1".to_string(), mock)],
+            shim,
+        };
+        let gpu = GpuInfo {
+            index: 1,
+            name: "mock".into(),
+            uuid: "GPU-mock".into(),
+            memory_mb: 1024,
+        };
+        let mut spec = FunctionSpec::new("g");
+        spec.memory_mb = 256;
+        spec.env
+            .insert("LD_PRELOAD".to_string(), "/code/evil.so".to_string());
+
+        let mut sb = b
+            .create_with_gpu(SandboxId(7), &spec, &code, &gpu, &params)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(sb.gpu().map(|g| g.index), Some(1));
+        assert_eq!(sb.device_memory_bytes(), Some(0));
+
+        let r = b.invoke(&mut sb, br#"{"bytes": 1048576}"#).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(r.status, 200, "{v}");
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "ctl": [1, 3], "gpu0": false, "visible": "0",
+                "preload": "/hearth/gpu/libhearth_cuda_shim.so",
+                "shim_mapped": true, "driver_mapped": true, "set": 0, "alloc": 0,
+            })
+        );
+        assert_eq!(r.device_memory_bytes, Some(1 << 20));
+        assert_eq!(sb.device_memory_bytes(), Some(1 << 20));
+
+        let out = b.gpu_swap_out(&mut sb).await.unwrap();
+        assert_eq!(
+            out,
+            GpuMemory {
+                resident_bytes: 1 << 20,
+                regions: 1
+            }
+        );
+        assert_eq!(b.gpu_prefetch(&mut sb).await.unwrap(), out);
+
+        // A driver refusal is typed, and the sandbox goes on serving.
+        let r = b
+            .invoke(&mut sb, br#"{"fail": "cuMemPrefetchAsync", "rc": 700}"#)
+            .await
+            .unwrap();
+        assert_eq!(&r.body[..], br#"{"fail":0}"#);
+        match b.gpu_swap_out(&mut sb).await {
+            Err(e @ GpuOpError::Cuda { code: Some(700) }) => assert!(!e.is_fatal()),
+            other => panic!("{other:?}"),
+        }
+        let r = b.invoke(&mut sb, br#"{"bytes": 4096}"#).await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.device_memory_bytes, Some((1 << 20) + 4096));
+
+        b.destroy(sb).await;
+        b.cleanup_all().await;
     }
 }

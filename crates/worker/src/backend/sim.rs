@@ -57,6 +57,7 @@ impl SimBackend {
         AgentReply {
             status: 200,
             exec_us: Some(start.elapsed().as_micros() as u64),
+            device_memory_bytes: None,
             body: Bytes::from_static(SIM_RESULT),
         }
     }
