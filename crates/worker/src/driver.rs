@@ -433,7 +433,7 @@ impl Driver {
     }
 
     /// Tracks live sandboxes per code directory; retired code goes when its last sandbox does.
-    fn count_code_user(&self, dir: &Path, delta: isize) {
+    pub(crate) fn count_code_user(&self, dir: &Path, delta: isize) {
         let mut remove = false;
         {
             let mut n = self.code_users.entry(dir.to_path_buf()).or_insert(0);

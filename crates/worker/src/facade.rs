@@ -2,6 +2,7 @@
 //! domain result or a domain error ([`crate::errors`]); none knows about HTTP. The engine and
 //! its sandboxes are the [`Driver`]'s.
 
+use crate::agent_client::AgentReply;
 use crate::backend::{Backend, SandboxError};
 use crate::config::{BackendKind, WorkerConfig};
 use crate::cpu_sched::CpuScheduler;
@@ -134,14 +135,6 @@ impl Worker {
                 .await
                 .unwrap_or_default()
         };
-        let gpu_exec = match gpus.is_empty() {
-            true => None,
-            false => {
-                let exec = GpuExecutor::new(&gpus, &config.gpu).map_err(StartError::Gpu)?;
-                exec.start_sampling();
-                Some(exec)
-            }
-        };
         let cpus = config.effective_cpus();
         let pool = PoolConfig {
             memory_budget_mb: config.memory_mb,
@@ -189,6 +182,31 @@ impl Worker {
             config.creation_cap(),
             config.elastic_controller(0)?,
         );
+        let gpu_exec = match (gpus.is_empty(), config.backend) {
+            (true, _) => None,
+            // The sim backend runs no processes: its GPUs (declared, or even real ones) are
+            // simulated too.
+            (false, BackendKind::Sim) => Some(GpuExecutor::simulated(&gpus, &config.gpu)),
+            (false, BackendKind::Runc) => {
+                let nvml = tokio::task::spawn_blocking(|| nvml_wrapper::Nvml::init().ok())
+                    .await
+                    .ok()
+                    .flatten();
+                Some(GpuExecutor::real(
+                    &gpus,
+                    &config.gpu,
+                    Arc::clone(&driver),
+                    nvml,
+                ))
+            }
+        };
+        let gpu_exec = match gpu_exec.transpose().map_err(StartError::Gpu)? {
+            Some(exec) => {
+                exec.start_sampling();
+                Some(exec)
+            }
+            None => None,
+        };
         let latency = crate::latency::LowLatency::new(
             config.low_latency,
             Duration::from_millis(config.low_latency_quiet_ms),
@@ -387,7 +405,7 @@ impl Worker {
         let deadline_ms = call.deadline_ms.or(spec.deadline_ms);
         if let Some(exec) = self.gpu_target(spec) {
             return self
-                .invoke_gpu(exec, spec, args, t0, call, deadline_ms)
+                .invoke_gpu(exec, &reg, args, t0, call, deadline_ms)
                 .await;
         }
         let left_us = deadline_ms.map(|d| (d * 1000).saturating_sub(call.elapsed_us));
@@ -502,34 +520,7 @@ impl Worker {
             .get_or_create(&fn_label())
             .observe(exec as f64 / 1e6);
         self.metrics.overhead.observe(timing.overhead as f64 / 1e6);
-        let failure = |agent_status: u16, kind: String, message: String, traceback: String| {
-            InvokeError::Handler(Box::new(HandlerFailure {
-                function: name.to_string(),
-                agent_status,
-                kind,
-                message,
-                traceback,
-                cold: run.cold.is_some(),
-                worker: self.id.clone(),
-                timing,
-            }))
-        };
-        if reply.status != 200 {
-            self.metrics.outcome(&spec.name, Outcome::handler_error);
-            let (kind, message, traceback) = handler_fault(&reply.body);
-            return Err(failure(reply.status, kind, message, traceback));
-        }
-        let Ok(result) = raw_json(&reply.body) else {
-            // Code in the sandbox wrote something that is not JSON in place of its result.
-            self.metrics.outcome(&spec.name, Outcome::handler_error);
-            return Err(failure(
-                502,
-                "InvalidResult".into(),
-                "the sandbox's result is not valid JSON".into(),
-                String::new(),
-            ));
-        };
-        self.metrics.outcome(&spec.name, Outcome::success);
+        let result = self.handler_result(name, &reply, run.cold.is_some(), timing)?;
         let mut answer = InvokeAnswer {
             result,
             cold: false,
@@ -557,6 +548,46 @@ impl Worker {
         Ok(answer)
     }
 
+    /// The handler's result in a sandbox's answer, or the handler's failure (it raised, or wrote
+    /// something that is not JSON in place of its result), counted in the metrics either way.
+    fn handler_result(
+        &self,
+        name: &str,
+        reply: &AgentReply,
+        cold: bool,
+        timing: Timing,
+    ) -> Result<Box<serde_json::value::RawValue>, InvokeError> {
+        let failure = |agent_status: u16, kind: String, message: String, traceback: String| {
+            InvokeError::Handler(Box::new(HandlerFailure {
+                function: name.to_string(),
+                agent_status,
+                kind,
+                message,
+                traceback,
+                cold,
+                worker: self.id.clone(),
+                timing,
+            }))
+        };
+        if reply.status != 200 {
+            self.metrics.outcome(name, Outcome::handler_error);
+            let (kind, message, traceback) = handler_fault(&reply.body);
+            return Err(failure(reply.status, kind, message, traceback));
+        }
+        let Ok(result) = raw_json(&reply.body) else {
+            // Code in the sandbox wrote something that is not JSON in place of its result.
+            self.metrics.outcome(name, Outcome::handler_error);
+            return Err(failure(
+                502,
+                "InvalidResult".into(),
+                "the sandbox's result is not valid JSON".into(),
+                String::new(),
+            ));
+        };
+        self.metrics.outcome(name, Outcome::success);
+        Ok(result)
+    }
+
     /// The GPU executor when `spec` runs on a GPU now: a `gpu` function always (admission
     /// checked this worker has one), an `any` function when the speedup dispatch says so.
     fn gpu_target(&self, spec: &FunctionSpec) -> Option<&Arc<GpuExecutor>> {
@@ -573,13 +604,14 @@ impl Worker {
     async fn invoke_gpu(
         &self,
         exec: &GpuExecutor,
-        spec: &FunctionSpec,
+        reg: &Registered,
         args: &[u8],
         t0: Instant,
         call: CallDeadline,
         deadline_ms: Option<u64>,
     ) -> Result<InvokeAnswer, InvokeError> {
-        let run = match exec.run(spec, args).await {
+        let spec = &reg.spec;
+        let run = match exec.run(reg, args).await {
             Ok(run) => run,
             Err(e) => {
                 let (outcome, err) = match e {
@@ -607,6 +639,21 @@ impl Worker {
                             timeout_ms,
                         },
                     ),
+                    GpuRunError::Sandbox(e @ SandboxError::OutOfMemory { .. }) => {
+                        (Outcome::out_of_memory, InvokeError::Sandbox(e))
+                    }
+                    GpuRunError::Sandbox(
+                        e @ (SandboxError::InitFailed { .. }
+                        | SandboxError::StartFailed(_)
+                        | SandboxError::Unsupported(_)),
+                    ) => (
+                        Outcome::init_error,
+                        InvokeError::Start {
+                            function: spec.name.clone(),
+                            error: e,
+                        },
+                    ),
+                    GpuRunError::Sandbox(e) => (Outcome::crashed, InvokeError::Sandbox(e)),
                 };
                 self.metrics.outcome(&spec.name, outcome);
                 return Err(err);
@@ -630,25 +677,33 @@ impl Worker {
             .exec
             .get_or_create(&fn_label())
             .observe(run.exec_us as f64 / 1e6);
-        self.metrics.outcome(&spec.name, Outcome::success);
         let e2e = t0.elapsed().as_micros() as u64;
         let busy = run.placed.queued_us + run.setup_us + run.exec_us;
+        let timing = Timing {
+            queue: run.placed.queued_us,
+            init: run.setup_us,
+            exec: run.exec_us,
+            overhead: e2e.saturating_sub(busy),
+            e2e,
+            controller: None,
+        };
+        let cold = start == Start::Cold;
+        let result = match &run.reply {
+            Some(reply) => self.handler_result(&spec.name, reply, cold, timing)?,
+            None => {
+                self.metrics.outcome(&spec.name, Outcome::success);
+                raw_json(SIM_GPU_RESULT).map_err(|_| InvokeError::Internal("sim result"))?
+            }
+        };
         let mut answer = InvokeAnswer {
-            result: raw_json(SIM_GPU_RESULT).map_err(|_| InvokeError::Internal("sim result"))?,
-            cold: start == Start::Cold,
+            result,
+            cold,
             cold_reason: None,
             cold_reason_policy: None,
             cold_reason_ago_us: None,
             cold_path: None,
             worker: self.id.clone(),
-            timing: Timing {
-                queue: run.placed.queued_us,
-                init: run.setup_us,
-                exec: run.exec_us,
-                overhead: e2e.saturating_sub(busy),
-                e2e,
-                controller: None,
-            },
+            timing,
             deadline_ms,
             deadline_missed: None,
             deadline_margin_us: None,

@@ -89,7 +89,7 @@ async fn a_function_on_a_gpu_sandbox_reaches_its_one_gpu_through_the_shim() {
     };
     let settings = GpuSettings {
         devices: GpuDevices::Auto,
-        sim: Vec::new(),
+        ..GpuSettings::default()
     };
     let gpus: Vec<GpuInfo> = hearth_worker::gpu::discover(&settings);
     // The last GPU: on a machine with several, another GPU's node must not be needed.

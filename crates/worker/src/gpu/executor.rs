@@ -10,6 +10,14 @@
 //! memory (`HostWarm`). Prefetches and swaps the scheduler orders for idle containers are
 //! asynchronous in the real system (`cuMemPrefetchAsync`) and cost a simulated run nothing.
 //!
+//! On real GPUs (found through NVML) each GPU container is a runc GPU sandbox
+//! (`Backend::create_gpu`: the GPU's device nodes, the driver's libraries, the CUDA shim): a cold
+//! start creates one, a host-warm start prefetches its memory first (the agent's `P`), and the
+//! scheduler's Prefetch, Swap and Destroy of idle containers run in the background on the
+//! sandbox (`P`, `S`, destroy), each under the container's own lock, so an invocation that
+//! finds a move under way waits for it. The shim's report of the sandbox's device memory goes
+//! back to the scheduler with every completion, and NVML's utilization feeds D.
+//!
 //! Faults can be injected on simulated GPUs only, through the arguments, to exercise what a
 //! real GPU function can do to its sandbox: `{"hearth_sim_gpu": {"crash": true}}` loses the
 //! CUDA context (the invocation fails, the container is discarded) and
@@ -17,15 +25,21 @@
 //! the shim would; past the device's memory the allocation fails and the container goes).
 
 use super::GpuSettings;
+use crate::agent_client::AgentReply;
 use crate::backend::sim::SimClock;
+use crate::backend::{Sandbox, SandboxError};
+use crate::driver::Driver;
 use hearth_api::{FunctionSpec, GpuInfo};
 use hearth_core::gpu::{
     ContainerId, CpuGpuDispatch, Device, GpuAction, GpuCompletion, GpuInvocationId, GpuReject,
     GpuSchedConfig, GpuScheduler, GpuSpec, GpuStatus, SimGpuModel, Start,
 };
 use hearth_core::Micros;
+use hearth_core::SandboxId;
+use hearth_service::registry::Registered;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -49,16 +63,19 @@ pub struct Placed {
 }
 
 /// A GPU invocation that ran.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct GpuRun {
     pub placed: Placed,
     /// Container start (cold) or memory prefetch (host-warm), µs.
     pub setup_us: Micros,
     pub exec_us: Micros,
+    /// The sandbox's answer (a real GPU sandbox; `None` for a simulated run, whose result is
+    /// [`SIM_GPU_RESULT`]).
+    pub reply: Option<AgentReply>,
 }
 
 /// Why a GPU invocation did not run to the end.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum GpuRunError {
     #[error("{0}")]
     Rejected(GpuReject),
@@ -68,6 +85,45 @@ pub enum GpuRunError {
     Failed(String),
     #[error("the invocation did not finish within its timeout of {timeout_ms} ms; its GPU sandbox was discarded")]
     Timeout { timeout_ms: u64 },
+    /// A real GPU sandbox could not start, or broke while running (discarded).
+    #[error("{0}")]
+    Sandbox(SandboxError),
+}
+
+/// GPU sandbox ids live far above the CPU engine's (which count up from 1), so the two never
+/// name the same container.
+const GPU_SANDBOX_ID_BASE: u64 = 1 << 48;
+
+/// A real GPU container: its sandbox while idle (taken by the invocation that runs on it), under
+/// a lock that background memory moves also take.
+type Slot = Arc<tokio::sync::Mutex<Option<GpuSandbox>>>;
+
+struct GpuSandbox {
+    sandbox: Sandbox,
+    /// The function version it was made for: a newer one gets a new sandbox.
+    version: u64,
+    code_dir: Option<PathBuf>,
+}
+
+/// How the devices are driven.
+enum Runtime {
+    /// Simulated devices: sleeps on a precise clock.
+    Sim { clock: SimClock },
+    /// Real GPUs: runc GPU sandboxes, NVML utilization.
+    Sandboxes {
+        driver: Arc<Driver>,
+        gpus: Vec<GpuInfo>,
+        slots: Mutex<HashMap<ContainerId, Slot>>,
+        nvml: Option<Arc<nvml_wrapper::Nvml>>,
+    },
+}
+
+/// A memory move or removal the scheduler ordered for an idle container.
+#[derive(Debug, Clone, Copy)]
+enum Move {
+    Prefetch(ContainerId),
+    Swap(ContainerId),
+    Destroy(ContainerId),
 }
 
 /// A fault asked for in a simulated invocation's arguments.
@@ -117,8 +173,9 @@ struct Inner {
 
 impl Inner {
     /// Carries out the scheduler's actions: placements go to their waiters (or straight back
-    /// if the caller is gone), rejections likewise; memory moves are bookkeeping here.
-    fn drain(&mut self, now: Micros) -> Option<Placed> {
+    /// if the caller is gone), rejections likewise; memory moves and removals of idle
+    /// containers are collected in `moves` for the runtime.
+    fn drain(&mut self, now: Micros, moves: &mut Vec<Move>) -> Option<Placed> {
         let mut mine = None;
         while let Some(action) = self.sched.poll_action() {
             match action {
@@ -158,8 +215,10 @@ impl Inner {
                 }
                 GpuAction::Destroy { container, .. } => {
                     self.containers.remove(&container);
+                    moves.push(Move::Destroy(container));
                 }
-                GpuAction::Prefetch { .. } | GpuAction::Swap { .. } => {}
+                GpuAction::Prefetch { container, .. } => moves.push(Move::Prefetch(container)),
+                GpuAction::Swap { container, .. } => moves.push(Move::Swap(container)),
             }
         }
         mine
@@ -182,8 +241,7 @@ impl Inner {
 /// The worker's GPU scheduler and its simulated devices.
 pub struct GpuExecutor {
     inner: Mutex<Inner>,
-    /// Sleeps of simulated runs: tokio's timer would add up to a millisecond to each.
-    clock: SimClock,
+    runtime: Runtime,
     epoch: Instant,
     model: SimGpuModel,
     solo_util: f64,
@@ -200,23 +258,25 @@ struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         let Some(mut rx) = self.rx.take() else { return };
-        let now = self.exec.now();
-        let mut inner = self.exec.inner.lock();
-        // Placements are sent under this lock: either it came already, or it is still queued.
-        match rx.try_recv() {
-            Ok(Ok(p)) => inner.unrun(now, p),
-            Ok(Err(_)) => {}
-            Err(_) => {
-                inner.waiters.remove(&self.id);
-                inner.sched.on_cancel(now, self.id);
+        let id = self.id;
+        self.exec.event(|inner, now, moves| {
+            // Placements are sent under this lock: either it came already, or it is still
+            // queued.
+            match rx.try_recv() {
+                Ok(Ok(p)) => inner.unrun(now, p),
+                Ok(Err(_)) => {}
+                Err(_) => {
+                    inner.waiters.remove(&id);
+                    inner.sched.on_cancel(now, id);
+                }
             }
-        }
-        let _ = inner.drain(now);
+            let _ = inner.drain(now, moves);
+        });
     }
 }
 
 /// A running invocation: ended exactly once, as completed or failed, even if its caller leaves
-/// mid-run (the sandbox is then treated as lost).
+/// mid-run.
 struct Running<'a> {
     exec: &'a GpuExecutor,
     placed: Placed,
@@ -233,20 +293,59 @@ impl Running<'_> {
 impl Drop for Running<'_> {
     fn drop(&mut self) {
         if !self.done {
-            // The caller left mid-run: the simulated run stops with it, the sandbox is kept.
-            let kept = GpuCompletion {
-                exec_us: None,
-                reusable: true,
-                device_memory_mb: None,
+            // The caller left mid-run. A simulated run stops with it and its container is
+            // kept; a real sandbox taken out of its slot was dropped with the future, so the
+            // container is gone.
+            let kept = match self.exec.runtime {
+                Runtime::Sim { .. } => Some(GpuCompletion {
+                    exec_us: None,
+                    reusable: true,
+                    device_memory_mb: None,
+                }),
+                Runtime::Sandboxes { .. } => None,
             };
-            self.exec.end(self.placed, Some(kept));
+            self.exec.end(self.placed, kept);
         }
     }
 }
 
 impl GpuExecutor {
-    /// An executor over `gpus` with the scheduler, dispatch and device model of `settings`.
-    pub fn new(gpus: &[GpuInfo], settings: &GpuSettings) -> Result<Arc<Self>, String> {
+    /// An executor over simulated `gpus` (`[gpu] devices = "sim"`).
+    pub fn simulated(gpus: &[GpuInfo], settings: &GpuSettings) -> Result<Arc<Self>, String> {
+        Self::new(
+            gpus,
+            settings,
+            Runtime::Sim {
+                clock: SimClock::start(),
+            },
+        )
+    }
+
+    /// An executor over real `gpus`, running GPU sandboxes through `driver`'s backend, with
+    /// `nvml` for utilization (without it, D stays at its start).
+    pub fn real(
+        gpus: &[GpuInfo],
+        settings: &GpuSettings,
+        driver: Arc<Driver>,
+        nvml: Option<nvml_wrapper::Nvml>,
+    ) -> Result<Arc<Self>, String> {
+        Self::new(
+            gpus,
+            settings,
+            Runtime::Sandboxes {
+                driver,
+                gpus: gpus.to_vec(),
+                slots: Mutex::new(HashMap::new()),
+                nvml: nvml.map(Arc::new),
+            },
+        )
+    }
+
+    fn new(
+        gpus: &[GpuInfo],
+        settings: &GpuSettings,
+        runtime: Runtime,
+    ) -> Result<Arc<Self>, String> {
         let config = GpuSchedConfig {
             gpus: gpus
                 .iter()
@@ -272,7 +371,7 @@ impl GpuExecutor {
                 memory_mb: gpus.iter().map(|g| g.memory_mb).collect(),
                 dispatch,
             }),
-            clock: SimClock::start(),
+            runtime,
             epoch: Instant::now(),
             model: settings.sim_model,
             solo_util: settings.sim_solo_util,
@@ -281,6 +380,62 @@ impl GpuExecutor {
 
     fn now(&self) -> Micros {
         self.epoch.elapsed().as_micros() as Micros
+    }
+
+    /// Runs one event on the scheduler under its lock, then carries out the memory moves and
+    /// removals it ordered, outside the lock.
+    fn event<T>(&self, f: impl FnOnce(&mut Inner, Micros, &mut Vec<Move>) -> T) -> T {
+        let now = self.now();
+        let mut moves = Vec::new();
+        let out = f(&mut self.inner.lock(), now, &mut moves);
+        self.apply(moves);
+        out
+    }
+
+    /// Real GPUs: each move runs in the background on its container's sandbox, under the
+    /// container's lock. Simulated ones: nothing to do (the moves cost a simulated run nothing).
+    fn apply(&self, moves: Vec<Move>) {
+        let Runtime::Sandboxes { driver, slots, .. } = &self.runtime else {
+            return;
+        };
+        for m in moves {
+            let (id, slot) = match m {
+                Move::Destroy(id) => (id, slots.lock().remove(&id)),
+                Move::Prefetch(id) | Move::Swap(id) => (id, slots.lock().get(&id).cloned()),
+            };
+            let Some(slot) = slot else { continue };
+            let driver = Arc::clone(driver);
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                tracing::warn!(
+                    container = id.0,
+                    "no runtime to move a GPU sandbox's memory on"
+                );
+                continue;
+            };
+            rt.spawn(async move {
+                let mut held = slot.lock().await;
+                let backend = driver.backend();
+                let result = match (m, held.as_mut()) {
+                    (Move::Destroy(_), _) => {
+                        if let Some(gs) = held.take() {
+                            discard(&driver, gs).await;
+                        }
+                        return;
+                    }
+                    (Move::Prefetch(_), Some(gs)) => backend.gpu_prefetch(&mut gs.sandbox).await,
+                    (Move::Swap(_), Some(gs)) => backend.gpu_swap_out(&mut gs.sandbox).await,
+                    (_, None) => return,
+                };
+                if let Err(e) = result {
+                    tracing::warn!(container = id.0, error = %e, "moving a GPU sandbox's memory failed");
+                    if e.is_fatal() {
+                        if let Some(gs) = held.take() {
+                            discard(&driver, gs).await;
+                        }
+                    }
+                }
+            });
+        }
     }
 
     /// Samples the devices and expires flow TTLs every [`UTILIZATION_PERIOD`] until the
@@ -293,25 +448,57 @@ impl GpuExecutor {
             loop {
                 tick.tick().await;
                 let Some(exec) = weak.upgrade() else { return };
-                exec.sample();
+                let measured = exec.measure().await;
+                exec.sample(measured);
             }
         });
     }
 
+    /// Real GPUs' utilization from NVML (off the async threads), one per device; `None` where
+    /// there is nothing to read.
+    async fn measure(&self) -> Vec<Option<f64>> {
+        let Runtime::Sandboxes {
+            nvml: Some(nvml),
+            gpus,
+            ..
+        } = &self.runtime
+        else {
+            return Vec::new();
+        };
+        let (nvml, gpus) = (Arc::clone(nvml), gpus.clone());
+        tokio::task::spawn_blocking(move || {
+            gpus.iter()
+                .map(|g| {
+                    let d = nvml.device_by_uuid(g.uuid.as_str()).ok()?;
+                    let rates = d.utilization_rates().ok()?;
+                    Some(f64::from(rates.gpu.min(100)) / 100.0)
+                })
+                .collect()
+        })
+        .await
+        .unwrap_or_default()
+    }
+
     /// One utilization sample per device (the simulated device: the running invocations'
-    /// solo shares, at most 1), then the TTL timers.
-    fn sample(&self) {
-        let now = self.now();
-        let mut inner = self.inner.lock();
-        for gpu in 0..inner.running.len() {
-            let shares = vec![self.solo_util; inner.running[gpu] as usize];
-            let util = self.model.utilization(&shares);
-            if let Err(e) = inner.sched.on_utilization(now, gpu, util) {
-                tracing::warn!(error = %e, gpu, "GPU utilization sample refused");
+    /// solo shares, at most 1; a real one: NVML's, when read), then the TTL timers.
+    fn sample(&self, measured: Vec<Option<f64>>) {
+        let sim = matches!(self.runtime, Runtime::Sim { .. });
+        self.event(|inner, now, moves| {
+            for gpu in 0..inner.running.len() {
+                let util = if sim {
+                    let shares = vec![self.solo_util; inner.running[gpu] as usize];
+                    Some(self.model.utilization(&shares))
+                } else {
+                    measured.get(gpu).copied().flatten()
+                };
+                let Some(util) = util else { continue };
+                if let Err(e) = inner.sched.on_utilization(now, gpu, util) {
+                    tracing::warn!(error = %e, gpu, "GPU utilization sample refused");
+                }
             }
-        }
-        inner.sched.on_timeout(now);
-        let _ = inner.drain(now);
+            inner.sched.on_timeout(now);
+            let _ = inner.drain(now, moves);
+        });
     }
 
     /// Whether an `any` function should run on the GPU now (the speedup dispatch).
@@ -332,22 +519,52 @@ impl GpuExecutor {
 
     /// Rejects what is queued and every later GPU invocation; running ones finish.
     pub fn shutdown(&self) {
-        let now = self.now();
-        let mut inner = self.inner.lock();
-        inner.sched.shutdown();
-        let _ = inner.drain(now);
+        self.event(|inner, now, moves| {
+            inner.sched.shutdown();
+            let _ = inner.drain(now, moves);
+        });
     }
 
-    /// Queues `spec`'s invocation, waits for its turn, and runs it on its simulated device.
-    pub async fn run(&self, spec: &FunctionSpec, args: &[u8]) -> Result<GpuRun, GpuRunError> {
+    /// Queues `reg`'s invocation, waits for its turn, and runs it on its device.
+    pub async fn run(&self, reg: &Registered, args: &[u8]) -> Result<GpuRun, GpuRunError> {
+        let spec = &reg.spec;
         let placed = self.place(spec).await?;
         let running = Running {
             exec: self,
             placed,
             done: false,
         };
+        match &self.runtime {
+            Runtime::Sim { clock } => self.run_simulated(clock, running, spec, args).await,
+            Runtime::Sandboxes {
+                driver,
+                gpus,
+                slots,
+                ..
+            } => {
+                let slot = Arc::clone(slots.lock().entry(placed.container).or_default());
+                let gpu = gpus.get(placed.gpu).ok_or_else(|| {
+                    GpuRunError::Failed(format!(
+                        "the scheduler placed it on GPU {}, unknown here",
+                        placed.gpu
+                    ))
+                })?;
+                self.run_in_sandbox(driver, &slot, gpu, running, reg, args)
+                    .await
+            }
+        }
+    }
+
+    async fn run_simulated(
+        &self,
+        clock: &SimClock,
+        running: Running<'_>,
+        spec: &FunctionSpec,
+        args: &[u8],
+    ) -> Result<GpuRun, GpuRunError> {
+        let placed = running.placed;
         let fault = SimFault::parse(args);
-        let (setup_us, exec_us, concurrent) = {
+        let (setup_us, exec_us) = {
             let inner = self.inner.lock();
             let setup_us = match placed.start {
                 Start::Warm => 0,
@@ -355,22 +572,21 @@ impl GpuExecutor {
                 Start::Cold if spec.sim_gpu_cold_ms > 0.0 => ms_to_us(spec.sim_gpu_cold_ms),
                 Start::Cold => self.model.gpu_init_us,
             };
-            let concurrent = inner.running[placed.gpu];
             let exec_us = self
                 .model
-                .exec_us(ms_to_us(spec.sim_gpu_warm_ms), concurrent);
-            (setup_us, exec_us, concurrent)
+                .exec_us(ms_to_us(spec.sim_gpu_warm_ms), inner.running[placed.gpu]);
+            (setup_us, exec_us)
         };
         let timeout = Duration::from_millis(spec.timeout_ms);
         let total = Duration::from_micros(setup_us.saturating_add(exec_us));
         if total > timeout {
-            self.clock.sleep(timeout).await;
+            clock.sleep(timeout).await;
             running.end(None);
             return Err(GpuRunError::Timeout {
                 timeout_ms: spec.timeout_ms,
             });
         }
-        self.clock.sleep(total).await;
+        clock.sleep(total).await;
         if fault.crash {
             running.end(None);
             return Err(GpuRunError::Failed(
@@ -394,11 +610,11 @@ impl GpuExecutor {
                     reusable: true,
                     device_memory_mb: Some(held),
                 }));
-                tracing::trace!(concurrent, "GPU invocation ran");
                 Ok(GpuRun {
                     placed,
                     setup_us,
                     exec_us,
+                    reply: None,
                 })
             }
             Err((held, capacity)) => {
@@ -412,28 +628,122 @@ impl GpuExecutor {
         }
     }
 
+    /// Runs the invocation in its container's GPU sandbox: created for a cold start (or when
+    /// the function changed since), its memory prefetched first for a host-warm one.
+    async fn run_in_sandbox(
+        &self,
+        driver: &Arc<Driver>,
+        slot: &Slot,
+        gpu: &GpuInfo,
+        running: Running<'_>,
+        reg: &Registered,
+        args: &[u8],
+    ) -> Result<GpuRun, GpuRunError> {
+        let placed = running.placed;
+        let spec = &reg.spec;
+        let backend = driver.backend();
+        let setup = Instant::now();
+        // Waits for a background move of this container's memory that is under way.
+        let mut held = slot.lock().await;
+        if held.as_ref().is_some_and(|gs| gs.version != spec.version) {
+            if let Some(old) = held.take() {
+                discard(driver, old).await;
+            }
+        }
+        let mut gs = match held.take() {
+            Some(mut gs) => {
+                if placed.start == Start::HostWarm {
+                    if let Err(e) = backend.gpu_prefetch(&mut gs.sandbox).await {
+                        if e.is_fatal() {
+                            discard(driver, gs).await;
+                            running.end(None);
+                            return Err(GpuRunError::Failed(e.to_string()));
+                        }
+                        // Unified memory still pages it in on demand.
+                        tracing::debug!(error = %e, "prefetch before a run failed");
+                    }
+                }
+                gs
+            }
+            None => {
+                let id = SandboxId(GPU_SANDBOX_ID_BASE + placed.container.0);
+                match backend
+                    .create_gpu(id, spec, reg.code_dir.as_deref(), gpu)
+                    .await
+                {
+                    Ok(sandbox) => {
+                        if let Some(dir) = &reg.code_dir {
+                            driver.count_code_user(dir, 1);
+                        }
+                        GpuSandbox {
+                            sandbox,
+                            version: spec.version,
+                            code_dir: reg.code_dir.clone(),
+                        }
+                    }
+                    Err(e) => {
+                        running.end(None);
+                        return Err(GpuRunError::Sandbox(e));
+                    }
+                }
+            }
+        };
+        let setup_us = setup.elapsed().as_micros() as Micros;
+        let timeout = Duration::from_millis(spec.timeout_ms);
+        match tokio::time::timeout(timeout, backend.invoke(&mut gs.sandbox, args)).await {
+            Err(_) => {
+                discard(driver, gs).await;
+                running.end(None);
+                Err(GpuRunError::Timeout {
+                    timeout_ms: spec.timeout_ms,
+                })
+            }
+            Ok(Err(e)) => {
+                discard(driver, gs).await;
+                running.end(None);
+                Err(GpuRunError::Sandbox(e))
+            }
+            Ok(Ok(reply)) => {
+                let exec_us = reply.exec_us.unwrap_or(0);
+                let device_memory_mb = reply.device_memory_bytes.map(|b| b.div_ceil(1 << 20));
+                *held = Some(gs);
+                drop(held);
+                running.end(Some(GpuCompletion {
+                    exec_us: Some(exec_us),
+                    reusable: true,
+                    device_memory_mb,
+                }));
+                Ok(GpuRun {
+                    placed,
+                    setup_us,
+                    exec_us,
+                    reply: Some(reply),
+                })
+            }
+        }
+    }
+
     /// Queues the invocation and waits until the scheduler places it.
     async fn place(&self, spec: &FunctionSpec) -> Result<Placed, GpuRunError> {
-        let now = self.now();
-        let (id, rx) = {
-            let mut inner = self.inner.lock();
-            let id = inner
-                .sched
-                .on_arrival(
-                    now,
-                    hearth_core::gpu::GpuArrival {
-                        function: &spec.name,
-                        weight: 1.0,
-                        gpu_memory_mb: spec.gpu_memory_mb,
-                    },
-                )
-                .map_err(GpuRunError::Rejected)?;
-            if let Some(p) = inner.drain(now).filter(|p| p.invocation == id) {
-                return Ok(p);
+        let arrived = self.event(|inner, now, moves| {
+            let id = inner.sched.on_arrival(
+                now,
+                hearth_core::gpu::GpuArrival {
+                    function: &spec.name,
+                    weight: 1.0,
+                    gpu_memory_mb: spec.gpu_memory_mb,
+                },
+            )?;
+            if let Some(p) = inner.drain(now, moves).filter(|p| p.invocation == id) {
+                return Ok(Err(p));
             }
             let (tx, rx) = oneshot::channel();
             inner.waiters.insert(id, tx);
-            (id, rx)
+            Ok(Ok((id, rx)))
+        });
+        let (id, rx) = match arrived.map_err(GpuRunError::Rejected)? {
+            Err(placed) => return Ok(placed),
+            Ok(queued) => queued,
         };
         let mut waiting = Waiting {
             exec: self,
@@ -454,20 +764,28 @@ impl GpuExecutor {
 
     /// Ends a placed invocation: completed, or failed (its container is discarded).
     fn end(&self, placed: Placed, completion: Option<GpuCompletion>) {
-        let now = self.now();
-        let mut inner = self.inner.lock();
-        inner.running[placed.gpu] = inner.running[placed.gpu].saturating_sub(1);
-        let result = match completion {
-            Some(c) => inner.sched.on_completed(now, placed.invocation, c),
-            None => {
-                inner.containers.remove(&placed.container);
-                inner.sched.on_failed(now, placed.invocation)
+        self.event(|inner, now, moves| {
+            inner.running[placed.gpu] = inner.running[placed.gpu].saturating_sub(1);
+            let result = match completion {
+                Some(c) => inner.sched.on_completed(now, placed.invocation, c),
+                None => {
+                    inner.containers.remove(&placed.container);
+                    inner.sched.on_failed(now, placed.invocation)
+                }
+            };
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "GPU scheduler lost track of a running invocation");
             }
-        };
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "GPU scheduler lost track of a running invocation");
-        }
-        let _ = inner.drain(now);
+            let _ = inner.drain(now, moves);
+        });
+    }
+}
+
+/// Destroys a GPU sandbox and releases its code directory.
+async fn discard(driver: &Driver, gs: GpuSandbox) {
+    driver.backend().destroy(gs.sandbox).await;
+    if let Some(dir) = &gs.code_dir {
+        driver.count_code_user(dir, -1);
     }
 }
 
