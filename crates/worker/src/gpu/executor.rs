@@ -46,6 +46,8 @@ pub struct Placed {
     pub start: Start,
     pub queued_us: Micros,
     pub memory_mb: u64,
+    /// Memory moved on the critical path (the scheduler's memory policy).
+    pub paging: hearth_core::gpu::GpuPaging,
 }
 
 /// A GPU invocation that ran.
@@ -129,6 +131,7 @@ impl Inner {
                     start,
                     queued_us,
                     memory_mb,
+                    paging,
                     ..
                 } => {
                     let placed = Placed {
@@ -138,6 +141,7 @@ impl Inner {
                         start,
                         queued_us,
                         memory_mb,
+                        paging,
                     };
                     self.running[gpu] += 1;
                     self.containers.entry(container).or_default();
@@ -350,11 +354,11 @@ impl GpuExecutor {
         let (setup_us, exec_us, concurrent) = {
             let inner = self.inner.lock();
             let setup_us = match placed.start {
-                Start::Warm => 0,
-                Start::HostWarm => self.model.prefetch_us(placed.memory_mb),
+                Start::Warm | Start::HostWarm => 0,
                 Start::Cold if spec.sim_gpu_cold_ms > 0.0 => ms_to_us(spec.sim_gpu_cold_ms),
                 Start::Cold => self.model.gpu_init_us,
-            };
+            }
+            .saturating_add(self.model.paging_us(&placed.paging));
             let concurrent = inner.running[placed.gpu];
             let exec_us = self
                 .model
