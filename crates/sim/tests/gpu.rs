@@ -196,6 +196,7 @@ fn quick_experiment_writes_every_table() {
         "Fig. 6.8",
         "Table 6.4",
         "Fig. 6.9",
+        "Fig. 6.4",
     ] {
         assert!(
             report.markdown.contains(&format!("({heading}")),
@@ -203,6 +204,9 @@ fn quick_experiment_writes_every_table() {
         );
     }
     assert!(report.markdown.contains("offered GPU utilization"));
+    assert!(report
+        .markdown
+        .contains("## Memory policies on the medium trace"));
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(o.out.join("results.json")).unwrap())
             .unwrap();
@@ -218,6 +222,15 @@ fn quick_experiment_writes_every_table() {
     ] {
         let rows = json[key].as_array().unwrap();
         assert!(!rows.is_empty(), "{key}");
+    }
+    for key in ["memory_microbenchmark", "memory_medium"] {
+        let policies: Vec<&str> = json[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["memory"].as_str().unwrap())
+            .collect();
+        assert_eq!(policies, ["uvm", "prefetch-only", "prefetch-swap"], "{key}");
     }
     for row in json["latency_vs_d"].as_array().unwrap() {
         assert!(
