@@ -66,6 +66,48 @@ impl FromStr for GpuPolicy {
     }
 }
 
+/// How container memory moves between host and device (§6.3.3, §6.4.2, Fig. 6.4). Every
+/// policy keeps the container pool; they differ in who moves memory, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuMemoryPolicy {
+    /// The thesis' default: a flow becoming active has its idle containers prefetched, one
+    /// going throttled or inactive has them swapped out, and a dispatch runs only when its
+    /// container fits on the device. Swaps are asynchronous, off the critical path.
+    #[default]
+    PrefetchSwap,
+    /// Prefetch as above, but nothing is swapped out proactively: when a dispatch needs room,
+    /// the driver evicts least recently used pages on demand, on that dispatch's critical path.
+    PrefetchOnly,
+    /// Stock unified memory: no prefetch, no swap, and no gating on device memory (UVM
+    /// oversubscribes). A container's pages come back on demand when it runs, evicting the
+    /// least recently used ones; the scheduler tracks residency as the driver would so the
+    /// dispatch can say what it faults in and evicts.
+    Uvm,
+}
+
+impl GpuMemoryPolicy {
+    pub const ALL: [GpuMemoryPolicy; 3] = [
+        GpuMemoryPolicy::PrefetchSwap,
+        GpuMemoryPolicy::PrefetchOnly,
+        GpuMemoryPolicy::Uvm,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuMemoryPolicy::PrefetchSwap => "prefetch-swap",
+            GpuMemoryPolicy::PrefetchOnly => "prefetch-only",
+            GpuMemoryPolicy::Uvm => "uvm",
+        }
+    }
+}
+
+impl std::fmt::Display for GpuMemoryPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One device the scheduler places containers on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -79,6 +121,8 @@ pub struct GpuSpec {
 #[serde(default, deny_unknown_fields)]
 pub struct GpuSchedConfig {
     pub policy: GpuPolicy,
+    /// Who moves container memory, and when ([`GpuMemoryPolicy`]).
+    pub memory: GpuMemoryPolicy,
     /// Flow over-run T: how far (in virtual time: seconds of device service per unit weight)
     /// a flow may run ahead of Global_VT before it is throttled. Default 10: Fig. 6.10 shows
     /// latency falling with T with diminishing returns; 10 s is about four executions of the
@@ -118,6 +162,7 @@ impl Default for GpuSchedConfig {
     fn default() -> Self {
         GpuSchedConfig {
             policy: GpuPolicy::MqfqSticky,
+            memory: GpuMemoryPolicy::PrefetchSwap,
             t: 10.0,
             alpha: 1.5,
             fixed_ttl_us: None,

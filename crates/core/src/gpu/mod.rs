@@ -39,6 +39,12 @@
 //! containers prefetched where there is free device memory. A dispatch in the same event as such a prefetch is
 //! a host-warm start (the copy is still under way), not a warm one.
 //!
+//! Memory ([`GpuMemoryPolicy`], §6.4.2 Fig. 6.4): the above is `prefetch-swap`, the default.
+//! `prefetch-only` prefetches the same way but never swaps proactively; a dispatch needing
+//! room has the driver evict LRU memory on its critical path. `uvm` is stock unified memory:
+//! no prefetch, no swap, no memory gating; a host-resident container's pages fault in as it
+//! runs, evicting LRU ones. Each dispatch's [`GpuPaging`] says what it moves.
+//!
 //! FCFS dispatches in arrival order over all functions, swapping a container's memory out after
 //! each completion; Batch drains the flow holding the oldest invocation, then picks again. Both
 //! share the container pool and the D tokens; neither throttles.
@@ -52,12 +58,12 @@ pub mod scheduler;
 #[cfg(test)]
 mod tests;
 
-pub use config::{GpuConfigError, GpuPolicy, GpuSchedConfig, GpuSpec};
+pub use config::{GpuConfigError, GpuMemoryPolicy, GpuPolicy, GpuSchedConfig, GpuSpec};
 pub use dispatch::{CpuGpuDispatch, Device, DispatchConfig, DispatchError};
 pub use flow::FlowState;
 pub use model::{SimGpuModel, SimGpuModelError};
 pub use scheduler::{
     ContainerId, GpuAction, GpuArrival, GpuCompletion, GpuCounters, GpuDestroyReason,
-    GpuDeviceStatus, GpuEventError, GpuFlowStatus, GpuInvocationId, GpuReject, GpuScheduler,
-    GpuStatus, Start,
+    GpuDeviceStatus, GpuEventError, GpuFlowStatus, GpuInvocationId, GpuPaging, GpuReject,
+    GpuScheduler, GpuStatus, Start,
 };

@@ -11,8 +11,11 @@
 //! Memory accounting: a `Prefetch`, `Swap` or `Dispatch` changes where the scheduler counts a
 //! container's memory the moment it is issued; the driver (the shim's `cuMemPrefetchAsync`)
 //! moves it asynchronously. Swaps are issued before the dispatch that needed their room.
+//! Under [`GpuMemoryPolicy::PrefetchOnly`] and [`GpuMemoryPolicy::Uvm`] nothing is swapped:
+//! the driver evicts least recently used memory when a dispatch needs room, and the dispatch's
+//! [`GpuPaging`] says how much, since that copy is on its critical path.
 
-use super::config::{GpuConfigError, GpuPolicy, GpuSchedConfig};
+use super::config::{GpuConfigError, GpuMemoryPolicy, GpuPolicy, GpuSchedConfig};
 use super::flow::{Flow, FlowState, Pending};
 use crate::time::Micros;
 use serde::{Deserialize, Serialize};
@@ -64,10 +67,25 @@ pub enum Start {
     /// An idle container whose memory is on the device.
     Warm,
     /// An idle container whose memory is on the host: prefetch it, then run ("GPU-cold but
-    /// CPU-warm").
+    /// CPU-warm"); under stock UVM its pages fault in as it runs instead
+    /// ([`GpuPaging`] says which).
     HostWarm,
     /// Create the GPU container, then run.
     Cold,
+}
+
+/// Memory a dispatch moves between host and device on its critical path, for the driver
+/// (or a simulated device) to charge before or during the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct GpuPaging {
+    /// Copied onto the device in bulk before the run (a host-warm start under the prefetching
+    /// policies).
+    pub prefetch_mb: u64,
+    /// Paged in on demand while the run touches it (a host-warm start under stock UVM).
+    pub fault_in_mb: u64,
+    /// Other idle containers' memory the driver evicts on demand to make room (prefetch-only
+    /// and UVM; under prefetch-swap the room comes from asynchronous swaps).
+    pub evict_mb: u64,
 }
 
 /// Why a container goes.
@@ -130,6 +148,8 @@ pub enum GpuAction {
         queued_us: Micros,
         /// Device memory the scheduler counts for the container.
         memory_mb: u64,
+        /// What moves on the critical path before or while it runs.
+        paging: GpuPaging,
     },
     /// Move an idle container's memory onto the device (its flow became active).
     Prefetch { container: ContainerId, gpu: usize },
@@ -192,7 +212,7 @@ struct Plan {
     memory_mb: u64,
     /// Idle container destroyed for the container cap.
     evict: Option<ContainerId>,
-    /// Idle containers swapped out for room.
+    /// Idle containers swapped out (or, without swapping, evicted on demand) for room.
     swaps: Vec<ContainerId>,
 }
 
@@ -208,6 +228,10 @@ pub struct GpuCounters {
     pub prefetches: u64,
     pub destroys: u64,
     pub rejects: u64,
+    /// Idle containers whose memory the driver evicted on demand for a dispatch (prefetch-only
+    /// and UVM), as opposed to `swaps`.
+    #[serde(default)]
+    pub evictions: u64,
 }
 
 /// One GPU, as [`GpuScheduler::status`] shows it.
@@ -440,8 +464,10 @@ impl GpuScheduler {
                 destroy = Some(GpuDestroyReason::TooLarge);
             } else {
                 // FCFS moves memory off after every run; the flow policies once the flow is
-                // no longer active (§6.3.3).
-                swap = c.on_device && (self.config.policy == GpuPolicy::Fcfs || !flow_active);
+                // no longer active (§6.3.3). Only prefetch-swap swaps proactively.
+                swap = self.config.memory == GpuMemoryPolicy::PrefetchSwap
+                    && c.on_device
+                    && (self.config.policy == GpuPolicy::Fcfs || !flow_active);
             }
         }
         if let Some(reason) = destroy {
@@ -678,7 +704,10 @@ impl GpuScheduler {
         };
         let was = flow.state;
         flow.state = state;
-        if was == state || self.config.policy == GpuPolicy::Fcfs {
+        if was == state
+            || self.config.policy == GpuPolicy::Fcfs
+            || self.config.memory == GpuMemoryPolicy::Uvm
+        {
             return;
         }
         let idle: Vec<ContainerId> = self
@@ -702,7 +731,7 @@ impl GpuScheduler {
                     self.actions
                         .push_back(GpuAction::Prefetch { container: id, gpu });
                 }
-            } else {
+            } else if self.config.memory == GpuMemoryPolicy::PrefetchSwap {
                 self.swap(id);
             }
         }
@@ -877,6 +906,15 @@ impl GpuScheduler {
         (active, c.last_used, id)
     }
 
+    /// Order in which idle memory leaves a device for room: the scheduler's own swaps know
+    /// flows ([`Self::eviction_key`]); the driver's on-demand eviction is plain LRU.
+    fn reclaim_key(&self, id: ContainerId, c: &Container) -> (bool, Micros, ContainerId) {
+        match self.config.memory {
+            GpuMemoryPolicy::PrefetchSwap => self.eviction_key(id, c),
+            GpuMemoryPolicy::PrefetchOnly | GpuMemoryPolicy::Uvm => (false, c.last_used, id),
+        }
+    }
+
     /// The idle container on `gpu` the container cap gives up.
     fn victim(&self, gpu: usize) -> Option<(ContainerId, &Container)> {
         self.containers
@@ -888,7 +926,8 @@ impl GpuScheduler {
 
     /// The idle GPU-warm containers to swap out so that `needed_mb` more fits on `gpu`
     /// (`freed_mb` is freed anyway by destroying `skip`), or `None` if even all of them
-    /// would not do.
+    /// would not do. Under UVM never `None`: the driver oversubscribes, so it evicts what
+    /// idle memory there is and the run goes anyway.
     fn make_room(
         &self,
         gpu: usize,
@@ -906,7 +945,7 @@ impl GpuScheduler {
             .filter(|(id, c)| c.gpu == gpu && !c.busy && c.on_device && Some(**id) != skip)
             .map(|(id, c)| (*id, c))
             .collect();
-        swappable.sort_by_key(|(id, c)| self.eviction_key(*id, c));
+        swappable.sort_by_key(|(id, c)| self.reclaim_key(*id, c));
         let mut swaps = Vec::new();
         for (id, c) in swappable {
             swaps.push(id);
@@ -915,16 +954,24 @@ impl GpuScheduler {
                 return Some(swaps);
             }
         }
-        None
+        (self.config.memory == GpuMemoryPolicy::Uvm).then_some(swaps)
     }
 
     fn execute(&mut self, now: Micros, name: &Arc<str>, plan: Plan) {
         if let Some(victim) = plan.evict {
             self.destroy(victim, GpuDestroyReason::PoolFull);
         }
+        let mut evict_mb = 0u64;
         for id in plan.swaps {
-            self.swap(id);
+            evict_mb = evict_mb.saturating_add(self.reclaim(id));
         }
+        let host_warm = plan.start == Start::HostWarm;
+        let uvm = self.config.memory == GpuMemoryPolicy::Uvm;
+        let paging = GpuPaging {
+            prefetch_mb: if host_warm && !uvm { plan.memory_mb } else { 0 },
+            fault_in_mb: if host_warm && uvm { plan.memory_mb } else { 0 },
+            evict_mb,
+        };
         let container = match plan.container {
             Some(id) => id,
             None => {
@@ -991,7 +1038,26 @@ impl GpuScheduler {
             start: plan.start,
             queued_us: now.saturating_sub(head.arrival),
             memory_mb: plan.memory_mb,
+            paging,
         });
+    }
+
+    /// Takes an idle container's memory off its device for room: a Swap under prefetch-swap
+    /// (asynchronous, nothing on the critical path), otherwise the driver's on-demand eviction,
+    /// whose size is returned for the dispatch that needed it.
+    fn reclaim(&mut self, id: ContainerId) -> u64 {
+        if self.config.memory == GpuMemoryPolicy::PrefetchSwap {
+            self.swap(id);
+            return 0;
+        }
+        match self.containers.get_mut(&id) {
+            Some(c) if c.on_device && !c.busy => {
+                c.on_device = false;
+                self.counters.evictions += 1;
+                c.memory_mb
+            }
+            _ => 0,
+        }
     }
 
     fn swap(&mut self, id: ContainerId) {
@@ -1019,7 +1085,7 @@ impl GpuScheduler {
     }
 
     /// Swaps idle containers out (eviction order) until resident memory fits `gpu` again,
-    /// after a shim reported a container grew.
+    /// after a shim reported a container grew (without swapping: counts them evicted).
     fn fit_memory(&mut self, gpu: usize) {
         let over = self
             .resident_mb(gpu)
@@ -1034,12 +1100,13 @@ impl GpuScheduler {
             .filter(|(_, c)| c.gpu == gpu && !c.busy && c.on_device)
             .map(|(id, _)| *id)
             .collect();
-        idle.sort_by_key(|id| self.containers.get(id).map(|c| self.eviction_key(*id, c)));
+        idle.sort_by_key(|id| self.containers.get(id).map(|c| self.reclaim_key(*id, c)));
         for id in idle {
             if self.resident_mb(gpu) <= capacity {
                 break;
             }
-            self.swap(id);
+            // Without swapping, the driver already evicted them when the container grew.
+            let _ = self.reclaim(id);
         }
     }
 

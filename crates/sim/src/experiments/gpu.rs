@@ -1,8 +1,9 @@
 //! `gpu`: GPU function scheduling on one server (thesis ch. 6, §6.5): MQFQ-Sticky vs FCFS vs
 //! Batch across device parallelism D (Fig. 6.6), per-function latency and fairness
 //! (Fig. 6.7), load (Table 6.3), flow over-run T (Fig. 6.10), flow TTL (Fig. 6.11), one vs two
-//! GPUs (Fig. 6.8), CPU/GPU hybrid execution (Table 6.4) and the container pool's miss rate
-//! (Fig. 6.9).
+//! GPUs (Fig. 6.8), CPU/GPU hybrid execution (Table 6.4), the container pool's miss rate
+//! (Fig. 6.9) and the memory policies (Fig. 6.4: stock UVM, prefetch-only, prefetch-swap) on
+//! the thesis' microbenchmark and on the medium trace.
 //!
 //! Workload as in §6.5: 24 Azure functions, each mapped onto the Table 6.1 function with the
 //! longest warm GPU time not above its own execution time, arrivals redrawn from each
@@ -14,8 +15,11 @@ use super::plot::{self, Axis, BarPanel, LinePanel, Series};
 use super::runner::in_parallel;
 use super::{azure, f, AzureSample, Options, Output, Table, AZURE_1350};
 use crate::error::Result;
-use crate::gpu::{simulate_gpu, GpuRun, GpuServerConfig, GpuWorkload, Placement, Ran, StartKind};
-use hearth_core::gpu::{DispatchConfig, GpuPolicy, GpuSchedConfig, GpuSpec};
+use crate::error::SimError;
+use crate::gpu::{
+    simulate_gpu, GpuRun, GpuServerConfig, GpuWorkload, Placement, Ran, StartKind, TABLE_6_1,
+};
+use hearth_core::gpu::{DispatchConfig, GpuMemoryPolicy, GpuPolicy, GpuSchedConfig, GpuSpec};
 use hearth_core::time::secs;
 use hearth_core::Micros;
 use hearth_loadgen::make::{mapping::Mapping, select::Selection, Scaling};
@@ -30,6 +34,16 @@ const V100_MB: u64 = 16_384;
 const MEDIUM: f64 = 0.70;
 /// The high-intensity trace of Fig. 6.8 and Table 6.4 (of one GPU).
 const HIGH: f64 = 0.90;
+/// Fig. 6.4's microbenchmark (§6.4.2): 16 copies of FFT (1.5 GB each: 24 GB on a 16 GB
+/// device, 50 % over), each called 20 times.
+const MICRO_COPIES: usize = 16;
+const MICRO_CALLS: usize = 20;
+/// The memory policies in Fig. 6.4's order (its CUDA-madvise bar is not modelled).
+const MEMORY_ORDER: [GpuMemoryPolicy; 3] = [
+    GpuMemoryPolicy::Uvm,
+    GpuMemoryPolicy::PrefetchOnly,
+    GpuMemoryPolicy::PrefetchSwap,
+];
 
 /// What D a run uses: fixed, or utilization-driven (starting at 2, up to 6).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -85,6 +99,10 @@ struct Summary {
     exec_overhead_pct: f64,
     cold_pct: f64,
     host_warm_pct: f64,
+    /// Mean setup + execution (s) of the GPU runs that found a container (not cold), and the
+    /// setup part of it: what Fig. 6.4 measures.
+    found_exec_s: f64,
+    found_setup_s: f64,
     /// Per function: mean latency (s), `None` when it had no completed invocation.
     per_function_s: Vec<Option<f64>>,
     /// Variance of the per-function mean latencies (s²).
@@ -131,6 +149,14 @@ fn summarize(w: &GpuWorkload, run: &GpuRun) -> Summary {
     let m = means.iter().sum::<f64>() / means.len().max(1) as f64;
     let variance = means.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / means.len().max(1) as f64;
     let count = |k: StartKind| gpu_runs.iter().filter(|r| r.start == k).count() as f64;
+    let found: Vec<_> = gpu_runs
+        .iter()
+        .filter(|r| r.start != StartKind::Cold)
+        .collect();
+    let fnum = found.len().max(1) as f64;
+    let found_setup_s = found.iter().map(|r| r.setup_us as f64).sum::<f64>() / fnum / 1e6;
+    let found_exec_s =
+        found_setup_s + found.iter().map(|r| r.exec_us as f64).sum::<f64>() / fnum / 1e6;
     Summary {
         mean_latency_s: lat.iter().sum::<f64>() / n,
         p99_latency_s: if lat.is_empty() {
@@ -146,6 +172,8 @@ fn summarize(w: &GpuWorkload, run: &GpuRun) -> Summary {
         },
         cold_pct: count(StartKind::Cold) / g * 100.0,
         host_warm_pct: count(StartKind::HostWarm) / g * 100.0,
+        found_exec_s,
+        found_setup_s,
         per_function_s,
         variance,
         measured_util_pct: run.mean_util.iter().sum::<f64>() / run.mean_util.len().max(1) as f64
@@ -164,6 +192,8 @@ fn summary_json(s: &Summary) -> Value {
         "exec_overhead_pct": s.exec_overhead_pct,
         "cold_pct": s.cold_pct,
         "host_warm_pct": s.host_warm_pct,
+        "found_exec_s": s.found_exec_s,
+        "found_setup_s": s.found_setup_s,
         "function_variance_s2": s.variance,
         "measured_util_pct": s.measured_util_pct,
         "mean_d": s.mean_d,
@@ -243,6 +273,16 @@ pub(super) fn run(o: &Options) -> Result<Output> {
     }
     let (medium, high) = (0usize, 1usize);
     let load_at = |k: usize| 2 + k;
+    let fft = TABLE_6_1
+        .iter()
+        .find(|p| p.name == "fft")
+        .ok_or_else(|| SimError::Internal("Table 6.1 has no fft row".into()))?;
+    let micro = workloads.len();
+    workloads.push(GpuWorkload::copies_in_turn(
+        *fft,
+        MICRO_COPIES,
+        MICRO_CALLS,
+    )?);
 
     let mut cases: Vec<Case> = Vec::new();
     let mut add = |workload: usize, config: GpuServerConfig| {
@@ -337,6 +377,30 @@ pub(super) fn run(o: &Options) -> Result<Output> {
                     add(medium, server(s))
                 })
                 .collect()
+        })
+        .collect();
+
+    // Fig. 6.4: memory policies on the microbenchmark (D = 1) and on the medium trace.
+    let with_memory = |mut s: GpuSchedConfig, m: GpuMemoryPolicy| {
+        s.memory = m;
+        server(s)
+    };
+    let mem_micro: Vec<usize> = MEMORY_ORDER
+        .iter()
+        .map(|m| {
+            add(
+                micro,
+                with_memory(sched(GpuPolicy::MqfqSticky, Dpar::Fixed(1), 1), *m),
+            )
+        })
+        .collect();
+    let mem_medium: Vec<usize> = MEMORY_ORDER
+        .iter()
+        .map(|m| {
+            add(
+                medium,
+                with_memory(sched(GpuPolicy::MqfqSticky, Dpar::Dynamic, 1), *m),
+            )
         })
         .collect();
 
@@ -592,6 +656,65 @@ pub(super) fn run(o: &Options) -> Result<Output> {
     }
     md.push_str(&t.markdown());
 
+    // Fig. 6.4
+    let ideal_s = fft.gpu_warm_s;
+    md.push_str(&format!(
+        "\n## Memory policies (Fig. 6.4): {MICRO_COPIES} FFT copies × {} MB on one {V100_MB} MB GPU, \
+         {MICRO_CALLS} calls each in turn, D = 1, MQFQ-Sticky\n\n\
+         Execution = setup (paging) + run, over the calls that found a container (the {MICRO_COPIES} \
+         first calls start cold); ideal = Table 6.1's warm {ideal_s} s.\n\n",
+        fft.memory_mb
+    ));
+    let mut t = Table::new(&[
+        "memory policy",
+        "mean execution s",
+        "of which paging s",
+        "vs ideal",
+        "vs stock UVM",
+        "host-warm %",
+    ]);
+    let uvm_s = at(mem_micro[0]).found_exec_s;
+    let mut json64m = Vec::new();
+    for (k, m) in MEMORY_ORDER.iter().enumerate() {
+        let s = at(mem_micro[k]);
+        t.row(vec![
+            m.to_string(),
+            f(s.found_exec_s, 3),
+            f(s.found_setup_s, 3),
+            format!("{:+.1} %", (s.found_exec_s / ideal_s - 1.0) * 100.0),
+            format!("{:+.1} %", (s.found_exec_s / uvm_s.max(1e-9) - 1.0) * 100.0),
+            f(s.host_warm_pct, 1),
+        ]);
+        json64m.push(json!({"memory": m.as_str(), "summary": summary_json(s)}));
+    }
+    md.push_str(&t.markdown());
+    md.push_str(&format!(
+        "\n## Memory policies on the medium trace ({}% offered), MQFQ-Sticky, dynamic D\n\n",
+        f(util(medium), 1)
+    ));
+    let mut t = Table::new(&[
+        "memory policy",
+        "mean latency s",
+        "p99 s",
+        "cold %",
+        "host-warm %",
+        "execution overhead %",
+    ]);
+    let mut json64t = Vec::new();
+    for (k, m) in MEMORY_ORDER.iter().enumerate() {
+        let s = at(mem_medium[k]);
+        t.row(vec![
+            m.to_string(),
+            f(s.mean_latency_s, 2),
+            f(s.p99_latency_s, 2),
+            f(s.cold_pct, 1),
+            f(s.host_warm_pct, 1),
+            f(s.exec_overhead_pct, 1),
+        ]);
+        json64t.push(json!({"memory": m.as_str(), "summary": summary_json(s)}));
+    }
+    md.push_str(&t.markdown());
+
     // Figures.
     let mut files = Vec::new();
     let fig = o.out.join("gpu_latency_vs_d.png");
@@ -643,6 +766,31 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         (800, 500),
     )?;
     files.push(fig);
+    let fig = o.out.join("gpu_memory_policies.png");
+    plot::bars(
+        &fig,
+        "Memory policies (Fig. 6.4)",
+        &[BarPanel {
+            title: format!(
+                "{MICRO_COPIES} FFT × {} MB on {V100_MB} MB, D = 1; ideal {ideal_s} s",
+                fft.memory_mb
+            ),
+            categories: MEMORY_ORDER.iter().map(|m| m.to_string()).collect(),
+            y: Axis::linear("mean execution time (s)"),
+            series: vec![
+                (
+                    "paging + run".to_string(),
+                    mem_micro.iter().map(|i| at(*i).found_exec_s).collect(),
+                ),
+                (
+                    "of which paging".to_string(),
+                    mem_micro.iter().map(|i| at(*i).found_setup_s).collect(),
+                ),
+            ],
+        }],
+        (800, 500),
+    )?;
+    files.push(fig);
 
     let json = json!({
         "experiment": "gpu",
@@ -656,6 +804,8 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         "multi_gpu": json68,
         "hybrid": json64,
         "pool": json69,
+        "memory_microbenchmark": json64m,
+        "memory_medium": json64t,
     });
     Ok((md, json, files))
 }

@@ -7,7 +7,10 @@
 //! * a run takes the function's Table 6.1 warm GPU time, stretched by the invocations running
 //!   on its GPU at dispatch (itself included; fixed for the run);
 //! * a cold start first pays Table 6.1's cold − warm time (at least the model's GPU
-//!   container start), a host-warm one first moves its memory over PCIe;
+//!   container start);
+//! * every dispatch then pays the memory movement its [`hearth_core::gpu::GpuPaging`] names:
+//!   a host-warm start's bulk prefetch over PCIe, or under stock UVM its pages faulted in on
+//!   demand (slower), plus what the driver evicted on demand for it (prefetch-only, UVM);
 //! * `Prefetch` and `Swap` are asynchronous in the real system (`cuMemPrefetchAsync`) and cost
 //!   the critical path nothing here;
 //! * every 200 ms each GPU reports the sum of its running invocations' solo shares (at most
@@ -99,7 +102,7 @@ pub struct GpuRecord {
     pub start_us: Micros,
     pub end_us: Micros,
     pub queue_us: Micros,
-    /// Cold start or prefetch before the run.
+    /// Cold start and memory movement (prefetch, fault-in, on-demand eviction) of the run.
     pub setup_us: Micros,
     /// The run itself, interference included.
     pub exec_us: Micros,
@@ -287,7 +290,7 @@ pub fn simulate_gpu(w: &GpuWorkload, c: &GpuServerConfig) -> Result<GpuRun> {
                     gpu,
                     start,
                     queued_us,
-                    memory_mb,
+                    paging,
                     ..
                 } => {
                     let i = ids.remove(&invocation).ok_or_else(|| {
@@ -295,11 +298,12 @@ pub fn simulate_gpu(w: &GpuWorkload, c: &GpuServerConfig) -> Result<GpuRun> {
                     })?;
                     let p = &w.functions[w.arrivals[i].function as usize].profile;
                     on_gpu[gpu] += 1;
-                    let (setup_us, kind) = match start {
+                    let (cold_us, kind) = match start {
                         Start::Warm => (0, StartKind::Warm),
-                        Start::HostWarm => (c.model.prefetch_us(memory_mb), StartKind::HostWarm),
+                        Start::HostWarm => (0, StartKind::HostWarm),
                         Start::Cold => (p.cold_extra_us(c.model.gpu_init_us), StartKind::Cold),
                     };
+                    let setup_us = cold_us.saturating_add(c.model.paging_us(&paging));
                     let exec_us = c.model.exec_us(p.gpu_warm_us(), on_gpu[gpu]);
                     let end_us = now + setup_us + exec_us;
                     records[i] = Some(GpuRecord {

@@ -83,6 +83,36 @@ impl GpuWorkload {
         self.arrivals.len() as f64 / (self.span_us as f64 / 1e6)
     }
 
+    /// `copies` copies of one Table 6.1 function (`name-01`, `name-02`, …), each called
+    /// `calls` times, every call queued at the start, copy after copy in turn (1 µs apart):
+    /// Fig. 6.4's memory microbenchmark. With one token the scheduler then serves the copies
+    /// in turn, as it would clients that each call their copy again once the last call
+    /// returned (every flow has one call waiting, and the one just served has the highest VT).
+    pub fn copies_in_turn(profile: GpuProfile, copies: usize, calls: usize) -> Result<Self> {
+        if copies == 0 || calls == 0 || copies > 4096 || copies * calls > MAX_ARRIVALS {
+            return Err(SimError::Config(format!(
+                "copies must be 1 to 4096 and copies × calls at most {MAX_ARRIVALS}"
+            )));
+        }
+        let functions = (0..copies)
+            .map(|k| GpuFunction {
+                name: Arc::from(format!("{}-{:02}", profile.name, k + 1)),
+                profile,
+                trace_exec_us: profile.gpu_warm_us(),
+            })
+            .collect();
+        let arrivals = (0..copies * calls)
+            .map(|i| Arrival {
+                at_us: i as Micros,
+                function: (i % copies) as u32,
+            })
+            .collect();
+        let work = profile
+            .gpu_warm_us()
+            .saturating_mul((copies * calls) as Micros);
+        GpuWorkload::new(functions, arrivals, work.clamp(1, MAX_SPAN_US))
+    }
+
     /// The §6.5 workload from a trace sample `trace` (which spans `trace_span_us`): each of
     /// its functions mapped onto Table 6.1, arrivals redrawn and scaled so that the offered
     /// utilization of `gpus` GPUs over `span_us` is `target_util` (module docs).

@@ -6,9 +6,11 @@
 //! On simulated GPUs (`[gpu] devices = "sim"`) a GPU container is bookkeeping and an invocation
 //! sleeps for what [`SimGpuModel`] says: the function's `sim_gpu_warm_ms` stretched by the
 //! invocations sharing the device when it starts, plus the container's start (`Cold`:
-//! `sim_gpu_cold_ms`, or the model's GPU initialization when that is 0) or the prefetch of its
-//! memory (`HostWarm`). Prefetches and swaps the scheduler orders for idle containers are
-//! asynchronous in the real system (`cuMemPrefetchAsync`) and cost a simulated run nothing.
+//! `sim_gpu_cold_ms`, or the model's GPU initialization when that is 0) and
+//! the paging the scheduler charged the dispatch (`GpuPaging`: a bulk prefetch for a host-warm
+//! start, on-demand fault-in and eviction under the `prefetch-only` and `uvm` memory policies).
+//! Prefetches and swaps the scheduler orders for idle containers are asynchronous in the real
+//! system (`cuMemPrefetchAsync`) and cost a simulated run nothing.
 //!
 //! On real GPUs (found through NVML) each GPU container is a runc GPU sandbox
 //! (`Backend::create_gpu`: the GPU's device nodes, the driver's libraries, the CUDA shim): a cold
@@ -60,13 +62,16 @@ pub struct Placed {
     pub start: Start,
     pub queued_us: Micros,
     pub memory_mb: u64,
+    /// Memory moved on the critical path (the scheduler's memory policy).
+    pub paging: hearth_core::gpu::GpuPaging,
 }
 
 /// A GPU invocation that ran.
 #[derive(Debug, Clone)]
 pub struct GpuRun {
     pub placed: Placed,
-    /// Container start (cold) or memory prefetch (host-warm), µs.
+    /// Container start (cold) and the paging charged to the dispatch (prefetch, fault-in,
+    /// on-demand eviction), µs.
     pub setup_us: Micros,
     pub exec_us: Micros,
     /// The sandbox's answer (a real GPU sandbox; `None` for a simulated run, whose result is
@@ -186,6 +191,7 @@ impl Inner {
                     start,
                     queued_us,
                     memory_mb,
+                    paging,
                     ..
                 } => {
                     let placed = Placed {
@@ -195,6 +201,7 @@ impl Inner {
                         start,
                         queued_us,
                         memory_mb,
+                        paging,
                     };
                     self.running[gpu] += 1;
                     self.containers.entry(container).or_default();
@@ -567,11 +574,11 @@ impl GpuExecutor {
         let (setup_us, exec_us) = {
             let inner = self.inner.lock();
             let setup_us = match placed.start {
-                Start::Warm => 0,
-                Start::HostWarm => self.model.prefetch_us(placed.memory_mb),
+                Start::Warm | Start::HostWarm => 0,
                 Start::Cold if spec.sim_gpu_cold_ms > 0.0 => ms_to_us(spec.sim_gpu_cold_ms),
                 Start::Cold => self.model.gpu_init_us,
-            };
+            }
+            .saturating_add(self.model.paging_us(&placed.paging));
             let exec_us = self
                 .model
                 .exec_us(ms_to_us(spec.sim_gpu_warm_ms), inner.running[placed.gpu]);
@@ -652,7 +659,9 @@ impl GpuExecutor {
         }
         let mut gs = match held.take() {
             Some(mut gs) => {
-                if placed.start == Start::HostWarm {
+                // Under stock unified memory (`memory = "uvm"`) nothing is prefetched: the run
+                // pages its memory in on demand.
+                if placed.paging.prefetch_mb > 0 {
                     if let Err(e) = backend.gpu_prefetch(&mut gs.sandbox).await {
                         if e.is_fatal() {
                             discard(driver, gs).await;
