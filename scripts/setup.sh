@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v runc >/dev/null 2>&1 || need_apt+=(runc)
-command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+# A C toolchain: Rust's linker, and gcc and make for the CUDA shim (runtime/gpu-shim).
+{ command -v cc && command -v gcc && command -v make; } >/dev/null 2>&1 || need_apt+=(build-essential)
 [ -x /usr/bin/python3 ] || need_apt+=(python3)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
 # etcd (clusters of several controllers, and the tests that run one) and protoc (the etcd
@@ -34,4 +35,6 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 cargo build --release --locked -p hearth-cli
+# The CUDA shim of GPU sandboxes, beside the binary where the worker looks for it (docs/gpu.md).
+make -s -C runtime/gpu-shim OUT="$(pwd)/target/release"
 echo "setup: built $(pwd)/target/release/hearth" >&2
