@@ -15,6 +15,8 @@ use rand_chacha::ChaCha8Rng;
 pub const MAX_CLIENTS: u32 = 100_000;
 /// Longest think time and span accepted (a day).
 const MAX_US: Micros = 86_400_000_000;
+/// Largest weight accepted (so that sums stay finite).
+const MAX_WEIGHT: f64 = 1e12;
 /// Most weight mixes a closed loop may switch between.
 const MAX_MIXES: usize = 100_000;
 /// A client whose invocation was refused the instant it was sent waits at least this long
@@ -103,10 +105,10 @@ impl ClosedLoop {
             if m.weights.len() != functions {
                 return bad("every weight mix needs one weight per function");
             }
-            if !m.weights.iter().all(|w| w.is_finite() && *w >= 0.0) {
-                return bad("weights must be finite and non-negative");
+            if !m.weights.iter().all(|w| (0.0..=MAX_WEIGHT).contains(w)) {
+                return bad("weights must be between 0 and 1e12");
             }
-            if !(m.weights.iter().sum::<f64>() > 0.0) {
+            if m.weights.iter().sum::<f64>() <= 0.0 {
                 return bad("a weight mix needs a positive weight");
             }
         }

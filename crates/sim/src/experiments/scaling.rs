@@ -469,8 +469,8 @@ pub(super) fn run(o: &Options) -> Result<Output> {
                 y: Axis::linear("variance of load across workers"),
                 series: [
                     ("open loop".to_string(), r9),
-                    (format!("closed, {matched}"), c9),
-                    (format!("closed, {paper}"), c9_paper),
+                    (format!("closed, {matched} clients"), c9),
+                    (format!("closed, {paper} clients"), c9_paper),
                 ]
                 .into_iter()
                 .map(|(l, r)| (l, r.iter().map(RunMetrics::mean_load_variance).collect()))
@@ -959,4 +959,21 @@ fn fig11(
         },
         fig,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fig11_adds_the_papers_threads_one_every_6_s_then_removes_four_fifths() {
+        let steps = fig11_clients(120, 60.0);
+        assert_eq!(steps[0], (0, 1));
+        assert_eq!(steps[1], (secs(6), 2));
+        assert_eq!(steps[119], (secs(714), 120));
+        assert!(steps.windows(2).all(|w| w[0].0 < w[1].0));
+        let last = *steps.last().unwrap();
+        assert_eq!(last, (secs(24 * 60), 24));
+        assert_eq!(steps.len(), 120 + 96);
+    }
 }
