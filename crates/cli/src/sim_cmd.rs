@@ -13,7 +13,8 @@ use hearth_loadgen::{metadata, Metadata, Trace};
 use hearth_sim::config::ATOLL_TTL_US;
 use hearth_sim::record::Tee;
 use hearth_sim::{
-    CpuConfig, CpuSched, CsvSink, Record, Routing, Server, SimAutoscale, SimConfig, Sink, Workload,
+    ClosedLoop, CpuConfig, CpuSched, CsvSink, Record, Routing, Server, SimAutoscale, SimConfig,
+    Sink, Workload,
 };
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -146,6 +147,18 @@ pub struct SimArgs {
     /// Autoscaling: from the decision to an added worker taking work.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     worker_start: Duration,
+    /// Closed loop: CLIENTS clients replace the trace's arrivals; each picks a function by its
+    /// share of the trace's invocations, waits for the answer, thinks (--think-min to
+    /// --think-max) and invokes again, until the trace's last arrival time (as Locust threads,
+    /// docs/simulator.md).
+    #[arg(long, value_name = "CLIENTS")]
+    closed_loop: Option<u32>,
+    /// Closed loop: shortest think time after an answer.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    think_min: Duration,
+    /// Closed loop: longest think time after an answer (drawn uniformly between the two).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    think_max: Duration,
 }
 
 /// `MIN..MAX` workers.
@@ -346,6 +359,8 @@ impl SimArgs {
             work_spread: self.work_spread,
             work_seed: self.seed,
             elastic: None,
+            // Set from the trace once it is read (see `run`).
+            clients: None,
             autoscale: self.autoscale.map(|(min, max)| SimAutoscale {
                 params: AutoscaleParams {
                     min_workers: min,
@@ -391,11 +406,36 @@ impl Sink for Deadlines {
     }
 }
 
+/// Turns the trace into a closed loop of `clients` clients: the functions weighted by their
+/// invocations, for the trace's span; the arrivals are dropped (the clients make their own).
+fn closed_loop(workload: &mut Workload, clients: u32, a: &SimArgs) -> Result<ClosedLoop> {
+    if clients == 0 || clients > hearth_sim::closed_loop::MAX_CLIENTS {
+        bail!(
+            "--closed-loop must be between 1 and {} clients",
+            hearth_sim::closed_loop::MAX_CLIENTS
+        );
+    }
+    let us = |d: Duration| d.as_micros().min(u128::from(u64::MAX)) as u64;
+    let weights = workload.counts().into_iter().map(|n| n as f64).collect();
+    let span_us = workload.arrivals.last().map_or(0, |x| x.at_us) + 1;
+    workload.arrivals.clear();
+    let spec = ClosedLoop::fixed(
+        clients,
+        weights,
+        us(a.think_min),
+        us(a.think_max),
+        span_us,
+        a.seed,
+    );
+    spec.check(workload.functions.len())?;
+    Ok(spec)
+}
+
 /// The generic pool's sizing window, as the worker's default `generic_pool_window_s`.
 const GENERIC_WINDOW_US: u64 = 30_000_000;
 
 pub fn run(a: SimArgs) -> Result<()> {
-    let config = a.config()?;
+    let mut config = a.config()?;
     config.check()?;
     let meta = a
         .meta
@@ -412,6 +452,9 @@ pub fn run(a: SimArgs) -> Result<()> {
         workload.set_init_us((ms * 1000.0).round() as u64);
     }
     drop(trace);
+    if let Some(n) = a.closed_loop {
+        config.clients = Some(closed_loop(&mut workload, n, &a)?);
+    }
     let read_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut sink = CsvSink::create(&workload, &a.out)?;

@@ -1,6 +1,7 @@
 //! What a simulation is configured with: the cluster, each worker's engine, the balancer and the
 //! model's own parameters.
 
+use crate::closed_loop::ClosedLoop;
 use crate::contention::Server;
 use crate::cpu_model::{CpuConfig, CpuSched};
 use crate::error::{Result, SimError};
@@ -101,6 +102,9 @@ pub struct SimConfig {
     /// Horizontal autoscaling: the cluster starts with `workers` and the core's autoscaler
     /// adds and drains workers during the run (None: a fixed cluster).
     pub autoscale: Option<SimAutoscale>,
+    /// Closed-loop clients issue the invocations instead of the workload's arrivals (which
+    /// must then be empty); None: the workload's open-loop arrivals.
+    pub clients: Option<ClosedLoop>,
 }
 
 /// The elastic controller of each simulated worker and the curve it reads.
@@ -170,6 +174,7 @@ impl Default for SimConfig {
             work_seed: 0,
             elastic: None,
             autoscale: None,
+            clients: None,
         }
     }
 }

@@ -1,8 +1,9 @@
 //! The event queue: one binary heap ordered by time, then by kind, then by insertion order, so
 //! two runs with the same inputs process events in exactly the same order.
 //!
-//! Arrivals are not stored here: they stream from the (sorted) workload and go after every
-//! queued event of the same instant (see [`Kind`]).
+//! Open-loop arrivals are not stored here: they stream from the (sorted) workload and go after
+//! every queued event of the same instant (see [`Kind`]); closed-loop clients' invocations are
+//! events of the arrivals' rank.
 
 use hearth_core::{Micros, SandboxId};
 use std::cmp::Reverse;
@@ -45,6 +46,10 @@ pub enum Kind {
     Autoscale,
     /// A worker pushes its status to the balancer.
     Status { worker: u32 },
+    /// A closed-loop client invokes (after its think time), as an arrival would.
+    Issue { client: u32 },
+    /// The closed loop's client count changes (step `step` of its schedule).
+    Clients { step: u32 },
 }
 
 /// The rank of arrivals among kinds at the same instant: after all of them.
@@ -61,6 +66,7 @@ impl Kind {
             Kind::AtollTick | Kind::Autoscale => 5,
             Kind::Resize { .. } => 6,
             Kind::Status { .. } => 7,
+            Kind::Issue { .. } | Kind::Clients { .. } => ARRIVAL_RANK,
         }
     }
 }

@@ -11,6 +11,7 @@
 //! The simulator reads the load generator's trace and metadata files and writes its results
 //! format, so `hearth report` works on both; [`experiments`] runs the seeds' comparisons.
 
+pub mod closed_loop;
 pub mod config;
 pub mod contention;
 pub mod cpu;
@@ -25,6 +26,7 @@ pub mod router;
 pub mod simulation;
 pub mod workload;
 
+pub use closed_loop::{ClosedLoop, Mix};
 pub use config::{Routing, SimAutoscale, SimConfig, SimElastic};
 pub use contention::{Contention, Server};
 pub use cpu_model::{CpuConfig, CpuModel, CpuSched};

@@ -5,13 +5,14 @@
 //! Nothing here sleeps, spawns or reads a clock; the run is a pure function of the workload and
 //! the configuration, so the same inputs give the same records in the same order.
 
+use crate::closed_loop::Clients;
 use crate::config::{Routing, SimConfig};
 use crate::cpu_model::CpuModel;
 use crate::error::{Result, SimError};
 use crate::events::{EventQueue, Kind};
 use crate::record::{worker_name, End, Record, Refusal, Sink};
 use crate::router::Router;
-use crate::workload::Workload;
+use crate::workload::{Arrival as Scheduled, Workload};
 use hearth_core::autoscale::{Autoscaler, Direction, ScaleDecision};
 use hearth_core::balance::{Finished, WorkerLoad};
 use hearth_core::proactive::{AllocAction, Command, Outcome};
@@ -20,6 +21,7 @@ use hearth_core::{
     Arrival, Completion, DestroyReason, EngineAction, InvocationId, Micros, Run, SandboxId,
     WorkerEngine,
 };
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -199,6 +201,12 @@ pub struct Simulation<'a> {
     /// Function index by name, for the engine's pre-warm actions.
     by_name: HashMap<Arc<str>, u32>,
     next_arrival: usize,
+    /// Every invocation so far, by id: the workload's arrivals, or those closed-loop clients
+    /// issued (appended as they invoke, so still in time order).
+    arrivals: Cow<'a, [Scheduled]>,
+    /// Closed-loop clients, if they drive the run, and their `Issue`/`Clients` events queued.
+    clients: Option<Clients>,
+    pending_issues: usize,
     /// Invocations arrived and not yet ended.
     outstanding: usize,
     /// Policy pre-warms still starting.
@@ -266,6 +274,23 @@ impl<'a> Simulation<'a> {
         if let Some(a) = &config.autoscale {
             events.push(a.interval_us, Kind::Autoscale);
         }
+        let clients = match &config.clients {
+            Some(_) if !workload.arrivals.is_empty() => {
+                return Err(SimError::Config(
+                    "a closed loop issues its own invocations: the workload must have no arrivals"
+                        .into(),
+                ));
+            }
+            Some(c) => Some(Clients::new(c.clone(), workload.functions.len())?),
+            None => None,
+        };
+        let mut pending_issues = 0;
+        if let Some(c) = &clients {
+            for (at, step) in c.steps() {
+                events.push(at, Kind::Clients { step: step as u32 });
+                pending_issues += 1;
+            }
+        }
         let by_name = workload
             .functions
             .iter()
@@ -281,6 +306,9 @@ impl<'a> Simulation<'a> {
             jobs: Jobs::default(),
             by_name,
             next_arrival: 0,
+            arrivals: Cow::Borrowed(&workload.arrivals),
+            clients,
+            pending_issues,
             outstanding: 0,
             starting: 0,
             now: 0,
@@ -329,6 +357,8 @@ impl<'a> Simulation<'a> {
         let arrivals = self.workload.arrivals.len();
         loop {
             let next = self.workload.arrivals.get(self.next_arrival);
+            // No invocation is still to come: the trace is done and no client will invoke.
+            let issued_all = self.next_arrival == arrivals && self.pending_issues == 0;
             // Arrivals go after every queued event of the same instant.
             let take_arrival = match (next, self.events.peek()) {
                 (Some(a), Some((t, _))) => a.at_us < t,
@@ -339,10 +369,10 @@ impl<'a> Simulation<'a> {
                 self.arrive()?;
                 continue;
             }
-            if self.next_arrival == arrivals && self.outstanding == 0 {
+            if issued_all && self.outstanding == 0 {
                 break;
             }
-            if self.next_arrival == arrivals && self.jobs.live == 0 && self.starting == 0 {
+            if issued_all && self.jobs.live == 0 && self.starting == 0 {
                 // Nothing runs or starts, yet invocations wait: nothing could ever end them.
                 return Err(SimError::Stalled {
                     at_s: self.now as f64 / 1e6,
@@ -377,9 +407,11 @@ impl<'a> Simulation<'a> {
                 Kind::Autoscale => self.on_autoscale()?,
                 Kind::WorkerUp { worker } => self.on_worker_up(worker as usize)?,
                 Kind::Status { worker } => self.on_status(worker as usize),
+                Kind::Issue { client } => self.on_issue(client)?,
+                Kind::Clients { step } => self.on_clients(step),
             }
         }
-        self.stats.invocations = arrivals as u64;
+        self.stats.invocations = self.arrivals.len() as u64;
         self.stats.atoll = self.router.atoll().map(|a| *a.stats());
         for w in &self.workers {
             let c = w.cpu.stats();
@@ -390,12 +422,52 @@ impl<'a> Simulation<'a> {
         Ok(self.stats.clone())
     }
 
+    /// The workload's next (open-loop) arrival.
     fn arrive(&mut self) -> Result<()> {
         let id = self.next_arrival as u32;
         let a = self.workload.arrivals[self.next_arrival];
         self.next_arrival += 1;
         self.now = a.at_us;
         self.stats.events += 1;
+        self.invoke(id, a)
+    }
+
+    /// The closed loop's client count changes: the idle clients it adds invoke now.
+    fn on_clients(&mut self, step: u32) {
+        self.pending_issues -= 1;
+        let Some(c) = self.clients.as_mut() else {
+            return;
+        };
+        for client in c.start(step as usize) {
+            self.events.push(self.now, Kind::Issue { client });
+            self.pending_issues += 1;
+        }
+    }
+
+    /// A closed-loop client's turn: it invokes, unless the span is over or the schedule no
+    /// longer runs it.
+    fn on_issue(&mut self, client: u32) -> Result<()> {
+        self.pending_issues -= 1;
+        let now = self.now;
+        let id = u32::try_from(self.arrivals.len())
+            .map_err(|_| SimError::Config("a closed loop of over 4 billion invocations".into()))?;
+        let Some(c) = self.clients.as_mut() else {
+            return Ok(());
+        };
+        if !c.may_invoke(client, now) {
+            return Ok(());
+        }
+        let function = c.pick(client, id, now);
+        let a = Scheduled {
+            at_us: now,
+            function,
+        };
+        self.arrivals.to_mut().push(a);
+        self.invoke(id, a)
+    }
+
+    /// Invocation `id` arrives now: routed, then handed to its worker's engine.
+    fn invoke(&mut self, id: u32, a: Scheduled) -> Result<()> {
         self.outstanding += 1;
         let f = self.workload.function(a.function);
         let engines = self.workers.iter().map(|w| &w.engine);
@@ -492,9 +564,7 @@ impl<'a> Simulation<'a> {
                 c.on_cold_start();
             }
         }
-        let f = self
-            .workload
-            .function(self.workload.arrivals[id as usize].function);
+        let f = self.workload.function(self.arrivals[id as usize].function);
         // A generic sandbox has the sandbox made already: only the rest of the init is left.
         let init_us = match (run.cold, run.generic) {
             (None, _) => 0,
@@ -535,7 +605,7 @@ impl<'a> Simulation<'a> {
         };
         j.cpu_from = self.now;
         let (w, id) = (j.worker as usize, j.id);
-        let function = self.workload.arrivals[id as usize].function;
+        let function = self.arrivals[id as usize].function;
         let f = self.workload.function(function);
         let (work, timeout) = (self.config.work_us(id, f.warm_us), f.timeout_us);
         self.workers[w].cpu.enter(self.now, job, work, function);
@@ -597,7 +667,7 @@ impl<'a> Simulation<'a> {
             .remove(job)
             .ok_or_else(|| SimError::Internal(format!("completion of unknown job {job}")))?;
         let w = j.worker as usize;
-        let arrival = self.workload.arrivals[j.id as usize];
+        let arrival = self.arrivals[j.id as usize];
         let f = self.workload.function(arrival.function);
         let exec_us = self.now - j.cpu_from;
         let cold = j.run.cold;
@@ -661,7 +731,7 @@ impl<'a> Simulation<'a> {
             )));
         }
         self.schedule_cpu(w);
-        let arrival = self.workload.arrivals[id as usize];
+        let arrival = self.arrivals[id as usize];
         let f = self.workload.function(arrival.function);
         let cold = j.run.cold;
         let proactive = self.workers[w].engine.pool().is_proactive(j.run.sandbox) == Some(true);
@@ -705,7 +775,7 @@ impl<'a> Simulation<'a> {
     }
 
     fn refuse(&mut self, id: u32, w: Option<usize>, why: Refusal) -> Result<()> {
-        let arrival = self.workload.arrivals[id as usize];
+        let arrival = self.arrivals[id as usize];
         if let Some(w) = w {
             let f = self.workload.function(arrival.function);
             self.router
@@ -725,6 +795,13 @@ impl<'a> Simulation<'a> {
     fn end(&mut self, r: Record) -> Result<()> {
         self.outstanding -= 1;
         self.stats.end_us = self.stats.end_us.max(r.end_us);
+        if let Some(c) = self.clients.as_mut() {
+            // Its client thinks, then invokes again.
+            if let Some((client, at)) = c.ended(r.id, r.scheduled_us, self.now) {
+                self.events.push(at, Kind::Issue { client });
+                self.pending_issues += 1;
+            }
+        }
         self.sink.record(&r)
     }
 

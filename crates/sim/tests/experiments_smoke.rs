@@ -90,6 +90,9 @@ fn every_experiment_writes_its_table_and_figures() {
         if e == Experiment::Queue {
             check_queue(&json);
         }
+        if e == Experiment::Scaling {
+            check_scaling(&json, &report.files);
+        }
     }
 }
 
@@ -139,6 +142,38 @@ fn check_atoll(json: &serde_json::Value) {
             );
         }
     }
+}
+
+/// Scaling's JSON has Fig. 9 open and closed loop (the matched and the paper's client counts)
+/// for every policy, each with the invocations its clients made and the CPU load they offered,
+/// and Fig. 11 both ways with its closed-loop figure.
+fn check_scaling(json: &serde_json::Value, files: &[PathBuf]) {
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["policy"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let open = names(&json["fig9"]["policies"]);
+    assert_eq!(open.len(), 5);
+    let closed = json["fig9_closed"].as_array().unwrap();
+    assert_eq!(closed.len(), 2);
+    for c in closed {
+        assert!(c["clients"].as_u64().unwrap() > 0, "{c}");
+        assert_eq!(names(&c["policies"]), open);
+        for p in c["policies"].as_array().unwrap() {
+            assert!(p["invocations"].as_u64().unwrap() > 0, "{p}");
+            let load = p["cpu_load"].as_f64().unwrap();
+            assert!(load > 0.0 && load <= 1.0 + 1e-9, "{p}");
+        }
+    }
+    for fig in ["fig11", "fig11_closed"] {
+        assert_eq!(json[fig]["runs"].as_array().unwrap().len(), 4, "{fig}");
+    }
+    assert!(files
+        .iter()
+        .any(|f| f.ends_with("scaling_autoscale_closed.png")));
 }
 
 /// ALPS' JSON has every scheduler on both workloads with durations and context switches,

@@ -27,6 +27,7 @@ use super::metrics::RunMetrics;
 use super::plot::{self, Axis, BarPanel, LinePanel, Series};
 use super::runner::{run_all, Job};
 use super::{f, Options, Output, Table};
+use crate::closed_loop::{ClosedLoop, Mix};
 use crate::config::{Routing, SimAutoscale, SimConfig};
 use crate::error::Result;
 use crate::record::{End, Record, Sink};
@@ -72,6 +73,11 @@ const LOAD_FIG10: f64 = 0.95;
 /// worker stays well above the mean when the cluster is idle (at a mean of 0.1, one worker near
 /// 0.5): the default 0.3 would never see every worker under it.
 const SCALE_IN_FIG11: f64 = 0.6;
+/// The paper's closed loop (§6.1): Locust threads that wait 0–1 s after each answer, 120 of
+/// them for its heavy load on its 8 × 16 CPUs (scaled to the cluster's CPUs in quick runs).
+const THINK_MAX_US: Micros = 1_000_000;
+const PAPER_THREADS: f64 = 120.0;
+const PAPER_CPUS: f64 = 128.0;
 
 /// The cluster and spans of a run.
 #[derive(Debug, Clone, Copy)]
@@ -248,10 +254,12 @@ pub(super) fn run(o: &Options) -> Result<Output> {
     let (fns, weights) = functions(&mut rng);
     let warm_s = mean_warm_s(&fns, &weights);
     let capacity = (s.workers as u32 * s.cpus) as f64;
+    let cpus = u64::from(s.workers as u32 * s.cpus);
     let mut md = format!(
         "# scaling: bursty traffic and horizontal scaling (CH-RLU paper Figs. 9–11)\n\n\
          * {} functions (12 FunctionBench-like × {CLONES} clones, Zipf({ZIPF_S}) weights), mean warm \
-         time {} s per invocation; open-loop arrivals.\n\
+         time {} s per invocation; open-loop arrivals, then closed-loop clients as the paper's \
+         Locust threads (each waits for its answer, thinks 0–1 s, invokes again).\n\
          * Figs. 9–10: {} workers × {} CPUs × {} GiB; every invocation runs at once (processor \
          sharing, as OpenWhisk invokers); status pushes every 1 s.\n\
          * Global slowdown = mean of e2e ÷ warm time over completed invocations; impact = \
@@ -270,9 +278,10 @@ pub(super) fn run(o: &Options) -> Result<Output> {
     top.truncate(BURST_POOL);
     let windows = (s.burst_span_s / BURST_S).ceil() as usize;
     let mut mixes = Vec::with_capacity(windows);
+    let mut closed_mixes = Vec::with_capacity(windows);
     let mut rates = Vec::with_capacity(windows);
     let mut bursts = Vec::with_capacity(windows);
-    for _ in 0..windows {
+    for i in 0..windows {
         let pair: Vec<usize> = top.choose_multiple(&mut rng, 2).copied().collect();
         let mut w = weights.clone();
         for i in &pair {
@@ -281,6 +290,10 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         // A burst of a long function lowers the rate, as it would a closed loop's.
         rates.push(LOAD_FIG9 * capacity / mean_warm_s(&fns, &w));
         mixes.push(cumulative(&w));
+        closed_mixes.push(Mix {
+            from_us: (i as f64 * BURST_S * 1e6) as Micros,
+            weights: w,
+        });
         bursts.push(pair);
     }
     let window = |t: f64| ((t / BURST_S) as usize).min(windows - 1);
@@ -340,12 +353,12 @@ pub(super) fn run(o: &Options) -> Result<Output> {
     let mut t9 = compare_table();
     let mut t10 = compare_table();
     for ((name, _, _), m) in pols.iter().zip(r9) {
-        t9.row(compare_row(name, m, ow(r9)));
-        json9.push(compare_json(name, m));
+        t9.row(compare_row(name, m, ow(r9), cpus));
+        json9.push(compare_json(name, m, cpus));
     }
     for ((name, _, _), m) in pols.iter().zip(r10) {
-        t10.row(compare_row(name, m, ow(r10)));
-        json10.push(compare_json(name, m));
+        t10.row(compare_row(name, m, ow(r10), cpus));
+        json10.push(compare_json(name, m, cpus));
     }
     md.push_str(&format!(
         "## Fig. 9: bursty weights ({} s, {} invocations, {}/s on average; every {BURST_S:.0} s two \
@@ -365,6 +378,66 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         peak_at,
         t10.markdown()
     ));
+
+    // ---- Fig. 9 again, driven by closed-loop clients as the paper drove it ----
+    // N by Little's law: the clients that offer the open loop's rate at OW+GD's open-loop
+    // latency plus the mean think time; and the paper's own thread count.
+    let think_s = THINK_MAX_US as f64 / 2e6;
+    let matched = (rate9 * (mean_e2e_s(&r9[0]) + think_s)).round().max(1.0) as u32;
+    let paper = (PAPER_THREADS * capacity / PAPER_CPUS).round().max(1.0) as u32;
+    let span_us = (s.burst_span_s * 1e6) as Micros;
+    let functions_only = Workload {
+        functions: fns.clone(),
+        arrivals: Vec::new(),
+    };
+    let closed = |clients: u32| ClosedLoop {
+        clients: vec![(0, clients)],
+        think_min_us: 0,
+        think_max_us: THINK_MAX_US,
+        mixes: closed_mixes.clone(),
+        span_us,
+        seed: o.seed,
+    };
+    let mut jobs: Vec<Job> = Vec::new();
+    for n in [matched, paper] {
+        for (name, routing, ka) in &pols {
+            let mut config = cluster(&s, s.workers, routing.clone(), *ka);
+            config.clients = Some(closed(n));
+            jobs.push(Job {
+                label: format!("fig9 closed {n} {name}"),
+                workload: &functions_only,
+                config,
+            });
+        }
+    }
+    let results = run_all(&jobs, o.jobs)?;
+    let (c9, c9_paper) = results.split_at(pols.len());
+    let mut json9c = Vec::new();
+    for (n, runs, what) in [
+        (
+            matched,
+            c9,
+            "N chosen by Little's law to offer the open loop's rate at OW+GD's open-loop latency",
+        ),
+        (paper, c9_paper, "the paper's thread count"),
+    ] {
+        let mut t = compare_table();
+        let mut rows = Vec::new();
+        for ((name, _, _), m) in pols.iter().zip(runs) {
+            t.row(compare_row(name, m, ow(runs), cpus));
+            rows.push(compare_json(name, m, cpus));
+        }
+        let invocations: u64 = runs.iter().map(RunMetrics::invocations).sum();
+        md.push_str(&format!(
+            "## Fig. 9, closed loop: {n} clients ({what}; each picks a function by the weights in \
+             force, waits for the answer, thinks 0–{} s and invokes again; the same bursts; {} \
+             invocations per run on average)\n\n{}\n",
+            THINK_MAX_US / 1_000_000,
+            invocations / runs.len().max(1) as u64,
+            t.markdown()
+        ));
+        json9c.push(json!({"clients": n, "think_s": [0.0, THINK_MAX_US as f64 / 1e6], "choice": what, "policies": rows}));
+    }
     let fig = o.out.join("scaling_bursts.png");
     // The paper's short names, so that the bars' labels fit.
     let labels: Vec<String> = ["OW+GD", "OW+TTL", "LL", "CH-BL", "RLU"]
@@ -384,16 +457,24 @@ pub(super) fn run(o: &Options) -> Result<Output> {
                 title: "Fig. 9: bursty weights".into(),
                 categories: labels.clone(),
                 y: Axis::linear("impact (slowdown − 1, %)"),
-                series: vec![("impact".into(), impact(r9))],
+                series: vec![
+                    ("open loop".into(), impact(r9)),
+                    (format!("closed, {matched} clients"), impact(c9)),
+                    (format!("closed, {paper} clients"), impact(c9_paper)),
+                ],
             },
             BarPanel {
                 title: "Fig. 9: worker load variance".into(),
                 categories: labels.clone(),
                 y: Axis::linear("variance of load across workers"),
-                series: vec![(
-                    "variance".into(),
-                    r9.iter().map(RunMetrics::mean_load_variance).collect(),
-                )],
+                series: [
+                    ("open loop".to_string(), r9),
+                    (format!("closed, {matched} clients"), c9),
+                    (format!("closed, {paper} clients"), c9_paper),
+                ]
+                .into_iter()
+                .map(|(l, r)| (l, r.iter().map(RunMetrics::mean_load_variance).collect()))
+                .collect(),
             },
             BarPanel {
                 title: "Fig. 10: 30-minute rising burst".into(),
@@ -402,13 +483,16 @@ pub(super) fn run(o: &Options) -> Result<Output> {
                 series: vec![("impact".into(), impact(r10))],
             },
         ],
-        (1500, 480),
+        (1700, 520),
     )?;
     files.push(fig);
 
-    // ---- Fig. 11: scaling ----
-    let (md11, json11, fig) = fig11(o, &s, &fns, &weights, warm_s, &mut rng)?;
+    // ---- Fig. 11: scaling, open loop, then closed loop as the paper ran it ----
+    let (md11, json11, fig) = fig11(o, &s, &fns, &weights, warm_s, Source::Open, &mut rng)?;
     md.push_str(&md11);
+    files.push(fig);
+    let (md11c, json11c, fig) = fig11(o, &s, &fns, &weights, warm_s, Source::Closed, &mut rng)?;
+    md.push_str(&md11c);
     files.push(fig);
     md.push_str(&format!(
         "Burst windows of Fig. 9 (function indices): first {:?}.\n",
@@ -419,8 +503,10 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         "functions": fns.len(),
         "mean_warm_s": warm_s,
         "fig9": {"invocations": bursty.arrivals.len(), "rate_per_s": rate9, "policies": json9},
+        "fig9_closed": json9c,
         "fig10": {"invocations": rising.arrivals.len(), "low_per_s": low10, "peak_per_s": peak10, "policies": json10},
         "fig11": json11,
+        "fig11_closed": json11c,
     });
     Ok((md, json, files))
 }
@@ -435,10 +521,21 @@ fn compare_table() -> Table {
         "dropped",
         "p99 e2e (ms)",
         "load variance",
+        "invocations",
+        "CPU load",
     ])
 }
 
-fn compare_row(name: &str, m: &RunMetrics, ow: f64) -> Vec<String> {
+/// Mean end-to-end time (s) of a run's completed invocations.
+fn mean_e2e_s(m: &RunMetrics) -> f64 {
+    let (sum, n) = m.functions.iter().fold((0u64, 0u64), |(s, n), f| {
+        (s + f.sum_e2e_us, n + f.completed)
+    });
+    sum as f64 / n.max(1) as f64 / 1e6
+}
+
+/// One policy's row; `cpus`: the cluster's, for the CPU load it kept busy.
+fn compare_row(name: &str, m: &RunMetrics, ow: f64, cpus: u64) -> Vec<String> {
     let sd = m.weighted_slowdown();
     vec![
         name.to_string(),
@@ -449,10 +546,12 @@ fn compare_row(name: &str, m: &RunMetrics, ow: f64) -> Vec<String> {
         m.dropped().to_string(),
         f(m.e2e_quantile_ms(0.99), 0),
         f(m.mean_load_variance(), 3),
+        m.invocations().to_string(),
+        f(m.busy_fraction(cpus), 2),
     ]
 }
 
-fn compare_json(name: &str, m: &RunMetrics) -> serde_json::Value {
+fn compare_json(name: &str, m: &RunMetrics, cpus: u64) -> serde_json::Value {
     json!({
         "policy": name,
         "global_slowdown": m.weighted_slowdown(),
@@ -461,6 +560,9 @@ fn compare_json(name: &str, m: &RunMetrics) -> serde_json::Value {
         "completed": m.completed(),
         "p99_e2e_ms": m.e2e_quantile_ms(0.99),
         "load_variance": m.mean_load_variance(),
+        "invocations": m.invocations(),
+        "mean_e2e_s": mean_e2e_s(m),
+        "cpu_load": m.busy_fraction(cpus),
     })
 }
 
@@ -560,12 +662,38 @@ fn workers_over_time(
 
 type Fig11 = (String, serde_json::Value, std::path::PathBuf);
 
+/// Who offers Fig. 11's load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// A rate rising linearly (the earlier stand-in for the paper's threads).
+    Open,
+    /// The paper's threads: one more every 6 s up to its count.
+    Closed,
+}
+
+/// Fig. 11's client schedule: one more client every `12 min ÷ n` (6 s for the paper's 120)
+/// until `n` at minute 12, held to minute 20, then one fewer at a time down to a fifth by
+/// minute 24 (each removed client finishes its call first).
+fn fig11_clients(n: u32, minute_s: f64) -> Vec<(Micros, u32)> {
+    let at = |min: f64| (min * minute_s * 1e6) as Micros;
+    let mut steps: Vec<(Micros, u32)> = (1..=n)
+        .map(|k| (at(12.0 * f64::from(k - 1) / f64::from(n)), k))
+        .collect();
+    let low = (n / 5).max(1);
+    let fall = n.saturating_sub(low);
+    for j in 1..=fall {
+        steps.push((at(20.0 + 4.0 * f64::from(j) / f64::from(fall)), n - j));
+    }
+    steps
+}
+
 fn fig11(
     o: &Options,
     s: &Size,
     fns: &[SimFunction],
     weights: &[f64],
     warm_s: f64,
+    source: Source,
     rng: &mut ChaCha8Rng,
 ) -> Result<Fig11> {
     let m = s.minute_s;
@@ -593,9 +721,34 @@ fn fig11(
         }
     };
     let span_s = 30.0 * m;
-    let workload = Workload {
-        functions: fns.to_vec(),
-        arrivals: open_loop(span_s, peak, rate, |_| 0, &[cumulative(weights)], rng),
+    let threads = (PAPER_THREADS * (s.workers as u32 * s.cpus) as f64 / PAPER_CPUS)
+        .round()
+        .max(1.0) as u32;
+    let (workload, clients) = match source {
+        Source::Open => (
+            Workload {
+                functions: fns.to_vec(),
+                arrivals: open_loop(span_s, peak, rate, |_| 0, &[cumulative(weights)], rng),
+            },
+            None,
+        ),
+        Source::Closed => (
+            Workload {
+                functions: fns.to_vec(),
+                arrivals: Vec::new(),
+            },
+            Some(ClosedLoop {
+                clients: fig11_clients(threads, m),
+                think_min_us: 0,
+                think_max_us: THINK_MAX_US,
+                mixes: vec![Mix {
+                    from_us: 0,
+                    weights: weights.to_vec(),
+                }],
+                span_us: (span_s * 1e6) as Micros,
+                seed: o.seed,
+            }),
+        ),
     };
     let chrlu = Routing::seeded(BalanceKind::ChRlu, o.seed);
     let autoscaled = |max_step: u32| SimAutoscale {
@@ -632,6 +785,7 @@ fn fig11(
     let outcomes = super::runner::side_by_side(&runs, |(_, start, auto)| {
         let mut config = cluster(s, *start, chrlu.clone(), KeepAliveKind::Gdsf);
         config.autoscale = auto.clone();
+        config.clients = clients.clone();
         let mut t = Timeline::new(&workload, max, bucket_s);
         let stats = simulate(&workload, &config, &mut t)?;
         Ok((t, stats))
@@ -645,6 +799,7 @@ fn fig11(
         "scale-ins",
         "peak workers",
         "worker-minutes",
+        "invocations",
     ]);
     let mut lat_series = Vec::new();
     let mut worker_series = Vec::new();
@@ -672,6 +827,7 @@ fn fig11(
             ins.to_string(),
             stats.peak_workers.to_string(),
             f(worker_min, 0),
+            t.totals.invocations().to_string(),
         ]);
         if auto.is_some() && joins_text.is_empty() {
             let instants: Vec<String> = stats
@@ -712,6 +868,7 @@ fn fig11(
             "p99_e2e_ms": t.totals.e2e_quantile_ms(0.99),
             "peak_workers": stats.peak_workers,
             "worker_minutes": worker_min,
+            "invocations": t.totals.invocations(),
             "scaling": stats.scaling.iter().map(|e| json!({
                 "at_s": e.at_us as f64 / 1e6,
                 "direction": e.decision.direction.as_str(),
@@ -724,13 +881,26 @@ fn fig11(
             "slowdown_over_time": t.points(),
         }));
     }
+    let load = match source {
+        Source::Open => format!(
+            "open loop, {} invocations; rate rising for 12 min to {}/s, held to min 20, falling \
+             to a fifth by min 24",
+            workload.arrivals.len(),
+            f(peak, 1)
+        ),
+        Source::Closed => format!(
+            "closed loop: one more client every {} s up to {threads} at min 12 (the paper's \
+             threads, thinking 0–{} s), held to min 20, one fewer at a time down to {} by min 24",
+            f(12.0 * 60.0 / f64::from(threads), 1),
+            THINK_MAX_US / 1_000_000,
+            (threads / 5).max(1)
+        ),
+    };
     let md = format!(
-        "## Fig. 11: horizontal scaling ({} invocations; rate rising for 12 min to {}/s, held to \
-         min 20, falling to a fifth by min 24; autoscaler: min {}, max {}, target load {}, \
+        "## Fig. 11{}: horizontal scaling ({load}; autoscaler: min {}, max {}, target load {}, \
          scale-out load {} on ≥ {} % of workers, scale-in load {} on all, dead band {} s, workers up {} s after the \
          decision{})\n\n{}\n{joins_text}",
-        workload.arrivals.len(),
-        f(peak, 1),
+        if source == Source::Closed { ", closed loop" } else { "" },
         params.min_workers,
         params.max_workers,
         params.target_load,
@@ -746,10 +916,19 @@ fn fig11(
         },
         table.markdown()
     );
-    let fig = o.out.join("scaling_autoscale.png");
+    let (fig, title) = match source {
+        Source::Open => (
+            o.out.join("scaling_autoscale.png"),
+            "Fig. 11: CH-RLU with the autoscaler as the load rises (open loop; x: minutes)",
+        ),
+        Source::Closed => (
+            o.out.join("scaling_autoscale_closed.png"),
+            "Fig. 11: CH-RLU with the autoscaler, one more client every 6 s (closed loop; x: minutes)",
+        ),
+    };
     plot::lines(
         &fig,
-        "Fig. 11: CH-RLU with the autoscaler as the load rises (x: minutes)",
+        title,
         &[
             LinePanel {
                 title: "mean normalized latency by arrival time".into(),
@@ -772,7 +951,29 @@ fn fig11(
     )?;
     Ok((
         md,
-        json!({"invocations": workload.arrivals.len(), "peak_per_s": peak, "runs": json_runs}),
+        match source {
+            Source::Open => {
+                json!({"invocations": workload.arrivals.len(), "peak_per_s": peak, "runs": json_runs})
+            }
+            Source::Closed => json!({"clients": threads, "runs": json_runs}),
+        },
         fig,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fig11_adds_the_papers_threads_one_every_6_s_then_removes_four_fifths() {
+        let steps = fig11_clients(120, 60.0);
+        assert_eq!(steps[0], (0, 1));
+        assert_eq!(steps[1], (secs(6), 2));
+        assert_eq!(steps[119], (secs(714), 120));
+        assert!(steps.windows(2).all(|w| w[0].0 < w[1].0));
+        let last = *steps.last().unwrap();
+        assert_eq!(last, (secs(24 * 60), 24));
+        assert_eq!(steps.len(), 120 + 96);
+    }
 }
