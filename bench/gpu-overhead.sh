@@ -32,13 +32,6 @@ for path in cpu gpu; do
     [ "$path" = gpu ] && flag="--gpu"
     for clients in 1 4; do
         j=$("$H" bench overhead --url "$url" --clients "$clients" --duration "${secs}s" $flag --json)
-        python3 - "$path" "$clients" "$j" <<'PY'
-import json, sys
-p, c, j = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-name = f"no-op {p}, {c} client" + ("s" if c != "1" else "")
-o, t = j["overhead_us"], j["e2e_us"]
-print(f'{name:<22} {j["throughput"]:>10.0f} {o["p50"]:>8} {o["p90"]:>8} {o["p99"]:>8} {t["p50"]:>8} {t["p99"]:>8}'
-      + (f'   errors {j["errors"]}' if j["errors"] else ''))
-PY
+        overhead_row "no-op $path, $clients client$([ "$clients" = 1 ] || echo s)" "$j"
     done
 done

@@ -55,3 +55,14 @@ wait_workers() {
         sleep 0.1
     done
 }
+
+# One row of `hearth bench overhead --json` output: NAME then inv/s and overhead/e2e percentiles (µs).
+overhead_row() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+name, j = sys.argv[1], json.loads(sys.argv[2])
+o, t = j["overhead_us"], j["e2e_us"]
+print(f'{name:<22} {j["throughput"]:>10.0f} {o["p50"]:>8} {o["p90"]:>8} {o["p99"]:>8} {t["p50"]:>8} {t["p99"]:>8}'
+      + (f'   errors {j["errors"]}' if j["errors"] else ''))
+PY
+}

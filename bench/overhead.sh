@@ -33,14 +33,8 @@ printf '%-22s %10s %8s %8s %8s %8s %8s\n' case "inv/s" "ovh p50" "ovh p90" "ovh 
 for exec_ms in 0 12; do
     for clients in 1 4; do
         j=$("$H" bench overhead --url "$url" --clients "$clients" --duration "${secs}s" --exec-ms "$exec_ms" --json)
-        python3 - "$exec_ms" "$clients" "$j" <<'PY'
-import json, sys
-e, c, j = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-name = ("no-op" if e == "0" else f"sleep {e} ms") + f", {c} client" + ("s" if c != "1" else "")
-o, t = j["overhead_us"], j["e2e_us"]
-print(f'{name:<22} {j["throughput"]:>10.0f} {o["p50"]:>8} {o["p90"]:>8} {o["p99"]:>8} {t["p50"]:>8} {t["p99"]:>8}'
-      + (f'   errors {j["errors"]}' if j["errors"] else ''))
-PY
+        name=$([ "$exec_ms" = 0 ] && echo "no-op" || echo "sleep $exec_ms ms")", $clients client"$([ "$clients" = 1 ] || echo s)
+        overhead_row "$name" "$j"
     done
 done
 if [ "$backend" = runc ]; then

@@ -40,7 +40,10 @@ pub fn register_bench_function(url: &str, exec_ms: u64, gpu: bool) -> Result<Str
         spec["device"] = json!("gpu");
         spec["gpu_memory_mb"] = json!(512);
         if sim {
+            // A 1 ms GPU sandbox start (0 would mean the simulated device's 1.5 s), so the
+            // warm-up's cold starts end before the measured run.
             spec["sim_gpu_warm_ms"] = json!(exec_ms);
+            spec["sim_gpu_cold_ms"] = json!(1);
         }
         format!("{name}-gpu")
     } else {

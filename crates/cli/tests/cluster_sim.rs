@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::cluster::{home, join, patient_client, sim_fn, wait_members, wait_until, workers_up};
+use common::cluster::{
+    answering_workers, home, join, patient_client, sim_fn, wait_members, wait_until, workers_up,
+};
 use common::{wait_invocation, Server};
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -120,14 +122,7 @@ fn round_robin_takes_the_workers_in_turn() {
     let (a, b) = (join(&c, None, &[]), join(&c, None, &[]));
     wait_members(&c, &ids(&[&a, &b]));
     assert_eq!(c.put_fn("f", sim_fn(0, 0)).status, 201);
-    let got: Vec<String> = (0..4)
-        .map(|_| {
-            c.invoke("f", "{}").json()["worker"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let got = answering_workers(&c, "f", 4);
     assert_ne!(got[0], got[1]);
     assert_eq!((&got[0], &got[1]), (&got[2], &got[3]));
 }

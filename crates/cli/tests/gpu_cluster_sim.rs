@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::cluster::{join, sim_fn, wait_members};
+use common::cluster::{answering_workers, join, sim_fn, wait_members};
 use common::Server;
 use serde_json::json;
 
@@ -40,14 +40,8 @@ fn a_gpu_function_runs_only_on_the_worker_with_a_gpu() {
     );
     // CPU functions still go everywhere.
     assert_eq!(c.put_fn("f", sim_fn(0, 0)).status, 201);
-    let used: std::collections::BTreeSet<String> = (0..4)
-        .map(|_| {
-            c.invoke("f", "{}").json()["worker"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let used: std::collections::BTreeSet<String> =
+        answering_workers(&c, "f", 4).into_iter().collect();
     assert_eq!(used.len(), 2, "{used:?}");
     // The controller shows which worker has which GPUs.
     let workers = c.status()["workers"].clone();

@@ -134,6 +134,18 @@ pub fn sim_fn(warm_ms: u64, cold_ms: u64) -> Value {
     serde_json::json!({"sim_warm_ms": warm_ms, "sim_cold_ms": cold_ms, "memory_mb": 64})
 }
 
+/// The workers that answered `n` invocations of `function` at `controller`, in order.
+pub fn answering_workers(controller: &Server, function: &str, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|_| {
+            controller.invoke(function, "{}").json()["worker"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
 /// How many invocations of `function` ran to an answer on `worker` (its metrics).
 pub fn runs_on(worker: &Server, function: &str) -> u64 {
     let text = worker.client().get("/metrics").unwrap().text();
