@@ -65,6 +65,10 @@ pub struct DriverFiles {
     /// (name in the sandbox's library directory, host file).
     pub libraries: Vec<(String, PathBuf)>,
     pub shim: PathBuf,
+    /// Where the device nodes are ([`DEV_DIR`]) and the driver's per-GPU information
+    /// ([`PROC_GPUS_DIR`]); other places only in tests.
+    pub dev_dir: PathBuf,
+    pub proc_gpus: PathBuf,
 }
 
 impl DriverFiles {
@@ -78,15 +82,20 @@ impl DriverFiles {
         if !libraries.iter().any(|(name, _)| name == CUDA_LIBRARY) {
             return Err(GpuHostError::NoDriver);
         }
-        Ok(DriverFiles { libraries, shim })
+        Ok(DriverFiles {
+            libraries,
+            shim,
+            dev_dir: PathBuf::from(DEV_DIR),
+            proc_gpus: PathBuf::from(PROC_GPUS_DIR),
+        })
     }
 
     /// The spec additions of a sandbox on `gpu`: these files and that GPU's device nodes.
     /// Blocking: reads `/dev` and procfs.
     pub fn for_gpu(&self, gpu: &GpuInfo) -> Result<GpuParams, GpuHostError> {
-        let minor = device_minor(Path::new(PROC_GPUS_DIR), gpu);
+        let minor = device_minor(&self.proc_gpus, gpu);
         Ok(GpuParams {
-            devices: device_nodes(Path::new(DEV_DIR), minor)?,
+            devices: device_nodes(&self.dev_dir, minor)?,
             libraries: self.libraries.clone(),
             shim: self.shim.clone(),
         })

@@ -324,6 +324,12 @@ impl RuncBackend {
     }
 
     /// The driver's libraries and the shim, looked for once (blocking work off the runtime).
+    /// Sets the driver's files instead of finding them (a mock driver and stand-in nodes).
+    #[cfg(test)]
+    pub(crate) fn preset_gpu_files(&self, files: DriverFiles) {
+        let _ = self.gpu_files.set(Arc::new(files));
+    }
+
     async fn driver_files(&self) -> Result<Arc<DriverFiles>, SandboxError> {
         let shim = self.cfg.gpu_shim_path.clone();
         self.gpu_files
@@ -1125,7 +1131,7 @@ fn set_limits(
 }
 
 #[cfg(test)]
-mod gpu_tests {
+pub(crate) mod gpu_tests {
     //! A GPU sandbox started by runc for real, on any machine: the shim and the mock driver of
     //! runtime/gpu-shim's tests stand in for the NVIDIA driver, and harmless character devices
     //! (null, zero) for its nodes. Needs root, runc, a cgroup v1 freezer and gcc; without them
@@ -1161,7 +1167,7 @@ def main(args):
     return out
 "#;
 
-    fn usable() -> bool {
+    pub(crate) fn usable() -> bool {
         let ok = unsafe { libc::geteuid() } == 0
             && Path::new("/sys/fs/cgroup/freezer").is_dir()
             && std::process::Command::new("runc")
@@ -1181,7 +1187,7 @@ def main(args):
     }
 
     /// Builds the shim and the mock `libcuda.so.1` into `out`.
-    fn build(out: &Path) -> (PathBuf, PathBuf) {
+    pub(crate) fn build(out: &Path) -> (PathBuf, PathBuf) {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../runtime/gpu-shim");
         let shim = out.join("libhearth_cuda_shim.so");
         let mock = out.join("mock/libcuda.so.1");

@@ -805,6 +805,209 @@ fn ms_to_us(ms: f64) -> Micros {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::gpu_host::DriverFiles;
+    use crate::backend::runc::{gpu_tests, RuncBackend};
+    use crate::backend::Backend;
+    use crate::config::RuncConfig;
+    use crate::driver::LoadSampling;
+    use crate::metrics::Metrics;
+    use hearth_core::bypass::BypassConfig;
+    use hearth_core::{
+        EngineConfig, GenericConfig, KeepAliveConfig, LoadSource, PoolConfig, QueueDiscipline,
+        RegulatorConfig,
+    };
+    use hearth_service::registry::Registry;
+    use std::path::Path;
+
+    /// A handler that allocates `bytes` of device memory through the driver API each call,
+    /// keeping it (the shim records it).
+    const HANDLER: &str = r#"
+import ctypes
+
+cuda = ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+glob = ctypes.CDLL(None)
+cuda.cuCtxSetCurrent(ctypes.c_void_p(0x1000))
+held = []
+
+def main(args):
+    ptr = ctypes.c_uint64(0)
+    rc = glob.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(args["bytes"]))
+    held.append(ptr)
+    return {"alloc": rc, "resident": glob.hearth_shim_resident_bytes()}
+"#;
+
+    fn engine_config() -> EngineConfig {
+        EngineConfig {
+            pool: PoolConfig {
+                memory_budget_mb: 4096,
+                free_buffer_mb: 0,
+                keepalive: KeepAliveConfig::default(),
+                generic: GenericConfig::OFF,
+                proactive_mb: 0,
+            },
+            queue: QueueDiscipline::Fcfs,
+            max_queue: 100,
+            regulator: RegulatorConfig::Fixed(2),
+            bypass: BypassConfig::default(),
+            cpus: 2,
+            load_source: LoadSource::External,
+            warm_wait: false,
+        }
+    }
+
+    fn container_exists(data: &Path, worker: &str, container: ContainerId) -> bool {
+        let id = GPU_SANDBOX_ID_BASE + container.0;
+        data.join("runc")
+            .join(format!("hearth-{worker}-{id}"))
+            .exists()
+    }
+
+    /// The real-GPU path end to end, on any machine with root, runc and gcc: runc GPU sandboxes
+    /// with the shim and its mock driver (`/dev/null`, `/dev/zero` as the nodes) under the
+    /// executor: a cold start, the shim's memory report reaching the scheduler, the swap the
+    /// scheduler orders in the background, a host-warm start that prefetches first, a warm one,
+    /// and the sandbox the container cap evicts destroyed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn real_gpu_sandboxes_run_under_the_scheduler() {
+        if !gpu_tests::usable() {
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::Builder::new()
+            .prefix("hgx")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let (shim, mock) = gpu_tests::build(&tmp.path().join("b"));
+        let dev = tmp.path().join("dev");
+        std::fs::create_dir(&dev).unwrap();
+        for (name, target) in [
+            ("nvidiactl", "/dev/null"),
+            ("nvidia-uvm", "/dev/zero"),
+            ("nvidia0", "/dev/zero"),
+        ] {
+            std::os::unix::fs::symlink(target, dev.join(name)).unwrap();
+        }
+        let code = tmp.path().join("code");
+        std::fs::create_dir(&code).unwrap();
+        std::fs::write(code.join("main.py"), HANDLER).unwrap();
+        for p in [tmp.path(), &code] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let data = tmp.path().join("d");
+        let worker = format!("gx{}", std::process::id());
+        let runc = RuncBackend::new(RuncConfig::default(), &data, &worker, 1 << 20, false)
+            .await
+            .unwrap();
+        runc.preset_gpu_files(DriverFiles {
+            libraries: vec![("libcuda.so.1".to_string(), mock)],
+            shim,
+            dev_dir: dev,
+            proc_gpus: tmp.path().join("no-proc"),
+        });
+        let reg_dir = tmp.path().join("r");
+        std::fs::create_dir(&reg_dir).unwrap();
+        let registry = Arc::new(Registry::open(&reg_dir).unwrap());
+        let driver = Driver::start(
+            engine_config(),
+            Backend::Runc(runc),
+            registry,
+            Arc::new(Metrics::default()),
+            LoadSampling::None,
+            None,
+            None,
+        );
+        let gpu = GpuInfo {
+            index: 0,
+            name: "mock".into(),
+            uuid: "GPU-mock".into(),
+            memory_mb: 1024,
+        };
+        let mut settings = GpuSettings::default();
+        settings.scheduler.containers_per_gpu = 1;
+        settings.scheduler.dynamic_d = false;
+        settings.scheduler.d = 1;
+        settings.scheduler.d_max = 1;
+        let exec = GpuExecutor::real(
+            std::slice::from_ref(&gpu),
+            &settings,
+            Arc::clone(&driver),
+            None,
+        )
+        .unwrap();
+        let reg = |name: &str| {
+            let mut spec = FunctionSpec::new(name);
+            spec.memory_mb = 256;
+            spec.device = hearth_api::Device::Gpu;
+            spec.gpu_memory_mb = 64;
+            spec.version = 1;
+            Registered {
+                spec: Arc::new(spec),
+                code_dir: Some(code.clone()),
+            }
+        };
+        let (f, g) = (reg("f"), reg("g"));
+        // Run in a task so that a failed assertion still removes the sandboxes below.
+        let outcome = tokio::spawn(async move {
+            check_real_path(&exec, &f, &g, &data, &worker).await;
+        })
+        .await;
+        driver.backend().cleanup_all().await;
+        if let Err(e) = outcome {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+
+    async fn check_real_path(
+        exec: &GpuExecutor,
+        f: &Registered,
+        g: &Registered,
+        data: &Path,
+        worker: &str,
+    ) {
+        let mib: &[u8] = br#"{"bytes": 3145728}"#;
+
+        let first = exec.run(f, mib).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(first.placed.start, Start::Cold);
+        let reply = first.reply.as_ref().unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(body["alloc"], 0, "{body}");
+        assert_eq!(reply.device_memory_bytes, Some(3 << 20));
+        let st = exec.status();
+        assert_eq!(st.counters.dispatched_cold, 1);
+        assert_eq!(
+            st.gpus[0].containers, 1,
+            "seen once, f's flow expires and its memory is swapped out: {st:?}"
+        );
+        assert_eq!(st.counters.swaps, 1, "{st:?}");
+        let f_container = first.placed.container;
+        assert!(container_exists(data, worker, f_container));
+
+        // Host-warm: prefetched, then run in the same sandbox, whose memory keeps growing.
+        let second = exec.run(f, mib).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(second.placed.start, Start::HostWarm);
+        assert_eq!(second.placed.container, f_container);
+        assert_eq!(
+            second.reply.as_ref().unwrap().device_memory_bytes,
+            Some(6 << 20)
+        );
+        // Seen twice, f's flow now stays active: warm, on the device.
+        let third = exec.run(f, mib).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(third.placed.start, Start::Warm, "{:?}", exec.status());
+        assert_eq!(exec.status().gpus[0].memory_resident_mb, 9);
+
+        // g needs the only container slot: f's sandbox is destroyed in the background.
+        let other = exec.run(g, mib).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(other.placed.start, Start::Cold);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while container_exists(data, worker, f_container) {
+            assert!(
+                Instant::now() < deadline,
+                "f's evicted sandbox is still there"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(container_exists(data, worker, other.placed.container));
+    }
 
     #[test]
     fn faults_are_read_only_from_their_key_and_bounded() {
