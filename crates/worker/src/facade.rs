@@ -589,12 +589,17 @@ impl Worker {
     }
 
     /// The GPU executor when `spec` runs on a GPU now: a `gpu` function always (admission
-    /// checked this worker has one), an `any` function when the speedup dispatch says so.
+    /// checked this worker has one), an `any` function when one of this worker's GPUs can hold
+    /// it and the speedup dispatch says so (else its CPU variant runs).
     fn gpu_target(&self, spec: &FunctionSpec) -> Option<&Arc<GpuExecutor>> {
         let exec = self.gpu_exec.as_ref()?;
+        let fits =
+            || hearth_api::largest_gpu_mb(&self.gpus).is_some_and(|mb| spec.gpu_memory_mb <= mb);
         match spec.device {
             Device::Gpu => Some(exec),
-            Device::Any if exec.choose(&spec.name) == hearth_core::gpu::Device::Gpu => Some(exec),
+            Device::Any if fits() && exec.choose(&spec.name) == hearth_core::gpu::Device::Gpu => {
+                Some(exec)
+            }
             Device::Any | Device::Cpu => None,
         }
     }

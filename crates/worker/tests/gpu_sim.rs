@@ -414,3 +414,17 @@ async fn prewarming_a_gpu_function_is_refused_and_makes_no_cpu_sandbox() {
         "no CPU sandbox was made"
     );
 }
+
+#[tokio::test]
+async fn an_any_function_too_large_for_every_gpu_runs_on_the_cpu() {
+    let w = gpu_worker(|_| {}).await;
+    w.register(
+        "big",
+        json!({"device": "any", "gpu_memory_mb": 20000, "sim_warm_ms": 1, "sim_gpu_warm_ms": 1}),
+    )
+    .await;
+    for _ in 0..3 {
+        let v = w.invoke("big").await;
+        assert!(v.get("gpu").is_none(), "ran on the CPU: {v}");
+    }
+}
