@@ -401,6 +401,11 @@ impl GpuExecutor {
 
     /// Real GPUs: each move runs in the background on its container's sandbox, under the
     /// container's lock. Simulated ones: nothing to do (the moves cost a simulated run nothing).
+    ///
+    /// A move and a later dispatch of the same container meet at its lock in the order they
+    /// reach it, which need not be the order the scheduler decided them: a swap can land after
+    /// the run that followed it. That costs speed (the next run pages its memory back in on
+    /// demand), never correctness: unified memory is valid wherever it is.
     fn apply(&self, moves: Vec<Move>) {
         let Runtime::Sandboxes { driver, slots, .. } = &self.runtime else {
             return;
