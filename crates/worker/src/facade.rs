@@ -128,12 +128,13 @@ impl Worker {
             BackendKind::Sim => Backend::Sim(crate::backend::sim::SimBackend::new()),
         };
         backend.cleanup_all().await;
-        let gpus = {
+        let (gpus, nvml) = {
             // NVML loads a library and initializes the driver: not on an async thread.
             let settings = config.gpu.clone();
-            tokio::task::spawn_blocking(move || crate::gpu::discover(&settings))
-                .await
-                .unwrap_or_default()
+            match tokio::task::spawn_blocking(move || crate::gpu::discover_nvml(&settings)).await {
+                Ok(found) => (found.gpus, found.nvml),
+                Err(_) => (Vec::new(), None),
+            }
         };
         let cpus = config.effective_cpus();
         let pool = PoolConfig {
@@ -187,18 +188,12 @@ impl Worker {
             // The sim backend runs no processes: its GPUs (declared, or even real ones) are
             // simulated too.
             (false, BackendKind::Sim) => Some(GpuExecutor::simulated(&gpus, &config.gpu)),
-            (false, BackendKind::Runc) => {
-                let nvml = tokio::task::spawn_blocking(|| nvml_wrapper::Nvml::init().ok())
-                    .await
-                    .ok()
-                    .flatten();
-                Some(GpuExecutor::real(
-                    &gpus,
-                    &config.gpu,
-                    Arc::clone(&driver),
-                    nvml,
-                ))
-            }
+            (false, BackendKind::Runc) => Some(GpuExecutor::real(
+                &gpus,
+                &config.gpu,
+                Arc::clone(&driver),
+                nvml,
+            )),
         };
         let gpu_exec = match gpu_exec.transpose().map_err(StartError::Gpu)? {
             Some(exec) => {

@@ -336,6 +336,12 @@ impl GpuScheduler {
         &self.config
     }
 
+    /// Invocations dispatched to `gpu` and not yet ended (0 for a GPU it does not have): what a
+    /// simulated device shares among them.
+    pub fn running_on(&self, gpu: usize) -> u32 {
+        self.devices.get(gpu).map_or(0, |d| d.running)
+    }
+
     /// Queues an invocation and dispatches what can go. `Err`: refused outright (no id, no
     /// action follows).
     pub fn on_arrival(

@@ -141,31 +141,44 @@ impl GpuSettings {
 /// NVML fails) has no GPUs, which the log says. Blocking (NVML loads a library and may take a
 /// while to initialize): call it off the async threads.
 pub fn discover(settings: &GpuSettings) -> Vec<GpuInfo> {
-    discover_with(settings, nvml_devices)
+    discover_nvml(settings).gpus
 }
 
-/// [`discover`] with `nvml` in place of NVML itself.
-fn discover_with(
+/// What [`discover_nvml`] found: the GPUs, and NVML itself when they came from it (the worker
+/// keeps it to read their utilization, rather than initializing NVML a second time).
+pub struct Discovered {
+    pub gpus: Vec<GpuInfo>,
+    pub nvml: Option<nvml_wrapper::Nvml>,
+}
+
+/// [`discover`], keeping NVML. Blocking, as [`discover`].
+pub fn discover_nvml(settings: &GpuSettings) -> Discovered {
+    let (gpus, nvml) = discover_with(settings, nvml_devices);
+    Discovered { gpus, nvml }
+}
+
+/// [`discover`] with `nvml` in place of NVML itself (which it hands back with the GPUs).
+fn discover_with<N>(
     settings: &GpuSettings,
-    nvml: impl FnOnce() -> Result<Vec<GpuInfo>, NvmlProblem>,
-) -> Vec<GpuInfo> {
+    nvml: impl FnOnce() -> Result<(Vec<GpuInfo>, N), NvmlProblem>,
+) -> (Vec<GpuInfo>, Option<N>) {
     match settings.devices {
-        GpuDevices::None => Vec::new(),
-        GpuDevices::Sim => simulated(&settings.sim),
+        GpuDevices::None => (Vec::new(), None),
+        GpuDevices::Sim => (simulated(&settings.sim), None),
         GpuDevices::Auto => match nvml() {
-            Ok(gpus) => {
+            Ok((gpus, handle)) => {
                 if !gpus.is_empty() {
                     tracing::info!(count = gpus.len(), "found NVIDIA GPUs through NVML");
                 }
-                gpus
+                (gpus, Some(handle))
             }
             Err(NvmlProblem::Absent(why)) => {
                 tracing::info!("no NVIDIA GPUs: {why}");
-                Vec::new()
+                (Vec::new(), None)
             }
             Err(NvmlProblem::Failed(why)) => {
                 tracing::warn!("NVML is installed but failed, so this worker uses no GPU: {why}");
-                Vec::new()
+                (Vec::new(), None)
             }
         },
     }
@@ -194,8 +207,8 @@ enum NvmlProblem {
     Failed(String),
 }
 
-/// NVML's devices (at most [`MAX_GPUS`]); a device NVML cannot describe is left out.
-fn nvml_devices() -> Result<Vec<GpuInfo>, NvmlProblem> {
+/// NVML's devices (at most [`MAX_GPUS`]; a device NVML cannot describe is left out), and NVML.
+fn nvml_devices() -> Result<(Vec<GpuInfo>, nvml_wrapper::Nvml), NvmlProblem> {
     use nvml_wrapper::error::NvmlError;
     let nvml = nvml_wrapper::Nvml::init().map_err(|e| match e {
         NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound | NvmlError::DriverNotLoaded => {
@@ -227,7 +240,7 @@ fn nvml_devices() -> Result<Vec<GpuInfo>, NvmlProblem> {
             Err(e) => tracing::warn!(index, "leaving out a GPU NVML cannot describe: {e}"),
         }
     }
-    Ok(gpus)
+    Ok((gpus, nvml))
 }
 
 #[cfg(test)]
@@ -345,24 +358,29 @@ mod tests {
     #[test]
     fn auto_without_nvml_or_with_a_failing_one_has_no_gpus_and_no_error() {
         let auto = GpuSettings::default();
-        let absent = || Err(NvmlProblem::Absent("libnvidia-ml.so: not found".into()));
-        assert!(discover_with(&auto, absent).is_empty());
-        let failed = || Err(NvmlProblem::Failed("GPU is lost".into()));
-        assert!(discover_with(&auto, failed).is_empty());
+        let absent = || Err::<(_, ()), _>(NvmlProblem::Absent("libnvidia-ml.so: not found".into()));
+        assert_eq!(discover_with(&auto, absent), (Vec::new(), None));
+        let failed = || Err::<(_, ()), _>(NvmlProblem::Failed("GPU is lost".into()));
+        assert_eq!(discover_with(&auto, failed), (Vec::new(), None));
         let one = GpuInfo {
             index: 0,
             name: "NVIDIA H100".into(),
             uuid: "GPU-0".into(),
             memory_mb: 81_559,
         };
-        let found = discover_with(&auto, || Ok(vec![one.clone()]));
-        assert_eq!(found, vec![one]);
+        let found = discover_with(&auto, || Ok((vec![one.clone()], ())));
+        assert_eq!(
+            found,
+            (vec![one], Some(())),
+            "NVML is handed back with its GPUs"
+        );
         // `none` never asks NVML.
         let none = GpuSettings {
             devices: GpuDevices::None,
             ..GpuSettings::default()
         };
-        assert!(discover_with(&none, || panic!("NVML asked")).is_empty());
+        let asked = || -> Result<(Vec<GpuInfo>, ()), NvmlProblem> { panic!("NVML asked") };
+        assert_eq!(discover_with(&none, asked), (Vec::new(), None));
     }
 
     #[test]
@@ -372,7 +390,7 @@ mod tests {
         let direct = nvml_devices();
         let found = discover(&GpuSettings::default());
         match direct {
-            Ok(gpus) => assert_eq!(found, gpus),
+            Ok((gpus, _)) => assert_eq!(found, gpus),
             Err(e) => assert!(found.is_empty(), "{e:?} but found {found:?}"),
         }
         assert!(found.len() <= MAX_GPUS);

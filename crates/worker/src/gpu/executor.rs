@@ -168,11 +168,7 @@ struct SimContainer {
 struct Inner {
     sched: GpuScheduler,
     waiters: HashMap<GpuInvocationId, oneshot::Sender<Result<Placed, GpuReject>>>,
-    /// Invocations running on each device: the simulated device's interference and utilization.
-    running: Vec<u32>,
     containers: HashMap<ContainerId, SimContainer>,
-    /// Device memory of each GPU (MiB), for the simulated allocation failure.
-    memory_mb: Vec<u64>,
     dispatch: CpuGpuDispatch,
 }
 
@@ -203,7 +199,6 @@ impl Inner {
                         memory_mb,
                         paging,
                     };
-                    self.running[gpu] += 1;
                     self.containers.entry(container).or_default();
                     match self.waiters.remove(&invocation) {
                         Some(tx) => {
@@ -233,7 +228,6 @@ impl Inner {
 
     /// Hands back a placement whose invocation never ran (its caller left).
     fn unrun(&mut self, now: Micros, p: Placed) {
-        self.running[p.gpu] = self.running[p.gpu].saturating_sub(1);
         let done = GpuCompletion {
             exec_us: None,
             reusable: true,
@@ -373,9 +367,7 @@ impl GpuExecutor {
             inner: Mutex::new(Inner {
                 sched,
                 waiters: HashMap::new(),
-                running: vec![0; gpus.len()],
                 containers: HashMap::new(),
-                memory_mb: gpus.iter().map(|g| g.memory_mb).collect(),
                 dispatch,
             }),
             runtime,
@@ -496,9 +488,9 @@ impl GpuExecutor {
     fn sample(&self, measured: Vec<Option<f64>>) {
         let sim = matches!(self.runtime, Runtime::Sim { .. });
         self.event(|inner, now, moves| {
-            for gpu in 0..inner.running.len() {
+            for gpu in 0..inner.sched.config().gpus.len() {
                 let util = if sim {
-                    let shares = vec![self.solo_util; inner.running[gpu] as usize];
+                    let shares = vec![self.solo_util; inner.sched.running_on(gpu) as usize];
                     Some(self.model.utilization(&shares))
                 } else {
                     measured.get(gpu).copied().flatten()
@@ -584,9 +576,10 @@ impl GpuExecutor {
                 Start::Cold => self.model.gpu_init_us,
             }
             .saturating_add(self.model.paging_us(&placed.paging));
-            let exec_us = self
-                .model
-                .exec_us(ms_to_us(spec.sim_gpu_warm_ms), inner.running[placed.gpu]);
+            let exec_us = self.model.exec_us(
+                ms_to_us(spec.sim_gpu_warm_ms),
+                inner.sched.running_on(placed.gpu),
+            );
             (setup_us, exec_us)
         };
         let timeout = Duration::from_millis(spec.timeout_ms);
@@ -609,7 +602,12 @@ impl GpuExecutor {
         }
         let held_mb = {
             let mut inner = self.inner.lock();
-            let capacity = inner.memory_mb[placed.gpu];
+            let capacity = inner
+                .sched
+                .config()
+                .gpus
+                .get(placed.gpu)
+                .map_or(0, |g| g.memory_mb);
             let c = inner.containers.entry(placed.container).or_default();
             c.leaked_mb = c.leaked_mb.saturating_add(fault.leak_mb);
             let held = placed.memory_mb.saturating_add(c.leaked_mb);
@@ -779,7 +777,6 @@ impl GpuExecutor {
     /// Ends a placed invocation: completed, or failed (its container is discarded).
     fn end(&self, placed: Placed, completion: Option<GpuCompletion>) {
         self.event(|inner, now, moves| {
-            inner.running[placed.gpu] = inner.running[placed.gpu].saturating_sub(1);
             let result = match completion {
                 Some(c) => inner.sched.on_completed(now, placed.invocation, c),
                 None => {

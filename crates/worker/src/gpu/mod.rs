@@ -7,5 +7,7 @@ pub mod discover;
 pub mod executor;
 
 pub use admission::{admit, GpuRefusal};
-pub use discover::{discover, GpuDevices, GpuSettings, SimGpu, MIN_SIM_GPU_MEMORY_MB};
+pub use discover::{
+    discover, discover_nvml, Discovered, GpuDevices, GpuSettings, SimGpu, MIN_SIM_GPU_MEMORY_MB,
+};
 pub use executor::{GpuExecutor, GpuRun, GpuRunError};
