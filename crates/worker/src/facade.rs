@@ -530,13 +530,7 @@ impl Worker {
             deadline_margin_us: None,
             gpu: None,
         };
-        answer.judge_deadline(call.elapsed_us.saturating_add(e2e));
-        if answer.deadline_missed == Some(true) {
-            self.metrics
-                .deadlines_missed
-                .get_or_create(&fn_label())
-                .inc();
-        }
+        self.judge_deadline(&mut answer, &spec.name, call.elapsed_us.saturating_add(e2e));
         if let Some(reason) = run.cold {
             answer = answer.with_cold_reason(reason, self.config.keepalive.name());
         }
@@ -712,8 +706,22 @@ impl Worker {
                 start,
             }),
         };
-        answer.judge_deadline(call.elapsed_us.saturating_add(e2e));
+        self.judge_deadline(&mut answer, &spec.name, call.elapsed_us.saturating_add(e2e));
         Ok(answer)
+    }
+
+    /// Judges `answer` against its deadline, `total_us` after the platform accepted the call,
+    /// and counts a miss in the metrics (CPU and GPU invocations alike).
+    fn judge_deadline(&self, answer: &mut InvokeAnswer, function: &str, total_us: u64) {
+        answer.judge_deadline(total_us);
+        if answer.deadline_missed == Some(true) {
+            self.metrics
+                .deadlines_missed
+                .get_or_create(&FnLabel {
+                    function: function.to_string(),
+                })
+                .inc();
+        }
     }
 
     /// Accepts an async invocation: stored durably, then run (with the function's retries).
@@ -963,7 +971,7 @@ impl Worker {
                     .saturating_sub(pool.memory_proactive_mb),
             }),
             gpus: self.gpus.clone(),
-            gpu_scheduler: self.gpu_exec.as_ref().map(|g| g.status()),
+            gpu_scheduler: self.gpu_status(),
         }
     }
 

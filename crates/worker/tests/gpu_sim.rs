@@ -428,3 +428,24 @@ async fn an_any_function_too_large_for_every_gpu_runs_on_the_cpu() {
         assert!(v.get("gpu").is_none(), "ran on the CPU: {v}");
     }
 }
+
+#[tokio::test]
+async fn a_gpu_invocation_past_its_deadline_says_so_and_is_counted() {
+    let w = gpu_worker(|_| {}).await;
+    w.register(
+        "d",
+        json!({"device": "gpu", "gpu_memory_mb": 256, "sim_gpu_warm_ms": 20,
+               "sim_gpu_cold_ms": 1, "deadline_ms": 5}),
+    )
+    .await;
+    let v = w.invoke("d").await;
+    assert_eq!(v["deadline_missed"], true, "{v}");
+    let (_, body) = w
+        .raw(Method::GET, "/metrics", w.admin.as_deref(), Vec::new())
+        .await;
+    let text = body["raw"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("hearth_deadlines_missed_total{function=\"d\"} 1"),
+        "{text}"
+    );
+}
