@@ -71,6 +71,11 @@ impl GpuOpError {
     }
 }
 
+/// A runc sandbox runs code from a directory; a function without one cannot start there.
+fn required_code_dir(code_dir: Option<&Path>) -> Result<&Path, SandboxError> {
+    code_dir.ok_or_else(|| SandboxError::StartFailed("the function has no code directory".into()))
+}
+
 /// A backend.
 // One per worker, made once and never moved on the hot path: boxing the runc variant would
 // only add an indirection.
@@ -110,9 +115,7 @@ impl Backend {
     ) -> Result<Sandbox, SandboxError> {
         match self {
             Backend::Runc(b) => {
-                let dir = code_dir.ok_or_else(|| {
-                    SandboxError::StartFailed("the function has no code directory".into())
-                })?;
+                let dir = required_code_dir(code_dir)?;
                 b.create(id, spec, dir)
                     .await
                     .map(|s| Sandbox::Runc(Box::new(s)))
@@ -134,9 +137,7 @@ impl Backend {
     ) -> Result<Sandbox, SandboxError> {
         match self {
             Backend::Runc(b) => {
-                let dir = code_dir.ok_or_else(|| {
-                    SandboxError::StartFailed("the function has no code directory".into())
-                })?;
+                let dir = required_code_dir(code_dir)?;
                 b.create_gpu(id, spec, dir, gpu)
                     .await
                     .map(|s| Sandbox::Runc(Box::new(s)))
