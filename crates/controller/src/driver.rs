@@ -232,22 +232,23 @@ impl Driver {
     fn route_gpu(&self, needed_mb: u64, t: Instant) -> Result<WorkerId, RouteError> {
         let chosen = {
             let b = self.policy.lock();
-            let mut largest_mb: Option<u64> = None;
-            let mut fits = Vec::new();
-            for id in b.workers().live() {
-                let Some(mb) = self.member(*id).and_then(|m| m.largest_gpu_mb()) else {
-                    continue;
-                };
-                largest_mb = largest_mb.max(Some(mb));
-                if mb >= needed_mb {
-                    fits.push(*id);
-                }
-            }
-            b.workers().least_loaded(fits).ok_or(RouteError::NoGpu {
-                needed_mb,
-                largest_mb,
-            })
-        };
+            let fits: Vec<WorkerId> = b
+                .workers()
+                .live()
+                .iter()
+                .copied()
+                .filter(|id| {
+                    self.member(*id)
+                        .and_then(|m| m.largest_gpu_mb())
+                        .is_some_and(|mb| mb >= needed_mb)
+                })
+                .collect();
+            b.workers().least_loaded(fits)
+        }
+        .ok_or_else(|| RouteError::NoGpu {
+            needed_mb,
+            largest_mb: self.largest_live_gpu_mb(),
+        });
         self.metrics.route.observe(t.elapsed().as_secs_f64());
         match chosen {
             Ok(worker) => {
