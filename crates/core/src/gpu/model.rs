@@ -20,7 +20,7 @@
 //! each run faults in and evicts 1,536 MB: 0.4 × 0.897 s = 0.359 s = 1,536 MB / 12 GB/s
 //! (0.128 s eviction) + 1,536 MB / (12 GB/s × e), so e = 0.555, rounded to 0.55 (+40.2 %).
 
-use super::scheduler::GpuPaging;
+use super::scheduler::{GpuPaging, Start};
 use crate::time::Micros;
 use serde::{Deserialize, Serialize};
 
@@ -113,6 +113,26 @@ impl SimGpuModel {
         self.prefetch_us(paging.prefetch_mb)
             .saturating_add(self.fault_in_us(paging.fault_in_mb))
             .saturating_add(self.evict_us(paging.evict_mb))
+    }
+
+    /// A dispatched invocation on the device: its setup (the GPU sandbox's start `cold_us` when
+    /// it starts cold, plus the paging charged to it) and its execution (`warm_us` stretched by
+    /// the `concurrent` invocations on the device, itself included). The simulator and the
+    /// worker's simulated GPUs time every run with this.
+    pub fn run_us(
+        &self,
+        start: Start,
+        cold_us: Micros,
+        paging: &GpuPaging,
+        warm_us: Micros,
+        concurrent: u32,
+    ) -> (Micros, Micros) {
+        let started = match start {
+            Start::Warm | Start::HostWarm => 0,
+            Start::Cold => cold_us,
+        };
+        let setup_us = started.saturating_add(self.paging_us(paging));
+        (setup_us, self.exec_us(warm_us, concurrent))
     }
 
     /// Device utilization with these invocations running, each given by its solo share

@@ -336,6 +336,11 @@ impl GpuScheduler {
         &self.config
     }
 
+    /// The device parallelism D of `gpu` now (0 for a GPU it does not have).
+    pub fn parallelism(&self, gpu: usize) -> u32 {
+        self.devices.get(gpu).map_or(0, |d| d.d)
+    }
+
     /// Invocations dispatched to `gpu` and not yet ended (0 for a GPU it does not have): what a
     /// simulated device shares among them.
     pub fn running_on(&self, gpu: usize) -> u32 {

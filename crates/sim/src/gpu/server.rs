@@ -269,7 +269,7 @@ pub fn simulate_gpu(w: &GpuWorkload, c: &GpuServerConfig) -> Result<GpuRun> {
                     sched
                         .on_utilization(now, g, util)
                         .map_err(|e| SimError::Internal(e.to_string()))?;
-                    d_sum[g] += f64::from(sched.status().gpus[g].d);
+                    d_sum[g] += f64::from(sched.parallelism(g));
                 }
                 if arrivals_left > 0 || outstanding > 0 {
                     push(&mut events, now + SAMPLE_US, Event::Sample);
@@ -298,13 +298,18 @@ pub fn simulate_gpu(w: &GpuWorkload, c: &GpuServerConfig) -> Result<GpuRun> {
                     })?;
                     let p = &w.functions[w.arrivals[i].function as usize].profile;
                     on_gpu[gpu] += 1;
-                    let (cold_us, kind) = match start {
-                        Start::Warm => (0, StartKind::Warm),
-                        Start::HostWarm => (0, StartKind::HostWarm),
-                        Start::Cold => (p.cold_extra_us(c.model.gpu_init_us), StartKind::Cold),
+                    let kind = match start {
+                        Start::Warm => StartKind::Warm,
+                        Start::HostWarm => StartKind::HostWarm,
+                        Start::Cold => StartKind::Cold,
                     };
-                    let setup_us = cold_us.saturating_add(c.model.paging_us(&paging));
-                    let exec_us = c.model.exec_us(p.gpu_warm_us(), on_gpu[gpu]);
+                    let (setup_us, exec_us) = c.model.run_us(
+                        start,
+                        p.cold_extra_us(c.model.gpu_init_us),
+                        &paging,
+                        p.gpu_warm_us(),
+                        on_gpu[gpu],
+                    );
                     let end_us = now + setup_us + exec_us;
                     records[i] = Some(GpuRecord {
                         function: w.arrivals[i].function,

@@ -568,20 +568,18 @@ impl GpuExecutor {
     ) -> Result<GpuRun, GpuRunError> {
         let placed = running.placed;
         let fault = SimFault::parse(args);
-        let (setup_us, exec_us) = {
-            let inner = self.inner.lock();
-            let setup_us = match placed.start {
-                Start::Warm | Start::HostWarm => 0,
-                Start::Cold if spec.sim_gpu_cold_ms > 0.0 => ms_to_us(spec.sim_gpu_cold_ms),
-                Start::Cold => self.model.gpu_init_us,
-            }
-            .saturating_add(self.model.paging_us(&placed.paging));
-            let exec_us = self.model.exec_us(
-                ms_to_us(spec.sim_gpu_warm_ms),
-                inner.sched.running_on(placed.gpu),
-            );
-            (setup_us, exec_us)
+        let cold_us = match spec.sim_gpu_cold_ms {
+            ms if ms > 0.0 => ms_to_us(ms),
+            _ => self.model.gpu_init_us,
         };
+        let concurrent = self.inner.lock().sched.running_on(placed.gpu);
+        let (setup_us, exec_us) = self.model.run_us(
+            placed.start,
+            cold_us,
+            &placed.paging,
+            ms_to_us(spec.sim_gpu_warm_ms),
+            concurrent,
+        );
         let timeout = Duration::from_millis(spec.timeout_ms);
         let total = Duration::from_micros(setup_us.saturating_add(exec_us));
         if total > timeout {
