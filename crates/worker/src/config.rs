@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use crate::cpu_sched::CpuSchedKind;
+pub use crate::cpuset::CpuSet;
 pub use crate::gpu::{GpuDevices, GpuSettings, SimGpu};
 use hearth_service::config_checks;
 pub use hearth_service::config_loader::ConfigError;
@@ -171,6 +172,9 @@ pub struct RuncConfig {
     /// sandbox's `cpu.shares` is this many per GiB of its memory (1024 = a default-weight task
     /// per GiB). 0 (default): every sandbox has the kernel's default weight.
     pub cpu_shares_per_gb: u64,
+    /// The CPUs every sandbox may run on (`cpuset.cpus`, the kernel's list format: `"1"`,
+    /// `"0-3"`); unset: any CPU. The worker's CPU count defaults to its size.
+    pub cpuset: Option<CpuSet>,
     /// The CUDA shim (`make -C runtime/gpu-shim`) that GPU sandboxes preload (docs/gpu.md).
     /// Unset: `libhearth_cuda_shim.so` beside the worker's binary, else
     /// `/usr/local/lib/hearth/libhearth_cuda_shim.so`. Looked for at the first GPU sandbox.
@@ -203,6 +207,14 @@ impl RuncConfig {
                  {MAX_SHARES_PER_GB}, got {per_gb}"
             )));
         }
+        if let Some(set) = &self.cpuset {
+            // Unreadable (not Linux, or sysfs hidden): runc reports a bad CPU at the first
+            // sandbox instead.
+            if let Ok(online) = std::fs::read_to_string(ONLINE_CPUS) {
+                set.check_online(&online)
+                    .map_err(|e| ConfigError::Invalid(format!("runc.cpuset: {e}")))?;
+            }
+        }
         Ok(())
     }
 
@@ -213,6 +225,9 @@ impl RuncConfig {
             .then(|| (memory_mb.saturating_mul(self.cpu_shares_per_gb) / 1024).clamp(2, 262_144))
     }
 }
+
+/// The kernel's list of online CPUs.
+const ONLINE_CPUS: &str = "/sys/devices/system/cpu/online";
 
 /// Bounds of `runc.cpu_shares_per_gb` when on.
 const MIN_SHARES_PER_GB: u64 = 16;
@@ -232,6 +247,7 @@ impl Default for RuncConfig {
             idle_freeze_ms: 20,
             start_timeout_ms: 10_000,
             cpu_shares_per_gb: 0,
+            cpuset: None,
             gpu_shim_path: None,
         }
     }
@@ -754,10 +770,14 @@ impl WorkerConfig {
         }
     }
 
-    /// CPUs the worker schedules for.
+    /// CPUs the worker schedules for: `cpus`, else the size of `runc.cpuset` when its
+    /// sandboxes are pinned, else the host's.
     pub fn effective_cpus(&self) -> u32 {
         if self.cpus > 0 {
             return self.cpus;
+        }
+        if let (BackendKind::Runc, Some(set)) = (self.backend, &self.runc.cpuset) {
+            return set.len() as u32;
         }
         std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
     }
@@ -1020,6 +1040,44 @@ mod tests {
             jail.set_env("HEARTH_MAX_CODE_FILES", "0");
             let err = WorkerConfig::load(None).unwrap_err().to_string();
             assert!(err.contains("max_code_files"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn a_cpuset_is_parsed_from_the_environment_checked_and_sizes_the_worker() {
+        figment::Jail::expect_with(|jail| {
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.runc.cpuset, None);
+            // A bare number reaches serde as an integer.
+            jail.set_env("HEARTH_RUNC__CPUSET", "0");
+            jail.set_env("HEARTH_BACKEND", "runc");
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(
+                c.runc.cpuset.as_ref().map(|s| s.to_string()),
+                Some("0".into())
+            );
+            assert_eq!(c.effective_cpus(), 1, "the pinned CPUs are the worker's");
+            assert_eq!(c.creation_cap(), Some(1));
+            jail.set_env("HEARTH_RUNC__CPUSET", "0-8192");
+            let err = WorkerConfig::load(None).unwrap_err().to_string();
+            assert!(
+                err.to_lowercase().contains("runc.cpuset") && err.contains("8191"),
+                "{err}"
+            );
+            jail.set_env("HEARTH_RUNC__CPUSET", "0,x");
+            let err = WorkerConfig::load(None).unwrap_err().to_string();
+            assert!(err.contains("CPU list"), "{err}");
+            if let Ok(online) = std::fs::read_to_string(ONLINE_CPUS) {
+                let last = *CpuSet::parse(online.trim()).unwrap().cpus().last().unwrap();
+                jail.set_env("HEARTH_RUNC__CPUSET", (last + 1).to_string());
+                let err = WorkerConfig::load(None).unwrap_err().to_string();
+                assert!(
+                    err.contains("runc.cpuset") && err.contains("not online"),
+                    "{err}"
+                );
+            }
             Ok(())
         });
     }

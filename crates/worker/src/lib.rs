@@ -8,6 +8,7 @@ pub mod api;
 pub mod backend;
 pub mod config;
 pub mod cpu_sched;
+pub mod cpuset;
 pub mod driver;
 pub mod errors;
 pub mod facade;

@@ -809,3 +809,98 @@ async fn cpu_shares_follow_memory_on_both_cold_paths() {
     );
     w.worker.shutdown(Duration::from_secs(5)).await;
 }
+
+/// A handler that reports the CPUs it may run on and tries to move itself to CPU `to`.
+const AFFINITY_SOURCE: &str = r#"
+import os
+
+def main(event):
+    allowed = sorted(os.sched_getaffinity(0))
+    try:
+        os.sched_setaffinity(0, {int(event.get("to", 0))})
+        escaped = sorted(os.sched_getaffinity(0))
+    except OSError as e:
+        escaped = "refused: " + type(e).__name__
+    return {"allowed": allowed, "escaped": escaped}
+"#;
+
+/// `runc.cpuset`: every sandbox, created for its function or specialized from a generic one,
+/// runs only on the configured CPUs, and a handler cannot move itself off them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpuset_pins_sandboxes_and_a_handler_cannot_leave_it() {
+    if !common::runc_available(&[CPU_IDLE, "/sys/fs/cgroup/cpuset"]) {
+        return;
+    }
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let online = hearth_worker::cpuset::CpuSet::parse(online.trim()).unwrap();
+    if online.len() < 2 {
+        eprintln!("skipped: one CPU online, nothing to pin away from");
+        return;
+    }
+    let pinned = *online.cpus().last().unwrap();
+    let other = online.cpus()[0];
+    let _serial = SERIAL.lock().await;
+    for generic in [false, true] {
+        let id = worker_id();
+        let w = TestWorker::start_backend(BackendKind::Runc, |c| {
+            settings(c, &id, CpuSchedKind::Cfs, 50);
+            c.runc.cpuset =
+                Some(hearth_worker::cpuset::CpuSet::parse(&pinned.to_string()).unwrap());
+            c.generic_pool = u32::from(generic);
+        })
+        .await;
+        let _reaper = Reaper {
+            id: id.clone(),
+            data_dir: w.data_dir.clone(),
+        };
+        if generic {
+            let start = Instant::now();
+            while w.status().await["generic_pool"]["ready"]
+                .as_u64()
+                .unwrap_or(0)
+                < 1
+            {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "no generic sandbox"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        w.register(
+            "where",
+            json!({"code": {"files": {"main.py": AFFINITY_SOURCE}}}),
+        )
+        .await;
+        let (s, v) = w
+            .call(
+                Method::POST,
+                "/v1/functions/where/invoke",
+                json!({"to": other}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(
+            v["cold_path"],
+            if generic { "generic" } else { "fresh" },
+            "{v}"
+        );
+        assert_eq!(v["result"]["allowed"], json!([pinned]), "{v}");
+        let escaped = v["result"]["escaped"].as_str().unwrap_or_default();
+        assert!(
+            escaped.starts_with("refused"),
+            "the handler left its CPUs: {v}"
+        );
+        for sb in sandboxes(&id) {
+            let cpus = std::fs::read_to_string(
+                Path::new("/sys/fs/cgroup/cpuset/hearth")
+                    .join(&id)
+                    .join(&sb)
+                    .join("cpuset.cpus"),
+            )
+            .unwrap_or_default();
+            assert_eq!(cpus.trim(), pinned.to_string(), "{sb}");
+        }
+        w.worker.shutdown(Duration::from_secs(5)).await;
+    }
+}

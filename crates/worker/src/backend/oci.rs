@@ -29,6 +29,8 @@ pub struct OciParams<'a> {
     pub cpus: f64,
     /// `cpu.shares` (CPU in proportion to memory); None: the kernel's default weight.
     pub cpu_shares: Option<u64>,
+    /// `cpuset.cpus` (`runc.cpuset`, canonical list); None: any CPU.
+    pub cpuset: Option<&'a str>,
     pub uid: u32,
     pub gid: u32,
     /// `/hearth/<worker>/<sandbox>`: absolute, i.e. from each cgroup v1 hierarchy's root (a
@@ -433,16 +435,19 @@ fn resources(p: &OciParams) -> Value {
         // swap accounting (no memory.memsw.* files).
         res["memory"] = json!({"limit": p.memory_mb.saturating_mul(1024 * 1024)});
     }
+    let mut cpu = serde_json::Map::new();
     if let Some(quota) = cpu_quota_us(p.cpus) {
-        res["cpu"] = json!({"period": CPU_PERIOD_US, "quota": quota});
+        cpu.insert("period".into(), json!(CPU_PERIOD_US));
+        cpu.insert("quota".into(), json!(quota));
     }
     if let Some(shares) = p.cpu_shares {
-        match res.get_mut("cpu").and_then(Value::as_object_mut) {
-            Some(cpu) => {
-                cpu.insert("shares".into(), json!(shares));
-            }
-            None => res["cpu"] = json!({ "shares": shares }),
-        }
+        cpu.insert("shares".into(), json!(shares));
+    }
+    if let Some(cpus) = p.cpuset {
+        cpu.insert("cpus".into(), json!(cpus));
+    }
+    if !cpu.is_empty() {
+        res["cpu"] = Value::Object(cpu);
     }
     res
 }
@@ -603,6 +608,7 @@ mod tests {
             memory_mb: 128,
             cpus: 0.5,
             cpu_shares: None,
+            cpuset: None,
             uid: 65534,
             gid: 65534,
             cgroups_path: "/hearth/w1/s1",
@@ -799,6 +805,19 @@ mod tests {
         assert_eq!(resources(&p)["cpu"]["quota"], 50_000, "the quota stays");
         p.cpus = 0.0;
         assert_eq!(resources(&p)["cpu"], json!({"shares": 512}));
+    }
+
+    #[test]
+    fn a_cpuset_pins_the_sandbox_beside_its_other_cpu_limits() {
+        let env = [];
+        let mut p = params(&env);
+        assert!(resources(&p)["cpu"].get("cpus").is_none());
+        p.cpuset = Some("1");
+        assert_eq!(resources(&p)["cpu"]["cpus"], "1");
+        assert_eq!(resources(&p)["cpu"]["quota"], 50_000, "the quota stays");
+        p.cpus = 0.0;
+        p.cpu_shares = Some(256);
+        assert_eq!(resources(&p)["cpu"], json!({"shares": 256, "cpus": "1"}));
     }
 
     #[test]

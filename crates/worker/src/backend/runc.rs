@@ -612,6 +612,7 @@ impl RuncBackend {
                 (point.as_path(), "", Vec::new(), 0, 0.0, None)
             }
         };
+        let cpuset = self.cfg.cpuset.as_ref().map(ToString::to_string);
         let config = oci::runtime_spec(&OciParams {
             rootfs: &self.rootfs,
             code_dir,
@@ -623,6 +624,7 @@ impl RuncBackend {
             memory_mb,
             cpus,
             cpu_shares: self.cfg.cpu_shares(memory_mb),
+            cpuset: cpuset.as_deref(),
             uid: self.cfg.uid,
             gid: self.cfg.gid,
             cgroups_path,
