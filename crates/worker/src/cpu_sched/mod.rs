@@ -125,7 +125,7 @@ impl CpuScheduler {
             return Err(CpuSchedError::Unsupported(kind));
         }
         let default = source.policy_for("").clamped();
-        Self::start_with(kind, source, default, metrics).map(Some)
+        Self::start_with(kind, source, default, metrics, cpus).map(Some)
     }
 
     /// Starts the enforcer thread with any source (tests, other frontends).
@@ -134,11 +134,11 @@ impl CpuScheduler {
         source: Box<dyn PolicySource>,
         default: CpuPolicy,
         metrics: Arc<Metrics>,
+        cpus: u32,
     ) -> Result<Arc<CpuScheduler>, CpuSchedError> {
         let (tx, rx) = mpsc::channel();
         let policies: Policies = Arc::default();
         let epoch = Instant::now();
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
         let e = enforcer::Enforcer::new(source, Arc::clone(&policies), metrics, epoch, cpus);
         std::thread::Builder::new()
             .name("hearth-cpu-sched".into())
@@ -338,7 +338,7 @@ mod tests {
         };
         let metrics = Arc::new(Metrics::default());
         let sched =
-            CpuScheduler::start_with(CpuSchedKind::Alps, Box::new(source), default, metrics)
+            CpuScheduler::start_with(CpuSchedKind::Alps, Box::new(source), default, metrics, 2)
                 .unwrap();
         let cpu = Arc::new(SandboxCpu::new(&path));
         // Not yet published: the default.
