@@ -154,10 +154,10 @@ pub struct SimArgs {
     #[arg(long, value_name = "CLIENTS")]
     closed_loop: Option<u32>,
     /// Closed loop: shortest think time after an answer.
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration, requires = "closed_loop")]
     think_min: Duration,
     /// Closed loop: longest think time after an answer (drawn uniformly between the two).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration, requires = "closed_loop")]
     think_max: Duration,
 }
 
@@ -413,6 +413,13 @@ fn closed_loop(workload: &mut Workload, clients: u32, a: &SimArgs) -> Result<Clo
         bail!(
             "--closed-loop must be between 1 and {} clients",
             hearth_sim::closed_loop::MAX_CLIENTS
+        );
+    }
+    if a.think_min > a.think_max {
+        bail!(
+            "--think-min ({}) must not be longer than --think-max ({})",
+            humantime::format_duration(a.think_min),
+            humantime::format_duration(a.think_max)
         );
     }
     let us = |d: Duration| d.as_micros().min(u128::from(u64::MAX)) as u64;

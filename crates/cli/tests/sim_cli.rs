@@ -245,3 +245,170 @@ fn a_generic_pool_makes_cold_starts_cheaper_not_fewer() {
     );
     assert!(slow.iter().all(|&i| i == 30_000), "{slow:?}");
 }
+
+/// The most invocations in flight at once: +1 at each send, −1 at each end (ends first at a
+/// tie, as a client's next call can leave the instant its last one ended).
+fn most_in_flight(rows: &[hearth_loadgen::ResultRow]) -> usize {
+    let mut events: Vec<(u64, i32)> = rows
+        .iter()
+        .flat_map(|r| [(r.scheduled_us, 1), (r.scheduled_us + r.e2e_us, -1)])
+        .collect();
+    events.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in events {
+        now += d;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+/// The `simulated N invocations` count of a run's summary.
+fn simulated(text: &str) -> usize {
+    text.split("simulated ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no invocation count in {text}"))
+}
+
+#[test]
+fn a_closed_loop_keeps_at_most_n_calls_in_flight_for_the_traces_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path());
+    let out = dir.path().join("closed.csv");
+    let base = ["--workers", "2", "--cpus", "1", "--memory", "1GiB"];
+    let mut args = base.to_vec();
+    args.extend([
+        "--closed-loop",
+        "3",
+        "--think-min",
+        "0s",
+        "--think-max",
+        "10ms",
+    ]);
+    let text = sim(&t, &out, &args);
+    let n = simulated(&text);
+    assert!(
+        text.contains(&format!("completed {n}, dropped 0")),
+        "{text}"
+    );
+    let rows = read_results(&out).unwrap();
+    assert_eq!(rows.len(), n);
+    // The clients, not the trace's 200 arrivals, made the calls: all three start at once and
+    // never more than three are in flight.
+    assert_eq!(most_in_flight(&rows), 3, "{text}");
+    assert_eq!(rows.iter().filter(|r| r.scheduled_us == 0).count(), 3);
+    // No call leaves after the trace's last arrival (995 ms), and both functions are picked.
+    assert!(rows.iter().all(|r| r.scheduled_us <= 995_000));
+    for f in ["fa", "fb"] {
+        assert!(rows.iter().any(|r| r.function == f), "{f} never called");
+    }
+    // Each client's calls take at least the shortest e2e plus the shortest think time (0 here),
+    // so three clients make at most 3 × span ÷ min e2e (+ the calls in flight at the end).
+    let min_e2e = rows.iter().map(|r| r.e2e_us).min().unwrap();
+    assert!(min_e2e >= 4_000, "fa's warm time is 4 ms: {min_e2e}");
+    assert!(n <= 3 * (995_000 / min_e2e as usize + 1), "{n} calls");
+    ok(hearth(&["report", p(&out), "--no-plots"]));
+
+    // One client with a fixed 50 ms think time: each call leaves exactly 50 ms after the
+    // previous one ended.
+    let one = dir.path().join("one.csv");
+    let mut args = base.to_vec();
+    args.extend([
+        "--closed-loop",
+        "1",
+        "--think-min",
+        "50ms",
+        "--think-max",
+        "50ms",
+    ]);
+    sim(&t, &one, &args);
+    let mut rows = read_results(&one).unwrap();
+    rows.sort_by_key(|r| r.scheduled_us);
+    assert!(rows.len() > 5, "{} calls", rows.len());
+    assert_eq!(most_in_flight(&rows), 1);
+    for w in rows.windows(2) {
+        assert_eq!(
+            w[1].scheduled_us,
+            w[0].scheduled_us + w[0].e2e_us + 50_000,
+            "{w:?}"
+        );
+    }
+}
+
+#[test]
+fn a_longer_think_time_makes_fewer_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path());
+    let run = |name: &str, think_min: &str, think_max: &str| {
+        let out = dir.path().join(name);
+        let text = sim(
+            &t,
+            &out,
+            &[
+                "--workers",
+                "2",
+                "--closed-loop",
+                "4",
+                "--think-min",
+                think_min,
+                "--think-max",
+                think_max,
+            ],
+        );
+        let n = simulated(&text);
+        assert_eq!(read_results(&out).unwrap().len(), n);
+        n
+    };
+    let eager = run("eager.csv", "0s", "0s");
+    let slow = run("slow.csv", "100ms", "200ms");
+    assert!(
+        slow < eager,
+        "{slow} calls thinking 100–200 ms, {eager} without"
+    );
+    // Each of the 4 clients waits at least 100 ms between calls over the 995 ms span.
+    assert!(slow <= 4 * (995 / 100 + 1), "{slow} calls");
+    assert!(slow >= 4, "every client calls at least once: {slow}");
+}
+
+#[test]
+fn bad_closed_loop_values_get_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path());
+    let out = dir.path().join("o.csv");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["sim", "--trace", p(&t), "-o", p(&out)];
+        args.extend_from_slice(extra);
+        failed(hearth(&args))
+    };
+    for clients in ["0", "100001"] {
+        let err = run(&["--closed-loop", clients]);
+        assert!(
+            err.contains("--closed-loop must be between 1 and 100000 clients"),
+            "{clients}: {err}"
+        );
+    }
+    let err = run(&["--closed-loop", "many"]);
+    assert!(err.contains("--closed-loop"), "{err}");
+    let err = run(&[
+        "--closed-loop",
+        "2",
+        "--think-min",
+        "2s",
+        "--think-max",
+        "1s",
+    ]);
+    assert!(
+        err.contains("--think-min (2s) must not be longer than --think-max (1s)"),
+        "{err}"
+    );
+    let err = run(&["--closed-loop", "2", "--think-max", "2days"]);
+    assert!(err.contains("think time") && err.contains("a day"), "{err}");
+    // A think time without a closed loop would be ignored: it is refused instead.
+    let err = run(&["--think-max", "2s"]);
+    assert!(err.contains("--closed-loop"), "{err}");
+    assert!(
+        std::fs::metadata(&out).is_err(),
+        "a refused run writes no results"
+    );
+}

@@ -168,12 +168,65 @@ fn check_scaling(json: &serde_json::Value, files: &[PathBuf]) {
             assert!(load > 0.0 && load <= 1.0 + 1e-9, "{p}");
         }
     }
+    check_scaling_memory(&json["fig9_memory"], &open);
     for fig in ["fig11", "fig11_closed"] {
         assert_eq!(json[fig]["runs"].as_array().unwrap().len(), 4, "{fig}");
     }
     assert!(files
         .iter()
         .any(|f| f.ends_with("scaling_autoscale_closed.png")));
+}
+
+/// Fig. 9 by memory: every policy at the Fig. 9 size, then OW+GD, OW+TTL and CH-RLU at a size
+/// below the measured distinct sandbox memory per worker, each with its evictions and cold
+/// starts by reason; less memory evicts more, and GDSF never lets a keep-alive window expire.
+fn check_scaling_memory(mem: &serde_json::Value, open: &[String]) {
+    let sizes: Vec<u64> = mem["sizes_mb"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes.len(), 2, "{mem}");
+    let (full, scarce) = (sizes[0], sizes[1]);
+    let demand = mem["demand_mb"].as_u64().unwrap();
+    assert!(scarce < demand && scarce < full && scarce >= 1024, "{mem}");
+    let distinct = mem["distinct_mb_per_worker"].as_array().unwrap();
+    assert_eq!(distinct.len(), 4, "the quick cluster's workers");
+    let runs = mem["runs"].as_array().unwrap();
+    let at = |mb: u64| -> Vec<&serde_json::Value> {
+        runs.iter()
+            .filter(|r| r["memory_mb"].as_u64() == Some(mb))
+            .collect()
+    };
+    let names = |rs: &[&serde_json::Value]| -> Vec<String> {
+        rs.iter()
+            .map(|r| r["policy"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (f, sc) = (at(full), at(scarce));
+    assert_eq!(f.len() + sc.len(), runs.len());
+    assert_eq!(names(&f), open);
+    assert_eq!(
+        names(&sc),
+        ["openwhisk (GDSF)", "openwhisk (TTL)", "ch-rlu"]
+    );
+    for r in runs {
+        assert!(r["evictions"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["cold_ratio"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(
+            r["peak_memory_mb"].as_u64().unwrap() <= r["memory_mb"].as_u64().unwrap(),
+            "{r}"
+        );
+        if r["policy"] != "openwhisk (TTL)" {
+            assert_eq!(r["cold_expired"], 0, "{r}");
+        }
+    }
+    let evictions = |rs: &[&serde_json::Value]| rs[0]["evictions"].as_u64().unwrap();
+    assert!(
+        evictions(&sc) > evictions(&f),
+        "OW+GD evicts more with less memory"
+    );
 }
 
 /// ALPS' JSON has every scheduler on both workloads with durations and context switches,

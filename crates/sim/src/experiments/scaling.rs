@@ -25,7 +25,7 @@
 
 use super::metrics::RunMetrics;
 use super::plot::{self, Axis, BarPanel, LinePanel, Series};
-use super::runner::{run_all, Job};
+use super::runner::Job;
 use super::{f, Options, Output, Table};
 use crate::closed_loop::{ClosedLoop, Mix};
 use crate::config::{Routing, SimAutoscale, SimConfig};
@@ -35,6 +35,7 @@ use crate::simulation::{simulate, SimStats};
 use crate::workload::{Arrival, SimFunction, Workload};
 use hearth_core::autoscale::{AutoscaleParams, Direction, ScaleDecision};
 use hearth_core::balance::{BalanceKind, WorkerLoad};
+use hearth_core::pool::ColdReason;
 use hearth_core::time::secs;
 use hearth_core::{KeepAliveConfig, KeepAliveKind, Micros, QueueDiscipline, RegulatorConfig};
 use plotters::prelude::SeriesLabelPosition;
@@ -78,6 +79,10 @@ const SCALE_IN_FIG11: f64 = 0.6;
 const THINK_MAX_US: Micros = 1_000_000;
 const PAPER_THREADS: f64 = 120.0;
 const PAPER_CPUS: f64 = 128.0;
+
+/// The policies Fig. 9 runs on scarce memory: OpenWhisk's placement with both keep-alives
+/// (the paper's OW+GD against OW+TTL), and CH-RLU; the first is the reference.
+const SCARCE_POLICIES: [&str; 3] = ["openwhisk (GDSF)", "openwhisk (TTL)", "ch-rlu"];
 
 /// The cluster and spans of a run.
 #[derive(Debug, Clone, Copy)]
@@ -345,8 +350,16 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             config: cluster(&s, s.workers, routing.clone(), *ka),
         });
     }
-    let results = run_all(&jobs, o.jobs)?;
-    let (r9, r10) = results.split_at(pols.len());
+    let watched = run_watched(&jobs, o.jobs)?;
+    let (w9, w10) = watched.split_at(pols.len());
+    let r9: Vec<RunMetrics> = w9.iter().map(|w| w.metrics.clone()).collect();
+    let r10: Vec<RunMetrics> = w10.iter().map(|w| w.metrics.clone()).collect();
+    let (r9, r10) = (&r9[..], &r10[..]);
+    // Fig. 9's sandbox memory demand: one sandbox of each function a worker ran, under OW+GD.
+    let distinct9 = w9[0].distinct_mb();
+    let demand_mb = distinct9.iter().sum::<u64>() / distinct9.len().max(1) as u64;
+    let largest_mb = fns.iter().map(|f| f.memory_mb).max().unwrap_or(0);
+    let scarce = scarce_sizes(demand_mb, largest_mb);
     let ow = |r: &[RunMetrics]| r[0].weighted_slowdown();
     let mut json9 = Vec::new();
     let mut json10 = Vec::new();
@@ -398,7 +411,26 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         span_us,
         seed: o.seed,
     };
+    // Fig. 9's open loop again on workers with scarce memory, in the same batch (first: they
+    // are the longest): OW+GD, OW+TTL and CH-RLU only, to keep the run time.
+    let scarce_pols: Vec<_> = pols
+        .iter()
+        .filter(|(name, _, _)| SCARCE_POLICIES.contains(name))
+        .cloned()
+        .collect();
     let mut jobs: Vec<Job> = Vec::new();
+    for mb in &scarce {
+        for (name, routing, ka) in &scarce_pols {
+            let mut config = cluster(&s, s.workers, routing.clone(), *ka);
+            config.memory_mb = *mb;
+            jobs.push(Job {
+                label: format!("fig9 {mb} MiB {name}"),
+                workload: &bursty,
+                config,
+            });
+        }
+    }
+    let scarce_jobs = jobs.len();
     for n in [matched, paper] {
         for (name, routing, ka) in &pols {
             let mut config = cluster(&s, s.workers, routing.clone(), *ka);
@@ -410,7 +442,9 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             });
         }
     }
-    let results = run_all(&jobs, o.jobs)?;
+    let watched = run_watched(&jobs, o.jobs)?;
+    let (scarce_runs, closed_runs) = watched.split_at(scarce_jobs);
+    let results: Vec<RunMetrics> = closed_runs.iter().map(|w| w.metrics.clone()).collect();
     let (c9, c9_paper) = results.split_at(pols.len());
     let mut json9c = Vec::new();
     for (n, runs, what) in [
@@ -438,6 +472,22 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         ));
         json9c.push(json!({"clients": n, "think_s": [0.0, THINK_MAX_US as f64 / 1e6], "choice": what, "policies": rows}));
     }
+    let (md9m, json9m) = memory_section(
+        &pols,
+        &scarce_pols,
+        &s,
+        &MemoryStudy {
+            invocations: bursty.arrivals.len(),
+            demand_mb,
+            distinct: &distinct9,
+            burst_pool: &top,
+            full: w9,
+            scarce: &scarce,
+            runs: scarce_runs,
+        },
+        cpus,
+    );
+    md.push_str(&md9m);
     let fig = o.out.join("scaling_bursts.png");
     // The paper's short names, so that the bars' labels fit.
     let labels: Vec<String> = ["OW+GD", "OW+TTL", "LL", "CH-BL", "RLU"]
@@ -504,11 +554,167 @@ pub(super) fn run(o: &Options) -> Result<Output> {
         "mean_warm_s": warm_s,
         "fig9": {"invocations": bursty.arrivals.len(), "rate_per_s": rate9, "policies": json9},
         "fig9_closed": json9c,
+        "fig9_memory": json9m,
         "fig10": {"invocations": rising.arrivals.len(), "low_per_s": low10, "peak_per_s": peak10, "policies": json10},
         "fig11": json11,
         "fig11_closed": json11c,
     });
     Ok((md, json, files))
+}
+
+/// The scarce memories Fig. 9 runs again on, as divisors of the distinct sandbox memory a worker
+/// needs: a half. A quarter was tried: the cluster cannot keep up (the wait for memory grows
+/// through the run) and every OpenWhisk variant ties, and it would add a fifth to the run time.
+const SCARCE_DIVISORS: [u64; 1] = [2];
+
+/// The scarce memories: `demand_mb` over each of [`SCARCE_DIVISORS`], in whole 256 MiB, never
+/// under the largest function.
+fn scarce_sizes(demand_mb: u64, largest_mb: u64) -> Vec<u64> {
+    SCARCE_DIVISORS
+        .iter()
+        .map(|d| (demand_mb / d / 256 * 256).max(largest_mb))
+        .collect()
+}
+
+/// Fig. 9's open loop by memory per worker.
+struct MemoryStudy<'a> {
+    invocations: usize,
+    /// OW+GD's mean distinct sandbox memory per worker, and each worker's (MiB).
+    demand_mb: u64,
+    distinct: &'a [u64],
+    /// The functions the bursts are drawn from.
+    burst_pool: &'a [usize],
+    /// The runs at the Fig. 9 size, one per policy.
+    full: &'a [Watched],
+    /// The scarce sizes (MiB) and their runs: one per policy for each size, in order.
+    scarce: &'a [u64],
+    runs: &'a [Watched],
+}
+
+/// The table and JSON of the memory study: evictions and cold starts by reason at each size,
+/// and how the sizes were chosen.
+fn memory_section(
+    pols: &[(&'static str, Routing, KeepAliveKind)],
+    scarce_pols: &[(&'static str, Routing, KeepAliveKind)],
+    s: &Size,
+    study: &MemoryStudy<'_>,
+    cpus: u64,
+) -> (String, serde_json::Value) {
+    let MemoryStudy {
+        invocations,
+        demand_mb,
+        distinct,
+        burst_pool,
+        full,
+        scarce,
+        runs,
+    } = *study;
+    let gib = |mb: u64| format!("{} GiB", f(mb as f64 / 1024.0, 2));
+    let mut t = Table::new(&[
+        "memory per worker",
+        "policy",
+        "global slowdown",
+        "impact",
+        "vs openwhisk (GDSF)",
+        "cold %",
+        "cold: evicted / all busy / expired",
+        "evictions",
+        "dropped",
+        "mean queue (s)",
+        "CPU load",
+    ]);
+    let mut rows = Vec::new();
+    let blocks = std::iter::once((s.memory_mb, pols, full)).chain(
+        scarce
+            .iter()
+            .zip(runs.chunks(scarce_pols.len().max(1)))
+            .map(|(mb, block)| (*mb, scarce_pols, block)),
+    );
+    for (mb, names, block) in blocks {
+        let ow = block.first().map_or(1.0, |w| w.metrics.weighted_slowdown());
+        for ((name, _, _), w) in names.iter().zip(block) {
+            let m = &w.metrics;
+            let sd = m.weighted_slowdown();
+            let queue_s = {
+                let (q, n) = m.functions.iter().fold((0u64, 0u64), |(q, n), f| {
+                    (q + f.sum_queue_us, n + f.completed)
+                });
+                q as f64 / n.max(1) as f64 / 1e6
+            };
+            t.row(vec![
+                gib(mb),
+                name.to_string(),
+                f(sd, 3),
+                format!("{} %", f(100.0 * (sd - 1.0), 1)),
+                format!("{:+.1} %", 100.0 * (sd / ow - 1.0)),
+                f(100.0 * m.cold_ratio(), 2),
+                format!(
+                    "{} / {} / {}",
+                    w.cold.evicted, w.cold.concurrent, w.cold.expired
+                ),
+                w.evicted.to_string(),
+                m.dropped().to_string(),
+                f(queue_s, 2),
+                f(m.busy_fraction(cpus), 2),
+            ]);
+            rows.push(json!({
+                "memory_mb": mb,
+                "policy": name,
+                "global_slowdown": sd,
+                "cold_ratio": m.cold_ratio(),
+                "cold_evicted": w.cold.evicted,
+                "cold_concurrent": w.cold.concurrent,
+                "cold_expired": w.cold.expired,
+                "cold_new": w.cold.new,
+                "cold_evicted_burst_pool": burst_pool.iter().map(|i| w.evicted_cold.get(*i).copied().unwrap_or(0)).sum::<u64>(),
+                "evictions": w.evicted,
+                "dropped": m.dropped(),
+                "mean_queue_s": queue_s,
+                "peak_memory_mb": w.peak_worker_mb(),
+                "cpu_load": m.busy_fraction(cpus),
+            }));
+        }
+    }
+    // The emptiest worker's fullest moment, over every policy at the Fig. 9 size.
+    let held = full
+        .iter()
+        .flat_map(|w| w.peak_mb.iter().copied())
+        .min()
+        .unwrap_or(0);
+    let md = format!(
+        "## Fig. 9 by memory per worker (open loop, the same {invocations} invocations)\n\n\
+         The distinct sandbox memory a worker needs (one sandbox of every function it ran) was \
+         {} on average under OW+GD at {} per worker ({} to {} across workers); the scarce runs \
+         have {} of it ({}). At {} the emptiest worker under any policy held \
+         {} % of its memory at its fullest (busy + idle sandboxes, sampled every second). \
+         Cold starts by the pool's reason: after an eviction for memory, every warm sandbox \
+         busy, a keep-alive window expired (TTL's 10 min); the rest were first starts.\n\n{}\n",
+        gib(demand_mb),
+        gib(s.memory_mb),
+        gib(distinct.iter().copied().min().unwrap_or(0)),
+        gib(distinct.iter().copied().max().unwrap_or(0)),
+        SCARCE_DIVISORS
+            .iter()
+            .map(|d| format!("1/{d}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        scarce
+            .iter()
+            .map(|m| gib(*m))
+            .collect::<Vec<_>>()
+            .join(", "),
+        gib(s.memory_mb),
+        f(100.0 * held as f64 / s.memory_mb.max(1) as f64, 0),
+        t.markdown()
+    );
+    let json = json!({
+        "distinct_mb_per_worker": distinct,
+        "demand_mb": demand_mb,
+        "emptiest_worker_peak_mb": held,
+        "sizes_mb": std::iter::once(s.memory_mb).chain(scarce.iter().copied()).collect::<Vec<_>>(),
+        "runs": rows,
+    });
+    (md, json)
 }
 
 fn compare_table() -> Table {
@@ -563,6 +769,123 @@ fn compare_json(name: &str, m: &RunMetrics, cpus: u64) -> serde_json::Value {
         "invocations": m.invocations(),
         "mean_e2e_s": mean_e2e_s(m),
         "cpu_load": m.busy_fraction(cpus),
+    })
+}
+
+/// A run's metrics with what the scarce-memory study reads beside them: each worker's peak
+/// sandbox memory (busy + idle, at its status pushes), the cold starts by reason, and (from the
+/// run's totals) the idle sandboxes evicted for memory.
+struct Watched {
+    metrics: RunMetrics,
+    peak_mb: Vec<u64>,
+    /// Memory of one sandbox of each function (MiB), and which functions each worker ran.
+    size_mb: Vec<u64>,
+    served: Vec<Vec<bool>>,
+    cold: ColdCounts,
+    /// Cold starts after an eviction, per function.
+    evicted_cold: Vec<u64>,
+    evicted: u64,
+}
+
+/// Cold starts by the pool's reason: the first on a worker, after a keep-alive window ended,
+/// after an eviction for memory, and because every warm sandbox was busy.
+#[derive(Debug, Clone, Copy, Default)]
+struct ColdCounts {
+    new: u64,
+    expired: u64,
+    evicted: u64,
+    concurrent: u64,
+}
+
+impl Watched {
+    fn new(w: &Workload, workers: usize) -> Self {
+        Watched {
+            metrics: RunMetrics::new(w, workers),
+            peak_mb: vec![0; workers],
+            size_mb: w.functions.iter().map(|f| f.memory_mb).collect(),
+            served: vec![vec![false; w.functions.len()]; workers],
+            cold: ColdCounts::default(),
+            evicted_cold: vec![0; w.functions.len()],
+            evicted: 0,
+        }
+    }
+
+    /// The most sandbox memory any worker held.
+    fn peak_worker_mb(&self) -> u64 {
+        self.peak_mb.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Each worker's distinct sandbox memory: one sandbox of every function it ran (MiB).
+    fn distinct_mb(&self) -> Vec<u64> {
+        self.served
+            .iter()
+            .map(|ran| {
+                ran.iter()
+                    .zip(&self.size_mb)
+                    .filter(|(r, _)| **r)
+                    .map(|(_, m)| m)
+                    .sum()
+            })
+            .collect()
+    }
+}
+
+impl Sink for Watched {
+    fn record(&mut self, r: &Record) -> Result<()> {
+        if let Some(ran) = r
+            .worker
+            .and_then(|w| self.served.get_mut(w as usize))
+            .and_then(|ran| ran.get_mut(r.function as usize))
+        {
+            *ran = true;
+        }
+        if let End::Done {
+            cold: Some(reason), ..
+        }
+        | End::TimedOut {
+            cold: Some(reason), ..
+        } = r.end
+        {
+            let c = &mut self.cold;
+            match reason {
+                ColdReason::New => c.new += 1,
+                ColdReason::Expired { .. } => c.expired += 1,
+                ColdReason::Evicted { .. } => {
+                    c.evicted += 1;
+                    if let Some(n) = self.evicted_cold.get_mut(r.function as usize) {
+                        *n += 1;
+                    }
+                }
+                ColdReason::Concurrent => c.concurrent += 1,
+                // GDSF and TTL never pre-warm.
+                ColdReason::PrewarmMiss => {}
+            }
+        }
+        self.metrics.record(r)
+    }
+
+    fn status(&mut self, now: Micros, worker: u32, load: &WorkerLoad) {
+        if let Some(p) = self.peak_mb.get_mut(worker as usize) {
+            *p = (*p).max(load.memory_mb.saturating_sub(load.free_mb));
+        }
+        self.metrics.status(now, worker, load);
+    }
+}
+
+/// Runs `jobs` as [`super::runner::run_all`] does, also watching memory and cold starts.
+fn run_watched(jobs: &[Job<'_>], threads: usize) -> Result<Vec<Watched>> {
+    super::runner::in_parallel(jobs, threads, |job| {
+        let t0 = std::time::Instant::now();
+        let mut w = Watched::new(job.workload, job.config.workers);
+        let stats = simulate(job.workload, &job.config, &mut w)?;
+        w.evicted = stats.evicted;
+        tracing::info!(
+            job = %job.label,
+            invocations = job.workload.arrivals.len(),
+            seconds = format!("{:.2}", t0.elapsed().as_secs_f64()),
+            "simulated"
+        );
+        Ok(w)
     })
 }
 
@@ -964,6 +1287,57 @@ fn fig11(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scarce_sizes_are_a_half_of_the_demand_in_whole_256_mib_never_under_the_largest_function() {
+        assert_eq!(scarce_sizes(23_232, 1024), vec![11_520]);
+        assert_eq!(scarce_sizes(10_000, 1024), vec![4_864]);
+        assert_eq!(scarce_sizes(1_500, 1024), vec![1024]);
+    }
+
+    /// One worker with room for one sandbox; a, b, a: b's sandbox takes a's memory, and the
+    /// second a finds its sandbox evicted.
+    #[test]
+    fn watched_counts_evictions_the_cold_starts_they_cause_and_each_workers_memory() {
+        for ka in [KeepAliveKind::Gdsf, KeepAliveKind::Ttl] {
+            let w = Workload {
+                functions: vec![
+                    SimFunction::new("a", 100_000, 200_000, 768),
+                    SimFunction::new("b", 100_000, 200_000, 768),
+                ],
+                arrivals: [(0, 0), (secs(2), 1), (secs(4), 0)]
+                    .into_iter()
+                    .map(|(at_us, function)| Arrival { at_us, function })
+                    .collect(),
+            };
+            let mut config = cluster(
+                &size(true),
+                1,
+                Routing::seeded(BalanceKind::LeastLoaded, 1),
+                ka,
+            );
+            config.memory_mb = 1024;
+            config.free_buffer_mb = 0;
+            let jobs = [Job {
+                label: "a b a".into(),
+                workload: &w,
+                config,
+            }];
+            let runs = run_watched(&jobs, 1).unwrap();
+            let r = &runs[0];
+            assert_eq!(r.evicted, 2, "{ka}");
+            let c = r.cold;
+            assert_eq!(
+                (c.new, c.evicted, c.concurrent, c.expired),
+                (2, 1, 0, 0),
+                "{ka}"
+            );
+            assert_eq!(r.metrics.cold(), 3, "{ka}");
+            assert_eq!(r.distinct_mb(), vec![1536], "{ka}");
+            assert_eq!(r.peak_mb, vec![768], "{ka}");
+            assert_eq!(r.peak_worker_mb(), 768, "{ka}");
+        }
+    }
 
     #[test]
     fn fig11_adds_the_papers_threads_one_every_6_s_then_removes_four_fifths() {
