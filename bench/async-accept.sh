@@ -15,15 +15,7 @@ N=${1:-2000}
 ROUNDS=${2:-3}
 command -v etcd >/dev/null || { echo "needs etcd (apt-get install etcd-server)" >&2; exit 1; }
 
-tmp=$(mktemp -d /tmp/hearth-bench-XXXXXX)
-pids=()
-stop_all() {
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    pids=()
-}
-cleanup() { stop_all; rm -rf "$tmp"; }
-trap cleanup EXIT
+bench_scratch_servers
 
 # etcd with MEMBERS members in DIR; prints the store URL.
 start_etcd() {

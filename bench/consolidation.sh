@@ -33,14 +33,7 @@ GRAINS=${GRAINS:-128 256}
 read -r CPU1 CPU2 <<<"${NODE_CPUS:-1 0}"
 mkdir -p "$out"
 
-tmp=$(mktemp -d /tmp/hearth-bench-XXXXXX)
-pids=()
-stop_all() {
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    pids=()
-}
-trap 'stop_all; rm -rf "$tmp"' EXIT
+bench_scratch_servers
 
 "$H" trace make poisson --rate "$RATE" --duration "${secs}s" --functions 1 --warm-ms "$WARM_MS" \
     --mem-mb 128 --seed 3 -o "$tmp/trace.csv" | sed -n 1p

@@ -37,6 +37,21 @@ bench_scratch() {
     trap 'if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi; rm -rf "$tmp"' EXIT
 }
 
+# A throw-away directory in $tmp and an array `pids` of the servers the caller starts (append
+# with `pids+=($!)`); `stop_all` stops them, and on exit they are stopped and $tmp removed.
+bench_scratch_servers() {
+    tmp=$(mktemp -d /tmp/hearth-bench-XXXXXX)
+    pids=()
+    trap 'stop_all; rm -rf "$tmp"' EXIT
+}
+
+# Stops (TERM, then waits for) every server in `pids` and empties it.
+stop_all() {
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    pids=()
+}
+
 # Sets $H to the hearth binary ($HEARTH, default the release build); exits if it is not built.
 hearth_bin() {
     H=${HEARTH:-target/release/hearth}

@@ -23,10 +23,19 @@ fn trace(dir: &Path) -> PathBuf {
     trace
 }
 
-fn sim(trace: &Path, out: &Path, extra: &[&str]) -> String {
+fn sim_args<'a>(trace: &'a Path, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec!["sim", "--trace", p(trace), "-o", p(out)];
     args.extend_from_slice(extra);
-    ok(hearth(&args))
+    args
+}
+
+fn sim(trace: &Path, out: &Path, extra: &[&str]) -> String {
+    ok(hearth(&sim_args(trace, out, extra)))
+}
+
+/// A `hearth sim` that must fail: its error output.
+fn sim_fails(trace: &Path, out: &Path, extra: &[&str]) -> String {
+    failed(hearth(&sim_args(trace, out, extra)))
 }
 
 #[test]
@@ -162,11 +171,7 @@ fn bad_input_gets_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let t = trace(dir.path());
     let out = dir.path().join("o.csv");
-    let run = |extra: &[&str]| {
-        let mut args = vec!["sim", "--trace", p(&t), "-o", p(&out)];
-        args.extend_from_slice(extra);
-        failed(hearth(&args))
-    };
+    let run = |extra: &[&str]| sim_fails(&t, &out, extra);
     assert!(run(&["--memory", "lots"]).contains("size"));
     assert!(run(&["--workers", "0"]).contains("--workers must be at least 1"));
     let err = run(&["--balance", "fastest"]);
@@ -376,11 +381,7 @@ fn bad_closed_loop_values_get_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let t = trace(dir.path());
     let out = dir.path().join("o.csv");
-    let run = |extra: &[&str]| {
-        let mut args = vec!["sim", "--trace", p(&t), "-o", p(&out)];
-        args.extend_from_slice(extra);
-        failed(hearth(&args))
-    };
+    let run = |extra: &[&str]| sim_fails(&t, &out, extra);
     for clients in ["0", "100001"] {
         let err = run(&["--closed-loop", clients]);
         assert!(

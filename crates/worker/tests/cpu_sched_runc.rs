@@ -742,6 +742,22 @@ async fn measure_short_function_beside_spinners() {
     }
 }
 
+/// Waits (up to 30 s) until the worker's generic pool has a ready sandbox.
+async fn wait_generic_ready(w: &TestWorker) {
+    let start = Instant::now();
+    while w.status().await["generic_pool"]["ready"]
+        .as_u64()
+        .unwrap_or(0)
+        < 1
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no generic sandbox became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// `runc.cpu_shares_per_gb` (CPU in proportion to memory, as OpenWhisk consolidates): a
 /// sandbox's `cpu.shares` follow its function's memory, whether it was created for the function
 /// or a generic sandbox was specialized to it.
@@ -783,18 +799,7 @@ async fn cpu_shares_follow_memory_on_both_cold_paths() {
         id: id.clone(),
         data_dir: w.data_dir.clone(),
     };
-    let start = Instant::now();
-    while w.status().await["generic_pool"]["ready"]
-        .as_u64()
-        .unwrap_or(0)
-        < 1
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no generic sandbox became ready"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_generic_ready(&w).await;
     w.register("large", spec(512)).await;
     let v = w.invoke("large").await;
     assert_eq!(v["cold_path"], "generic", "{v}");
@@ -854,18 +859,7 @@ async fn a_cpuset_pins_sandboxes_and_a_handler_cannot_leave_it() {
             data_dir: w.data_dir.clone(),
         };
         if generic {
-            let start = Instant::now();
-            while w.status().await["generic_pool"]["ready"]
-                .as_u64()
-                .unwrap_or(0)
-                < 1
-            {
-                assert!(
-                    start.elapsed() < Duration::from_secs(30),
-                    "no generic sandbox"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            wait_generic_ready(&w).await;
         }
         w.register(
             "where",
