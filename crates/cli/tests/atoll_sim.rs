@@ -221,7 +221,9 @@ fn sandboxes_a_worker_loses_are_forgotten_by_the_controller() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(controller_soft() < before);
+    // No `controller_soft() < before`: a create still under way when the load stopped can
+    // land and be soft-evicted after `before` was read, so the count may climb back; the
+    // `lost` counter and the counts agreeing are what show the controller forgot them.
     let metrics = c.client().get("/metrics").unwrap().text();
     assert!(
         metrics.lines().any(|l| l.starts_with(
