@@ -12,15 +12,14 @@ secs=${1:-10}
 H=${HEARTH_BIN:-target/release/hearth}
 [ -x "$H" ] || cargo build --release -q -p hearth-cli
 port=$(free_port)
-data=$(mktemp -d /tmp/hearth-bench-XXXXXX)
-log="$data.log"
+bench_scratch
+data="$tmp/data"
+log="$tmp/worker.log"
 HEARTH_CONCURRENCY=16 HEARTH_GPU__DEVICES=sim HEARTH_GPU__SIM='[{memory_mb=16384}]' \
     HEARTH_GPU__SCHEDULER__D=16 HEARTH_GPU__SCHEDULER__D_MAX=16 \
     HEARTH_GPU__SCHEDULER__DYNAMIC_D=false \
     "$H" worker --listen "127.0.0.1:$port" --data-dir "$data" --backend sim >"$log" 2>&1 &
 pid=$!
-cleanup() { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$data" "$log"; }
-trap cleanup EXIT
 url="http://127.0.0.1:$port"
 wait_healthy "$url"
 export HEARTH_API_KEY=$(key_of "$data")

@@ -15,15 +15,14 @@ secs=${2:-10}
 H=${HEARTH_BIN:-target/release/hearth}
 [ -x "$H" ] || cargo build --release -q -p hearth-cli
 port=$(free_port)
-data=$(mktemp -d /tmp/hearth-bench-XXXXXX)
-log="$data.log"
+bench_scratch
+data="$tmp/data"
+log="$tmp/worker.log"
 # The concurrency limit defaults to the CPUs (2 here): 4 clients of the sleeping function would
 # wait in the queue by design. The benchmark measures the control plane, not the regulator.
 HEARTH_CONCURRENCY=${HEARTH_CONCURRENCY:-16} "$H" worker --listen "127.0.0.1:$port" \
     --data-dir "$data" --backend "$backend" >"$log" 2>&1 &
 pid=$!
-cleanup() { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$data" "$log"; }
-trap cleanup EXIT
 url="http://127.0.0.1:$port"
 wait_healthy "$url"
 export HEARTH_API_KEY=$(key_of "$data")
