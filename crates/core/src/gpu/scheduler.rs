@@ -133,23 +133,32 @@ pub enum GpuEventError {
     BadUtilization(f64),
 }
 
+/// Where a dispatched invocation runs and how it starts: what a driver (the worker's executor,
+/// the simulator) carries from the dispatch to the invocation's end. `Copy`, unlike the
+/// dispatch, which also names the function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuPlacement {
+    pub invocation: GpuInvocationId,
+    pub gpu: usize,
+    pub container: ContainerId,
+    pub start: Start,
+    /// Time the invocation waited in its queue.
+    pub queued_us: Micros,
+    /// Device memory the scheduler counts for the container.
+    pub memory_mb: u64,
+    /// What moves on the critical path before or while it runs.
+    pub paging: GpuPaging,
+}
+
 /// A decision for the driver.
 #[must_use]
 #[derive(Debug, Clone, PartialEq)]
 pub enum GpuAction {
-    /// Run the invocation in `container` on `gpu` (create or prefetch it first, per `start`).
+    /// Run the invocation in `placement.container` on `placement.gpu` (create or prefetch it
+    /// first, per `placement.start`).
     Dispatch {
-        invocation: GpuInvocationId,
         function: Arc<str>,
-        gpu: usize,
-        container: ContainerId,
-        start: Start,
-        /// Time the invocation waited in its queue.
-        queued_us: Micros,
-        /// Device memory the scheduler counts for the container.
-        memory_mb: u64,
-        /// What moves on the critical path before or while it runs.
-        paging: GpuPaging,
+        placement: GpuPlacement,
     },
     /// Move an idle container's memory onto the device (its flow became active).
     Prefetch { container: ContainerId, gpu: usize },
@@ -1042,14 +1051,16 @@ impl GpuScheduler {
             Start::Cold => self.counters.dispatched_cold += 1,
         }
         self.actions.push_back(GpuAction::Dispatch {
-            invocation: head.id,
             function: name.clone(),
-            gpu: plan.gpu,
-            container,
-            start: plan.start,
-            queued_us: now.saturating_sub(head.arrival),
-            memory_mb: plan.memory_mb,
-            paging,
+            placement: GpuPlacement {
+                invocation: head.id,
+                gpu: plan.gpu,
+                container,
+                start: plan.start,
+                queued_us: now.saturating_sub(head.arrival),
+                memory_mb: plan.memory_mb,
+                paging,
+            },
         });
     }
 

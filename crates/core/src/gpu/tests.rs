@@ -53,18 +53,14 @@ fn dispatches(actions: &[GpuAction]) -> Vec<D> {
         .iter()
         .filter_map(|a| match a {
             GpuAction::Dispatch {
-                invocation,
                 function,
-                gpu,
-                container,
-                start,
-                ..
+                placement: p,
             } => Some(D {
-                id: *invocation,
+                id: p.invocation,
                 function: function.to_string(),
-                gpu: *gpu,
-                container: *container,
-                start: *start,
+                gpu: p.gpu,
+                container: p.container,
+                start: p.start,
             }),
             _ => None,
         })
@@ -346,7 +342,7 @@ fn pagings(actions: &[GpuAction]) -> Vec<GpuPaging> {
     actions
         .iter()
         .filter_map(|a| match a {
-            GpuAction::Dispatch { paging, .. } => Some(*paging),
+            GpuAction::Dispatch { placement, .. } => Some(placement.paging),
             _ => None,
         })
         .collect()
@@ -1273,12 +1269,10 @@ impl Harness {
         let mut dispatched_on = BTreeSet::new();
         for a in &actions {
             match a {
-                GpuAction::Dispatch {
-                    invocation, gpu, ..
-                } => {
-                    *self.fate.entry(*invocation).or_default() += 1;
-                    self.running.push(*invocation);
-                    dispatched_on.insert(*gpu);
+                GpuAction::Dispatch { placement: p, .. } => {
+                    *self.fate.entry(p.invocation).or_default() += 1;
+                    self.running.push(p.invocation);
+                    dispatched_on.insert(p.gpu);
                 }
                 GpuAction::Reject { invocation, .. } => {
                     *self.fate.entry(*invocation).or_default() += 1;

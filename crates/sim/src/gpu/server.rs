@@ -27,7 +27,7 @@ use super::workload::GpuWorkload;
 use crate::error::{Result, SimError};
 use hearth_core::gpu::{
     CpuGpuDispatch, Device, DispatchConfig, GpuAction, GpuArrival, GpuCompletion, GpuCounters,
-    GpuInvocationId, GpuSchedConfig, GpuScheduler, SimGpuModel, Start,
+    GpuInvocationId, GpuPlacement, GpuSchedConfig, GpuScheduler, SimGpuModel, Start,
 };
 use hearth_core::Micros;
 use serde::Serialize;
@@ -285,14 +285,15 @@ pub fn simulate_gpu(w: &GpuWorkload, c: &GpuServerConfig) -> Result<GpuRun> {
         // The scheduler's decisions.
         while let Some(action) = sched.poll_action() {
             match action {
-                GpuAction::Dispatch {
-                    invocation,
-                    gpu,
-                    start,
-                    queued_us,
-                    paging,
-                    ..
-                } => {
+                GpuAction::Dispatch { placement, .. } => {
+                    let GpuPlacement {
+                        invocation,
+                        gpu,
+                        start,
+                        queued_us,
+                        paging,
+                        ..
+                    } = placement;
                     let i = ids.remove(&invocation).ok_or_else(|| {
                         SimError::Internal(format!("unknown dispatch {invocation:?}"))
                     })?;

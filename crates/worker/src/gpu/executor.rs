@@ -33,8 +33,8 @@ use crate::backend::{Sandbox, SandboxError};
 use crate::driver::Driver;
 use hearth_api::{FunctionSpec, GpuInfo};
 use hearth_core::gpu::{
-    ContainerId, CpuGpuDispatch, Device, GpuAction, GpuCompletion, GpuInvocationId, GpuReject,
-    GpuSchedConfig, GpuScheduler, GpuSpec, GpuStatus, SimGpuModel, Start,
+    ContainerId, CpuGpuDispatch, Device, GpuAction, GpuCompletion, GpuInvocationId, GpuPlacement,
+    GpuReject, GpuSchedConfig, GpuScheduler, GpuSpec, GpuStatus, SimGpuModel,
 };
 use hearth_core::Micros;
 use hearth_core::SandboxId;
@@ -53,23 +53,10 @@ pub const SIM_GPU_RESULT: &[u8] = b"{\"simulated\":true}";
 /// expire on the same tick.
 pub const UTILIZATION_PERIOD: Duration = Duration::from_millis(200);
 
-/// Where an invocation runs and how it starts, as the scheduler placed it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Placed {
-    pub invocation: GpuInvocationId,
-    pub gpu: usize,
-    pub container: ContainerId,
-    pub start: Start,
-    pub queued_us: Micros,
-    pub memory_mb: u64,
-    /// Memory moved on the critical path (the scheduler's memory policy).
-    pub paging: hearth_core::gpu::GpuPaging,
-}
-
 /// A GPU invocation that ran.
 #[derive(Debug, Clone)]
 pub struct GpuRun {
-    pub placed: Placed,
+    pub placed: GpuPlacement,
     /// Container start (cold) and the paging charged to the dispatch (prefetch, fault-in,
     /// on-demand eviction), µs.
     pub setup_us: Micros,
@@ -167,7 +154,7 @@ struct SimContainer {
 
 struct Inner {
     sched: GpuScheduler,
-    waiters: HashMap<GpuInvocationId, oneshot::Sender<Result<Placed, GpuReject>>>,
+    waiters: HashMap<GpuInvocationId, oneshot::Sender<Result<GpuPlacement, GpuReject>>>,
     containers: HashMap<ContainerId, SimContainer>,
     dispatch: CpuGpuDispatch,
 }
@@ -176,31 +163,15 @@ impl Inner {
     /// Carries out the scheduler's actions: placements go to their waiters (or straight back
     /// if the caller is gone), rejections likewise; memory moves and removals of idle
     /// containers are collected in `moves` for the runtime.
-    fn drain(&mut self, now: Micros, moves: &mut Vec<Move>) -> Option<Placed> {
+    fn drain(&mut self, now: Micros, moves: &mut Vec<Move>) -> Option<GpuPlacement> {
         let mut mine = None;
         while let Some(action) = self.sched.poll_action() {
             match action {
                 GpuAction::Dispatch {
-                    invocation,
-                    gpu,
-                    container,
-                    start,
-                    queued_us,
-                    memory_mb,
-                    paging,
-                    ..
+                    placement: placed, ..
                 } => {
-                    let placed = Placed {
-                        invocation,
-                        gpu,
-                        container,
-                        start,
-                        queued_us,
-                        memory_mb,
-                        paging,
-                    };
-                    self.containers.entry(container).or_default();
-                    match self.waiters.remove(&invocation) {
+                    self.containers.entry(placed.container).or_default();
+                    match self.waiters.remove(&placed.invocation) {
                         Some(tx) => {
                             if let Err(Ok(p)) = tx.send(Ok(placed)) {
                                 // Its caller left between queueing and now: nothing ran.
@@ -227,7 +198,7 @@ impl Inner {
     }
 
     /// Hands back a placement whose invocation never ran (its caller left).
-    fn unrun(&mut self, now: Micros, p: Placed) {
+    fn unrun(&mut self, now: Micros, p: GpuPlacement) {
         let done = GpuCompletion {
             exec_us: None,
             reusable: true,
@@ -253,7 +224,7 @@ pub struct GpuExecutor {
 struct Waiting<'a> {
     exec: &'a GpuExecutor,
     id: GpuInvocationId,
-    rx: Option<oneshot::Receiver<Result<Placed, GpuReject>>>,
+    rx: Option<oneshot::Receiver<Result<GpuPlacement, GpuReject>>>,
 }
 
 impl Drop for Waiting<'_> {
@@ -280,7 +251,7 @@ impl Drop for Waiting<'_> {
 /// mid-run.
 struct Running<'a> {
     exec: &'a GpuExecutor,
-    placed: Placed,
+    placed: GpuPlacement,
     done: bool,
 }
 
@@ -734,7 +705,7 @@ impl GpuExecutor {
     }
 
     /// Queues the invocation and waits until the scheduler places it.
-    async fn place(&self, spec: &FunctionSpec) -> Result<Placed, GpuRunError> {
+    async fn place(&self, spec: &FunctionSpec) -> Result<GpuPlacement, GpuRunError> {
         let arrived = self.event(|inner, now, moves| {
             let id = inner.sched.on_arrival(
                 now,
@@ -773,7 +744,7 @@ impl GpuExecutor {
     }
 
     /// Ends a placed invocation: completed, or failed (its container is discarded).
-    fn end(&self, placed: Placed, completion: Option<GpuCompletion>) {
+    fn end(&self, placed: GpuPlacement, completion: Option<GpuCompletion>) {
         self.event(|inner, now, moves| {
             let result = match completion {
                 Some(c) => inner.sched.on_completed(now, placed.invocation, c),
@@ -812,6 +783,7 @@ mod tests {
     use crate::driver::LoadSampling;
     use crate::metrics::Metrics;
     use hearth_core::bypass::BypassConfig;
+    use hearth_core::gpu::Start;
     use hearth_core::{
         EngineConfig, GenericConfig, KeepAliveConfig, LoadSource, PoolConfig, QueueDiscipline,
         RegulatorConfig,
