@@ -28,7 +28,8 @@ pub struct ExperimentArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// The workers' server model: ps (ideal processor sharing) or contention (with the
-    /// interference measured on runc; docs/simulator.md).
+    /// interference measured on runc; docs/simulator.md). keepalive, balance, queue, priority
+    /// and scaling take it; the others keep their own and refuse contention.
     #[arg(long, default_value = "ps")]
     server: hearth_sim::Server,
     /// fidelity: the results of the real worker.

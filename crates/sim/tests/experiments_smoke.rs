@@ -310,3 +310,69 @@ fn results_do_not_depend_on_the_thread_count() {
     let read = |d: &str| std::fs::read(dir.path().join(d).join("results.json")).unwrap();
     assert_eq!(read("one"), read("two"));
 }
+
+/// `--server contention` reaches every worker of the scaling experiment (Figs. 9–11 change,
+/// the report says which model ran), and an experiment that models its servers its own way
+/// refuses it rather than printing a header for a model it did not use.
+#[test]
+fn the_server_model_reaches_scaling_and_is_refused_where_it_does_not_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let traces = fake_traces(&dir.path().join("traces"));
+    let slowdowns = |json: &serde_json::Value, fig: &str| -> Vec<f64> {
+        json[fig]["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["global_slowdown"].as_f64().unwrap())
+            .collect()
+    };
+    let mut by_server = Vec::new();
+    for (name, server) in [
+        ("ps", hearth_sim::Server::Ps),
+        (
+            "contention",
+            hearth_sim::Server::Contention(hearth_sim::Contention::default()),
+        ),
+    ] {
+        let out = dir.path().join(format!("scaling-{name}"));
+        let mut o = options(&traces, out.clone(), 2);
+        o.server = server;
+        let report = run(Experiment::Scaling, &o).unwrap();
+        assert_eq!(
+            report.markdown.starts_with("Server model: **contention**"),
+            name == "contention",
+            "{}",
+            &report.markdown[..200.min(report.markdown.len())]
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap())
+                .unwrap();
+        check_scaling(&json, &report.files);
+        by_server.push(json);
+    }
+    let (ps, contention) = (&by_server[0], &by_server[1]);
+    for fig in ["fig9", "fig10"] {
+        let (a, b) = (slowdowns(ps, fig), slowdowns(contention, fig));
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        assert!(
+            a.iter().zip(&b).all(|(a, b)| a != b) && mean(&b) > mean(&a),
+            "{fig}: the contention server changes every policy's run, and interference and \
+             costly creations slow them on the whole: ps {a:?}, contention {b:?}"
+        );
+    }
+    for e in Experiment::ALL {
+        let mut o = options(&traces, dir.path().join(format!("{}-c", e.name())), 1);
+        o.server = hearth_sim::Server::Contention(hearth_sim::Contention::default());
+        if e.takes_server() {
+            continue;
+        }
+        let err = run(e, &o).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "experiment {} keeps its own server model",
+                e.name()
+            )) && err.contains("scaling"),
+            "{err}"
+        );
+    }
+}

@@ -64,6 +64,19 @@ impl Experiment {
         Experiment::Gpu,
     ];
 
+    /// Whether the experiment runs its workers under `--server` (the others model their
+    /// servers their own way: Atoll's sandboxes, CPU schedulers, one static cache, GPUs).
+    pub fn takes_server(self) -> bool {
+        matches!(
+            self,
+            Experiment::Keepalive
+                | Experiment::Balance
+                | Experiment::Queue
+                | Experiment::Priority
+                | Experiment::Scaling
+        )
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Experiment::Keepalive => "keepalive",
@@ -112,14 +125,18 @@ impl Options {
     /// `jobs` under this run's server model (unchanged under ideal processor sharing, and for
     /// jobs with a time-sliced CPU model, which the contention server does not cover).
     pub fn with_server<'a, 'w>(&self, jobs: &'a mut [runner::Job<'w>]) -> &'a [runner::Job<'w>] {
-        if self.server.contention().is_some() {
-            for j in jobs.iter_mut() {
-                if j.config.cpu.sched == crate::cpu_model::CpuSched::Ps {
-                    j.config.server = self.server;
-                }
-            }
+        for j in jobs.iter_mut() {
+            self.apply_server(&mut j.config);
         }
         jobs
+    }
+
+    /// Puts one configuration under this run's server model, as [`Options::with_server`].
+    pub fn apply_server(&self, config: &mut crate::SimConfig) {
+        if self.server.contention().is_some() && config.cpu.sched == crate::cpu_model::CpuSched::Ps
+        {
+            config.server = self.server;
+        }
     }
 }
 
@@ -134,6 +151,19 @@ pub struct Report {
 
 /// Runs `e` with `o`, writing into `o.out`.
 pub fn run(e: Experiment, o: &Options) -> Result<Report> {
+    if o.server != crate::contention::Server::Ps && !e.takes_server() {
+        let takes: Vec<&str> = Experiment::ALL
+            .iter()
+            .filter(|x| x.takes_server())
+            .map(|x| x.name())
+            .collect();
+        return Err(SimError::Config(format!(
+            "experiment {} keeps its own server model; --server {} applies to {}",
+            e.name(),
+            o.server.name(),
+            takes.join(", ")
+        )));
+    }
     std::fs::create_dir_all(&o.out)
         .map_err(|err| SimError::Config(format!("{}: {err}", o.out.display())))?;
     let (markdown, json, mut files) = match e {

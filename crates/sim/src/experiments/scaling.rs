@@ -350,7 +350,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             config: cluster(&s, s.workers, routing.clone(), *ka),
         });
     }
-    let watched = run_watched(&jobs, o.jobs)?;
+    let watched = run_watched(o.with_server(&mut jobs), o.jobs)?;
     let (w9, w10) = watched.split_at(pols.len());
     let r9: Vec<RunMetrics> = w9.iter().map(|w| w.metrics.clone()).collect();
     let r10: Vec<RunMetrics> = w10.iter().map(|w| w.metrics.clone()).collect();
@@ -442,7 +442,7 @@ pub(super) fn run(o: &Options) -> Result<Output> {
             });
         }
     }
-    let watched = run_watched(&jobs, o.jobs)?;
+    let watched = run_watched(o.with_server(&mut jobs), o.jobs)?;
     let (scarce_runs, closed_runs) = watched.split_at(scarce_jobs);
     let results: Vec<RunMetrics> = closed_runs.iter().map(|w| w.metrics.clone()).collect();
     let (c9, c9_paper) = results.split_at(pols.len());
@@ -1109,6 +1109,7 @@ fn fig11(
         let mut config = cluster(s, *start, chrlu.clone(), KeepAliveKind::Gdsf);
         config.autoscale = auto.clone();
         config.clients = clients.clone();
+        o.apply_server(&mut config);
         let mut t = Timeline::new(&workload, max, bucket_s);
         let stats = simulate(&workload, &config, &mut t)?;
         Ok((t, stats))
