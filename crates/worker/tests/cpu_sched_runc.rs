@@ -692,14 +692,7 @@ async fn measure_short_function_beside_spinners() {
             }
             let (mut e2e, mut exec) = (Vec::new(), Vec::new());
             for _ in 0..n {
-                let (s, v) = w
-                    .call(
-                        Method::POST,
-                        "/v1/functions/fo/invoke",
-                        json!({ "n": work }),
-                    )
-                    .await;
-                assert_eq!(s, StatusCode::OK, "{v}");
+                let v = w.invoke_with("fo", json!({ "n": work })).await;
                 e2e.push(v["timing"]["e2e"].as_u64().unwrap());
                 exec.push(v["timing"]["exec"].as_u64().unwrap());
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -866,14 +859,7 @@ async fn a_cpuset_pins_sandboxes_and_a_handler_cannot_leave_it() {
             json!({"code": {"files": {"main.py": AFFINITY_SOURCE}}}),
         )
         .await;
-        let (s, v) = w
-            .call(
-                Method::POST,
-                "/v1/functions/where/invoke",
-                json!({"to": other}),
-            )
-            .await;
-        assert_eq!(s, StatusCode::OK, "{v}");
+        let v = w.invoke_with("where", json!({"to": other})).await;
         assert_eq!(
             v["cold_path"],
             if generic { "generic" } else { "fresh" },

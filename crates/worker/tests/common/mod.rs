@@ -167,12 +167,13 @@ impl TestWorker {
 
     /// Invokes `name` with `{}`; panics unless it answers 200.
     pub async fn invoke(&self, name: &str) -> Value {
+        self.invoke_with(name, json!({})).await
+    }
+
+    /// Invokes `name` with `args`; panics unless it answers 200.
+    pub async fn invoke_with(&self, name: &str, args: Value) -> Value {
         let (s, v) = self
-            .call(
-                Method::POST,
-                &format!("/v1/functions/{name}/invoke"),
-                json!({}),
-            )
+            .call(Method::POST, &format!("/v1/functions/{name}/invoke"), args)
             .await;
         assert_eq!(s, StatusCode::OK, "{v}");
         v
