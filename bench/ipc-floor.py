@@ -14,11 +14,13 @@ Prints round trips/s and CPU microseconds per round trip (both processes, user +
 from getrusage). Python adds a fraction of a microsecond per system call to every mode alike.
 Holds the worker's low-latency PM QoS request while it runs, as a busy worker does.
 
-Two variants say what the agent's design costs: "answer after poll" waits for each message
-with poll(POLLIN) before reading it (a reader asleep in a blocking read is also woken each
-time its peer consumes an answer, because the kernel signals the socket writable; poll's
-wait filters that out at the price of one more system call), and --cgroups puts each
-answering process in its own cpu cgroup, with and without a CFS quota, as a sandbox's agent.
+Three variants say what the agent's design costs. A reader asleep in a blocking read is also
+woken each time its peer consumes what it wrote, because the kernel signals the socket
+writable: "two sockets" sends each direction on a socket of its own (as the worker and the
+agent do), so nobody sleeps on the socket that is signalled; "answer after poll" keeps one
+socket and waits with poll(POLLIN), which filters the signal out at the price of one more
+system call. --cgroups puts each answering process in its own cpu cgroup, with and without a
+CFS quota, as a sandbox's agent.
 """
 
 import argparse
@@ -32,21 +34,23 @@ import time
 MSG = b"12345678"
 
 
-def bounce(sock, deadline, first, wait_poll=False):
-    """Ping-pong until deadline; returns round trips done (counted by the side that starts)."""
+def bounce(sock, deadline, first, wait_poll=False, out=None):
+    """Ping-pong until deadline; returns round trips done (counted by the side that starts).
+    Reads from sock and writes to out (default: sock)."""
     fd = sock.fileno()
+    wfd = fd if out is None else out.fileno()
     n = 0
     read, write, now = os.read, os.write, time.monotonic
     if first:
         while True:
-            write(fd, MSG)
+            write(wfd, MSG)
             read(fd, 64)
             n += 1
             if n & 1023 == 0 and now() >= deadline:
                 return n  # the peer ends on EOF when this process exits
     if not wait_poll:
         while read(fd, 64):
-            write(fd, MSG)
+            write(wfd, MSG)
         return 0
     poller = select.poll()
     poller.register(fd, select.POLLIN)
@@ -85,32 +89,37 @@ def remove_cgroups():
         os.rmdir(CGROOT)
 
 
-def run_pairs(pairs, seconds, cgroup=None, wait_poll=False):
+def run_pairs(pairs, seconds, cgroup=None, wait_poll=False, two=False):
     """P pairs of processes; returns (round trips/s, CPU us per round trip). With cgroup (a CFS
-    quota in us, 0 for none), each pair's answering side runs in its own cpu cgroup."""
+    quota in us, 0 for none), each pair's answering side runs in its own cpu cgroup; with two,
+    answers go back on a second socket pair."""
     cpu0 = child_cpu()
     deadline = time.monotonic() + 0.2 + seconds
     kids, pipes = [], []
     for _ in range(pairs):
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # answers: written on b2 (the agent's side), read from a2; or both ways on a/b
+        a2, b2 = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if two else (a, b)
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the "worker" side: counts and reports through the pipe
             b.close()
+            b2.close()
             os.close(r)
-            n = bounce(a, deadline, True)
+            n = bounce(a2, deadline, True, out=a)
             os.write(w, str(n).encode())
             os._exit(0)
         os.close(w)
         pid2 = os.fork()
         if pid2 == 0:  # the "agent" side
             a.close()
+            a2.close()
             if cgroup is not None:
                 enter_cgroup(len(pipes), cgroup)
-            bounce(b, deadline, False, wait_poll)
+            bounce(b, deadline, False, wait_poll, out=b2)
             os._exit(0)
-        a.close()
-        b.close()
+        for sock in {a, b, a2, b2}:
+            sock.close()
         kids += [pid, pid2]
         pipes.append(r)
     t0 = time.monotonic()
@@ -163,10 +172,12 @@ def main():
     cases = [("one process (no switch)", lambda: run_inproc(args.seconds))]
     for p in args.pairs:
         cases.append(("%d pair%s" % (p, "" if p == 1 else "s"), (lambda p=p: run_pairs(p, args.seconds))))
+        cases.append(("%d, two sockets" % p, (lambda p=p: run_pairs(p, args.seconds, two=True))))
         cases.append(("%d, answer after poll" % p, (lambda p=p: run_pairs(p, args.seconds, wait_poll=True))))
     if args.cgroups:
         for p in args.pairs:
             cases.append(("%d, cgroup" % p, (lambda p=p: run_pairs(p, args.seconds, 0))))
+            cases.append(("%d, cgroup, two sockets" % p, (lambda p=p: run_pairs(p, args.seconds, 0, two=True))))
             cases.append(("%d, cgroup+quota" % p, (lambda p=p: run_pairs(p, args.seconds, 100000))))
     qos = hold_low_latency()
     print("# low-latency PM QoS request: %s" % ("held, as a busy worker does" if qos else "not available"))

@@ -5,8 +5,8 @@ Configuration: HEARTH_SOCKET, HEARTH_CODE_DIR, HEARTH_HANDLER, HEARTH_GENERIC (o
 --code-dir, --handler, --generic). Protocol: 8-byte request header (u32 BE length, u8 op, 3 zero
 bytes), 16-byte response header (u32 BE length, u16 status, u16 flags, u64 exec_us), then, when
 flags bit 1 is set, a u64 BE of device memory bytes; ops H (health), I (invoke), L (load,
-generic mode only), P/S (prefetch / swap out a GPU sandbox's memory through the CUDA shim); see
-runtime/python/README.md.
+generic mode only), P/S (prefetch / swap out a GPU sandbox's memory through the CUDA shim), and R
+(a connection's first frame: answer on the socket it carries); see runtime/python/README.md.
 """
 
 import importlib
@@ -44,6 +44,8 @@ OP_INVOKE = ord("I")
 OP_LOAD = ord("L")
 OP_PREFETCH = ord("P")
 OP_SWAP_OUT = ord("S")
+OP_REPLY_CHANNEL = ord("R")
+FD_SPACE = socket.CMSG_SPACE(struct.calcsize("i"))  # room for one passed descriptor
 MAX_DEVICE = 2**31 - 1  # a CUdevice is a C int
 
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
@@ -194,6 +196,32 @@ def find_shim():
         return None
 
 
+def _first_read(conn, mv):
+    """A connection's first read, which may carry a descriptor (op R): (bytes read, the socket
+    passed with them or None). The kernel ends a read at the message that carries descriptors,
+    so they come with the R frame's 8 bytes and nothing after them."""
+    n, anc, flags, _ = conn.recvmsg_into([mv], FD_SPACE)
+    fds = []
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds.extend(struct.unpack("%di" % (usable // 4), data[:usable]))
+    if len(fds) != 1 or flags & socket.MSG_CTRUNC:
+        for fd in fds:
+            os.close(fd)
+        return n, None
+    try:
+        out = socket.socket(fileno=fds[0])
+    except OSError:  # not a socket
+        os.close(fds[0])
+        return n, None
+    if out.family != socket.AF_UNIX or out.type != socket.SOCK_STREAM:
+        out.close()
+        return n, None
+    out.setblocking(True)
+    return n, out
+
+
 def _parse_prefetch(payload):
     """The device ordinal of a prefetch request, or an error message (a str)."""
     try:
@@ -289,16 +317,33 @@ class Agent:
         return 200, b'{"resident_bytes":%d,"regions":%d}' % (shim.resident_bytes(), shim.regions())
 
     # One connection: serve frames until the peer closes it.
+    # The answers go on the socket an R frame passed, if the connection began with one.
     def serve_connection(self, conn):
+        start = 0
+        end, out = _first_read(conn, self._rmv)  # unconsumed bytes are buf[start:end]
+        if out is None:
+            out = conn
+        elif end >= 8 and REQ_HDR.unpack_from(self._rbuf, 0) == (0, OP_REPLY_CHANNEL):
+            start = 8
+        else:  # a socket came with something else than an R frame: not ours to keep
+            out.close()
+            out = conn
+        try:
+            self._serve(conn, out, start, end)
+        finally:
+            if out is not conn:
+                out.close()
+
+    # The frame loop: requests from conn, answers on out.
+    def _serve(self, conn, out, start, end):
         recv_into = conn.recv_into
-        sendall = conn.sendall
-        sendmsg = conn.sendmsg
+        sendall = out.sendall
+        sendmsg = out.sendmsg
         unpack_from = REQ_HDR.unpack_from
         pack = RESP_HDR.pack
         buf = self._rbuf
         mv = self._rmv
         cap = len(buf)
-        start = end = 0  # unconsumed bytes are buf[start:end]
         resident = self.shim.resident_bytes if self.shim is not None else None
 
         def send(status, body, exec_us=None, device_mem=None):
@@ -370,7 +415,11 @@ class Agent:
                     if not n:
                         return
                     length -= n
-                send(400, _error_body("BadRequest", "unknown op %d" % op, "request"))
+                if op == OP_REPLY_CHANNEL:
+                    why = "op R must be the connection's first frame, with an empty payload and one socket"
+                else:
+                    why = "unknown op %d" % op
+                send(400, _error_body("BadRequest", why, "request"))
                 continue
 
             # ---- payload

@@ -1,5 +1,6 @@
 //! The worker's side of the agent protocol: length-prefixed frames over one persistent
-//! Unix-socket connection per sandbox (runtime/python/README.md).
+//! Unix-socket connection per sandbox (runtime/python/README.md), with the agent's answers on a
+//! socket of their own.
 //!
 //! Hand-written on purpose: this is the hot path of every warm invocation. A request is one
 //! vectored `write` of an 8-byte header and the payload; a reply is a 16-byte header (length,
@@ -37,6 +38,8 @@ const OP_INVOKE: u8 = b'I';
 const OP_LOAD: u8 = b'L';
 const OP_PREFETCH: u8 = b'P';
 const OP_SWAP_OUT: u8 = b'S';
+/// The connection's first frame: its ancillary data carries the socket the agent answers on.
+const OP_REPLY_CHANNEL: u8 = b'R';
 /// The largest device ordinal the agent takes (it is a C `int` in the shim).
 pub const MAX_DEVICE_ORDINAL: u32 = i32::MAX as u32;
 /// The most of a `P`/`S` answer's body read: two small numbers, or an error document.
@@ -98,13 +101,21 @@ impl AgentError {
 
 /// A persistent connection to one agent.
 ///
-/// The socket is registered with the runtime for reading only. A Unix socket signals "writable"
-/// every time its peer reads (the kernel's `unix_write_space`), so a socket registered for both
-/// woke a sleeping runtime thread once per request for nothing: when the agent took the request
-/// in. Requests fit the socket buffer (they alternate with replies), so a write almost never
-/// blocks; when one does, a duplicate of the socket is registered for writing until it is done.
+/// Requests go out on the connection to the agent's listening socket; answers come back on a
+/// socket pair whose other end the worker passes to the agent in the connection's first frame
+/// (op `R`). One socket per direction, because a Unix socket signals "writable" to everything
+/// waiting on it each time its peer reads (the kernel's `unix_write_space`), and a waiter in a
+/// blocking read is woken by that too. On one shared socket the worker's read of each answer
+/// woke the agent, asleep in its `recv` for the next request, for nothing: two wake-ups per
+/// invocation instead of one, on a 2-CPU guest where a wake-up costs more than the agent's
+/// Python (bench/RESULTS.md). The answer socket is the only one registered with the runtime, for
+/// reading; requests fit the socket buffer (they alternate with answers), so a write almost
+/// never blocks, and when one does a duplicate of the request socket is registered for writing
+/// until it is done.
 pub struct AgentConn {
-    sock: AsyncFd<UnixStream>,
+    /// Requests are written here; never read (the agent answers on `replies`).
+    requests: UnixStream,
+    replies: AsyncFd<UnixStream>,
     /// Received bytes not yet consumed are `rbuf[start..end]`.
     rbuf: Box<[u8]>,
     start: usize,
@@ -117,9 +128,15 @@ impl AgentConn {
     /// Connects to the agent at `path`; a 200 body over `max_result` bytes is never read.
     pub async fn connect(path: &Path, max_result: usize) -> std::io::Result<Self> {
         // tokio's connect does not block the thread; its socket comes back non-blocking.
-        let stream = tokio::net::UnixStream::connect(path).await?.into_std()?;
+        let requests = tokio::net::UnixStream::connect(path).await?.into_std()?;
+        let (replies, theirs) = UnixStream::pair()?;
+        replies.set_nonblocking(true)?;
+        send_reply_channel(&requests, &theirs)?;
+        // The agent holds the only other end now: its exit reads as end of file on `replies`.
+        drop(theirs);
         Ok(AgentConn {
-            sock: register(stream, Interest::READABLE)?,
+            requests,
+            replies: register(replies, Interest::READABLE)?,
             rbuf: vec![0u8; RBUF_SIZE].into_boxed_slice(),
             start: 0,
             end: 0,
@@ -216,7 +233,7 @@ impl AgentConn {
     fn write_now(&self, hdr: &[u8], payload: &[u8]) -> Result<usize, AgentError> {
         let mut written = 0;
         while written < hdr.len() + payload.len() {
-            match write_from(self.sock.get_ref(), hdr, payload, written) {
+            match write_from(&self.requests, hdr, payload, written) {
                 Ok(0) => return Err(AgentError::Closed),
                 Ok(n) => written += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -235,7 +252,7 @@ impl AgentConn {
         payload: &[u8],
         mut written: usize,
     ) -> Result<(), AgentError> {
-        let w = register(self.sock.get_ref().try_clone()?, Interest::WRITABLE)?;
+        let w = register(self.requests.try_clone()?, Interest::WRITABLE)?;
         while written < hdr.len() + payload.len() {
             let mut ready = w.writable().await?;
             match ready.try_io(|s| write_from(s.get_ref(), hdr, payload, written)) {
@@ -257,7 +274,7 @@ impl AgentConn {
                 self.end -= self.start;
                 self.start = 0;
             }
-            match read_some(&self.sock, &mut self.rbuf[self.end..]).await? {
+            match read_some(&self.replies, &mut self.rbuf[self.end..]).await? {
                 0 => return Err(AgentError::Closed),
                 n => self.end += n,
             }
@@ -303,7 +320,7 @@ impl AgentConn {
             self.end = 0;
         }
         while have < head.len {
-            match read_some(&self.sock, &mut body[have..]).await? {
+            match read_some(&self.replies, &mut body[have..]).await? {
                 0 => return Err(AgentError::Closed),
                 n => have += n,
             }
@@ -315,6 +332,34 @@ impl AgentConn {
             body: Bytes::from(body),
         })
     }
+}
+
+/// Sends the `R` frame with `theirs` attached (SCM_RIGHTS). The connection is new and its
+/// buffer empty, so the 8 bytes go out at once or not at all.
+fn send_reply_channel(requests: &UnixStream, theirs: &UnixStream) -> std::io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use std::mem::MaybeUninit;
+    use std::os::fd::AsFd;
+    let mut hdr = [0u8; REQ_HEADER];
+    hdr[4] = OP_REPLY_CHANNEL;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [theirs.as_fd()];
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(std::io::Error::other("no room for the reply socket"));
+    }
+    let sent = rustix::net::sendmsg(
+        requests,
+        &[IoSlice::new(&hdr)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    if sent != hdr.len() {
+        return Err(std::io::Error::other(
+            "the agent's connection did not take the reply-channel frame",
+        ));
+    }
+    Ok(())
 }
 
 /// One write of header + payload from byte `written` on (vectored while the header is not out).
@@ -484,6 +529,44 @@ mod tests {
         Some((hdr[4], payload))
     }
 
+    /// Accepts the worker's connection as the agent does: its first frame is `R` and carries
+    /// the socket to answer on. Returns (requests, answers).
+    async fn accept(listener: &UnixListener) -> (UnixStream, UnixStream) {
+        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        use std::mem::MaybeUninit;
+        let (s, _) = listener.accept().await.unwrap();
+        let mut hdr = [0u8; 8];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let got = loop {
+            s.readable().await.unwrap();
+            let r = s.try_io(Interest::READABLE, || {
+                let mut iov = [std::io::IoSliceMut::new(&mut hdr)];
+                Ok(rustix::net::recvmsg(&s, &mut iov, &mut control, RecvFlags::empty())?.bytes)
+            });
+            match r {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(
+            &hdr[..got],
+            &[0, 0, 0, 0, b'R', 0, 0, 0],
+            "the first frame is R"
+        );
+        let mut fds = Vec::new();
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(passed) = m {
+                fds.extend(passed);
+            }
+        }
+        assert_eq!(fds.len(), 1, "R carries one socket");
+        let out = std::os::unix::net::UnixStream::from(fds.pop().unwrap());
+        out.set_nonblocking(true).unwrap();
+        (s, UnixStream::from_std(out).unwrap())
+    }
+
     fn listen() -> (tempfile::TempDir, std::path::PathBuf, UnixListener) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.sock");
@@ -538,7 +621,7 @@ mod tests {
     async fn round_trips_over_a_unix_socket_with_split_writes() {
         let (_dir, path, listener) = listen();
         let server = tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, mut out) = accept(&listener).await;
             for i in 0..3u64 {
                 let (op, payload) = read_frame(&mut s).await.unwrap();
                 let frame = if i < 2 {
@@ -551,12 +634,12 @@ mod tests {
                 };
                 // the header byte by byte, then the body in two pieces
                 for b in &frame[..16] {
-                    s.write_all(&[*b]).await.unwrap();
+                    out.write_all(&[*b]).await.unwrap();
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                s.write_all(&frame[16..20]).await.unwrap();
+                out.write_all(&frame[16..20]).await.unwrap();
                 tokio::time::sleep(Duration::from_millis(5)).await;
-                s.write_all(&frame[20..]).await.unwrap();
+                out.write_all(&frame[20..]).await.unwrap();
             }
         });
         let mut c = AgentConn::connect(&path, 1024).await.unwrap();
@@ -577,18 +660,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn answers_are_read_from_the_passed_socket_only() {
+        let (_dir, path, listener) = listen();
+        let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut s, mut out) = accept(&listener).await;
+            let _ = read_frame(&mut s).await;
+            // Whatever arrives on the request connection is not an answer.
+            s.write_all(&reply(500, None, b"{\"wrong\":1}"))
+                .await
+                .unwrap();
+            out.write_all(&reply(200, Some(3), b"{\"right\":1}"))
+                .await
+                .unwrap();
+            let _ = read_frame(&mut s).await;
+            // The answer socket closes (the agent died) while the connection stays open.
+            drop(out);
+            let _ = closed_rx.await;
+            drop(s);
+        });
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+        let r = c.invoke(b"{}").await.unwrap();
+        assert_eq!((r.status, &r.body[..]), (200, &b"{\"right\":1}"[..]));
+        assert!(matches!(c.health().await, Err(AgentError::Closed)));
+        let _ = closed_tx.send(());
+    }
+
+    #[tokio::test]
     async fn a_large_payload_and_body_round_trip() {
         let (_dir, path, listener) = listen();
         let big = vec![b'x'; 3 << 20];
         let expect = big.clone();
         tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, mut out) = accept(&listener).await;
             let (op, payload) = read_frame(&mut s).await.unwrap();
             assert_eq!(op, b'I');
             assert!(payload == expect);
-            s.write_all(&reply(200, Some(1), &payload)).await.unwrap();
+            out.write_all(&reply(200, Some(1), &payload)).await.unwrap();
             let (_, small) = read_frame(&mut s).await.unwrap();
-            s.write_all(&reply(200, None, &small)).await.unwrap();
+            out.write_all(&reply(200, None, &small)).await.unwrap();
         });
         let mut c = AgentConn::connect(&path, 4 << 20).await.unwrap();
         // Over the socket buffer: the write waits for room, then the connection reads only.
@@ -603,12 +713,12 @@ mod tests {
     async fn a_body_over_the_limit_is_refused_before_it_is_read() {
         let (_dir, path, listener) = listen();
         tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, mut out) = accept(&listener).await;
             let _ = read_frame(&mut s).await;
             // Announces 1 GiB; sends only the header.
             let mut frame = reply(200, Some(1), b"");
             frame[..4].copy_from_slice(&(1u32 << 30).to_be_bytes());
-            let _ = s.write_all(&frame).await;
+            let _ = out.write_all(&frame).await;
             tokio::time::sleep(Duration::from_secs(30)).await;
         });
         let mut c = AgentConn::connect(&path, 1000).await.unwrap();
@@ -626,15 +736,15 @@ mod tests {
         let (_dir, path, listener) = listen();
         let limit = 1000;
         tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, mut out) = accept(&listener).await;
             // an error answer within the margin is read; one past it is refused
             let _ = read_frame(&mut s).await;
             let within = vec![b'e'; limit + ERROR_MARGIN_BYTES];
-            s.write_all(&reply(500, Some(2), &within)).await.unwrap();
+            out.write_all(&reply(500, Some(2), &within)).await.unwrap();
             let _ = read_frame(&mut s).await;
             let mut frame = reply(413, Some(2), b"");
             frame[..4].copy_from_slice(&((limit + ERROR_MARGIN_BYTES + 1) as u32).to_be_bytes());
-            let _ = s.write_all(&frame).await;
+            let _ = out.write_all(&frame).await;
             tokio::time::sleep(Duration::from_secs(30)).await;
         });
         let mut c = AgentConn::connect(&path, limit).await.unwrap();
@@ -652,10 +762,10 @@ mod tests {
     async fn a_reply_that_is_not_a_frame_is_malformed() {
         let (_dir, path, listener) = listen();
         tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, mut out) = accept(&listener).await;
             let _ = read_frame(&mut s).await;
             // an old HTTP agent's answer
-            let _ = s
+            let _ = out
                 .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
                 .await;
             tokio::time::sleep(Duration::from_secs(30)).await;
@@ -671,9 +781,9 @@ mod tests {
     async fn a_header_cut_short_is_closed() {
         let (_dir, path, listener) = listen();
         tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, mut out) = accept(&listener).await;
             let _ = read_frame(&mut s).await;
-            let _ = s.write_all(&reply(200, None, b"{}")[..10]).await;
+            let _ = out.write_all(&reply(200, None, b"{}")[..10]).await;
         });
         let mut c = AgentConn::connect(&path, 1 << 20).await.unwrap();
         assert!(matches!(c.health().await, Err(AgentError::Closed)));
@@ -683,10 +793,10 @@ mod tests {
     async fn a_body_cut_short_is_closed() {
         let (_dir, path, listener) = listen();
         tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, mut out) = accept(&listener).await;
             let _ = read_frame(&mut s).await;
             let frame = reply(200, Some(1), &[b'a'; 40000]);
-            let _ = s.write_all(&frame[..30000]).await;
+            let _ = out.write_all(&frame[..30000]).await;
         });
         let mut c = AgentConn::connect(&path, 1 << 20).await.unwrap();
         assert!(matches!(c.invoke(b"{}").await, Err(AgentError::Closed)));
@@ -696,14 +806,14 @@ mod tests {
     async fn load_sends_the_specified_frame() {
         let (_dir, path, listener) = listen();
         let server = tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, mut out) = accept(&listener).await;
             let mut hdr = [0u8; 8];
             s.read_exact(&mut hdr).await.unwrap();
             let len = u32::from_be_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
             assert_eq!(&hdr[4..], b"L\0\0\0");
             let mut payload = vec![0u8; len];
             s.read_exact(&mut payload).await.unwrap();
-            s.write_all(&reply(200, None, b"{\"status\":\"ok\"}"))
+            out.write_all(&reply(200, None, b"{\"status\":\"ok\"}"))
                 .await
                 .unwrap();
             payload
@@ -726,13 +836,13 @@ mod tests {
     async fn device_memory_is_read_from_the_header_extension() {
         let (_dir, path, listener) = listen();
         tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, mut out) = accept(&listener).await;
             // The extension arrives byte by byte, split from both header and body.
             let _ = read_frame(&mut s).await.unwrap();
             let frame = reply_mem(200, Some(9), 0x0102_0304_0506_0708, b"{\"x\":1}");
             assert_eq!(&frame[16..24], &[1, 2, 3, 4, 5, 6, 7, 8]);
             for b in &frame {
-                s.write_all(&[*b]).await.unwrap();
+                out.write_all(&[*b]).await.unwrap();
                 tokio::time::sleep(Duration::from_micros(200)).await;
             }
             // A handler error of a GPU sandbox, without exec_us, then a plain 16-byte answer,
@@ -741,7 +851,7 @@ mod tests {
             let _ = read_frame(&mut s).await.unwrap();
             let mut both = reply_mem(500, None, 0, b"{\"type\":\"E\"}");
             both.extend_from_slice(&reply(200, Some(4), b"{}"));
-            s.write_all(&both).await.unwrap();
+            out.write_all(&both).await.unwrap();
         });
         let mut c = AgentConn::connect(&path, 1024).await.unwrap();
         let r = c.invoke(b"{}").await.unwrap();
@@ -753,7 +863,7 @@ mod tests {
         let (a, b) = {
             // Pipelined by hand: both requests are out before either answer is read.
             let hdr = |op: u8| [0, 0, 0, 0, op, 0, 0, 0];
-            let mut s = c.sock.get_ref();
+            let mut s = &c.requests;
             s.write_all(&hdr(b'I')).unwrap();
             s.write_all(&hdr(b'H')).unwrap();
             (
@@ -777,9 +887,11 @@ mod tests {
     async fn a_header_cut_short_in_its_extension_is_closed() {
         let (_dir, path, listener) = listen();
         tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, mut out) = accept(&listener).await;
             let _ = read_frame(&mut s).await;
-            let _ = s.write_all(&reply_mem(200, Some(1), 7, b"{}")[..20]).await;
+            let _ = out
+                .write_all(&reply_mem(200, Some(1), 7, b"{}")[..20])
+                .await;
         });
         let mut c = AgentConn::connect(&path, 1 << 20).await.unwrap();
         assert!(matches!(c.invoke(b"{}").await, Err(AgentError::Closed)));
@@ -789,7 +901,7 @@ mod tests {
     async fn prefetch_and_swap_out_send_the_specified_frames() {
         let (_dir, path, listener) = listen();
         let server = tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, mut out) = accept(&listener).await;
             let mut frames = Vec::new();
             for body in [
                 &br#"{"resident_bytes":1073741824,"regions":3}"#[..],
@@ -801,7 +913,7 @@ mod tests {
                 let mut payload = vec![0u8; len];
                 s.read_exact(&mut payload).await.unwrap();
                 frames.push([&hdr[..], &payload].concat());
-                s.write_all(&reply(200, None, body)).await.unwrap();
+                out.write_all(&reply(200, None, body)).await.unwrap();
             }
             frames
         });
@@ -829,7 +941,7 @@ mod tests {
     async fn memory_move_refusals_are_typed_and_keep_the_connection() {
         let (_dir, path, listener) = listen();
         tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, mut out) = accept(&listener).await;
             let answers = [
                 reply(
                     409,
@@ -850,7 +962,7 @@ mod tests {
             ];
             for a in answers {
                 let _ = read_frame(&mut s).await.unwrap();
-                s.write_all(&a).await.unwrap();
+                out.write_all(&a).await.unwrap();
             }
         });
         let mut c = AgentConn::connect(&path, 1024).await.unwrap();
@@ -870,7 +982,7 @@ mod tests {
     async fn memory_move_nonsense_is_malformed_or_too_large() {
         let (_dir, path, listener) = listen();
         tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, mut out) = accept(&listener).await;
             let answers = [
                 reply(400, None, br#"{"type":"BadRequest","phase":"request"}"#),
                 reply(200, None, br#"{"resident_bytes":-1,"regions":0}"#),
@@ -879,7 +991,7 @@ mod tests {
             ];
             for a in answers {
                 let _ = read_frame(&mut s).await.unwrap();
-                s.write_all(&a).await.unwrap();
+                out.write_all(&a).await.unwrap();
             }
             tokio::time::sleep(Duration::from_secs(30)).await;
         });
@@ -902,7 +1014,7 @@ mod tests {
     async fn a_device_ordinal_over_the_agents_range_is_not_sent() {
         let (_dir, path, listener) = listen();
         let server = tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
+            let (mut s, _out) = accept(&listener).await;
             read_frame(&mut s).await
         });
         let mut c = AgentConn::connect(&path, 1024).await.unwrap();

@@ -126,7 +126,7 @@ def test_without_shim_invoke_answer_is_byte_identical_to_the_old_format(start_ag
     data = b""
     body = b'{"echo":{"a":1}}'
     while len(data) < 16 + len(body):
-        data += c.sock.recv(4096)
+        data += c.replies.recv(4096)
     n, status, flags, exec_us = RESP_HDR.unpack(data[:16])
     assert (n, status, flags) == (len(body), 200, 1)  # bit 1 never set without the shim
     assert data[16:] == body
