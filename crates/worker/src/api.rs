@@ -21,6 +21,7 @@ use hearth_api::{
     AsyncRecord, PrewarmAnswer, ProactiveRequest, ProactiveStarted, WorkerStatus,
     MAX_PROACTIVE_BODY_BYTES, PROACTIVE_STREAM_TYPE,
 };
+use hearth_core::gpu::GpuReject;
 use hearth_service::async_api::{self, ListQuery};
 use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
@@ -267,13 +268,24 @@ pub fn api_error(e: InvokeError) -> ApiError {
 /// A `gpu` function this worker cannot run: 400 `no_gpu`, naming the field at fault and, for
 /// too little memory, the most this worker's GPUs have (`max`).
 fn gpu_error(e: GpuRefusal) -> ApiError {
-    let err = ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::NoGpu, e.to_string());
+    let message = e.to_string();
+    let err = ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::NoGpu, message.clone());
     match e {
         GpuRefusal::NoGpu { .. } => err.with("field", json!("device")),
-        GpuRefusal::TooLittleMemory { largest_mb, .. } => err
+        GpuRefusal::TooLittleMemory { largest_mb, .. }
+        | GpuRefusal::Scheduler {
+            reason: GpuReject::TooLarge { largest_mb, .. },
+            ..
+        } => err
             .with("field", json!("gpu_memory_mb"))
             .with("max", json!(largest_mb)),
-        GpuRefusal::Scheduler { .. } => err,
+        // A passing condition of the worker (its GPU scheduler tracks a bounded number of
+        // functions with work at once), not of the request: retry later or elsewhere.
+        GpuRefusal::Scheduler {
+            reason: GpuReject::TooManyFunctions,
+            ..
+        } => ApiError::overloaded(message),
+        GpuRefusal::Scheduler { .. } => ApiError::bad_request(message),
     }
 }
 
@@ -440,5 +452,47 @@ async fn metrics(
     State(w): State<Arc<Worker>>,
     Extension(p): Extension<Principal>,
 ) -> Result<Response, ApiError> {
-    metrics_for(&p, w.metrics.encode(&w.stats(), w.gpu_status().as_ref()))
+    metrics_for(&p, w.metrics.encode(&w.stats(), w.gpu_gauges().as_ref()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scheduler_refusal(reason: GpuReject) -> ApiError {
+        api_error(InvokeError::Gpu(GpuRefusal::Scheduler {
+            function: "f".into(),
+            reason,
+        }))
+    }
+
+    #[test]
+    fn too_many_gpu_functions_is_overloaded_and_retryable() {
+        let e = scheduler_refusal(GpuReject::TooManyFunctions);
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.code, ErrorCode::Overloaded);
+        assert_eq!(e.retry_after_s, Some(1));
+    }
+
+    #[test]
+    fn gpu_refusals_of_the_request_are_400_and_name_the_field() {
+        let e = scheduler_refusal(GpuReject::TooLarge {
+            needed_mb: 100,
+            largest_mb: 80,
+        });
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::BAD_REQUEST, ErrorCode::NoGpu)
+        );
+        let details = e.details.expect("details");
+        assert_eq!(details.get("field"), Some(&json!("gpu_memory_mb")));
+        assert_eq!(details.get("max"), Some(&json!(80)));
+        for reason in [GpuReject::BadWeight, GpuReject::BadFunction] {
+            let e = scheduler_refusal(reason);
+            assert_eq!(
+                (e.status, e.code),
+                (StatusCode::BAD_REQUEST, ErrorCode::BadRequest)
+            );
+        }
+    }
 }

@@ -294,6 +294,11 @@ impl Worker {
         self.gpu_exec.as_ref().map(|g| g.status())
     }
 
+    /// The GPU queue and devices for `/metrics`; `None` without GPUs.
+    pub fn gpu_gauges(&self) -> Option<hearth_core::gpu::GpuGauges> {
+        self.gpu_exec.as_ref().map(|g| g.gauges())
+    }
+
     /// `Ok` when this worker's GPUs can take `spec` (a `gpu` function needs a device with its
     /// `gpu_memory_mb`).
     pub fn admit_gpu(&self, spec: &FunctionSpec) -> Result<(), GpuRefusal> {

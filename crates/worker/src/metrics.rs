@@ -1,6 +1,6 @@
 //! Prometheus metrics (text exposition format at `GET /metrics`).
 
-use hearth_core::gpu::GpuStatus;
+use hearth_core::gpu::GpuGauges;
 use hearth_core::EngineStats;
 use hearth_service::metrics::{doubling_buckets, encode_text, registered};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -339,7 +339,7 @@ impl Metrics {
 
     /// Text exposition, with pool and queue gauges taken from `engine` (and the GPU gauges from
     /// `gpu`) at scrape time.
-    pub fn encode(&self, engine: &EngineStats, gpu: Option<&GpuStatus>) -> String {
+    pub fn encode(&self, engine: &EngineStats, gpu: Option<&GpuGauges>) -> String {
         if let Some(g) = gpu {
             self.gpu_queue_length.set(g.queued as i64);
             for d in &g.gpus {

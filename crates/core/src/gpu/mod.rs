@@ -64,6 +64,6 @@ pub use flow::FlowState;
 pub use model::{SimGpuModel, SimGpuModelError};
 pub use scheduler::{
     ContainerId, GpuAction, GpuArrival, GpuCompletion, GpuCounters, GpuDestroyReason,
-    GpuDeviceStatus, GpuEventError, GpuFlowStatus, GpuInvocationId, GpuPaging, GpuPlacement,
-    GpuReject, GpuScheduler, GpuStatus, Start,
+    GpuDeviceStatus, GpuEventError, GpuFlowStatus, GpuGauges, GpuInvocationId, GpuPaging,
+    GpuPlacement, GpuReject, GpuScheduler, GpuStatus, Start,
 };

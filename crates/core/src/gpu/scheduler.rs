@@ -261,6 +261,13 @@ pub struct GpuDeviceStatus {
     pub containers_idle: u32,
 }
 
+/// The queue and the devices ([`GpuScheduler::gauges`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuGauges {
+    pub queued: usize,
+    pub gpus: Vec<GpuDeviceStatus>,
+}
+
 /// One flow, as [`GpuScheduler::status`] shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuFlowStatus {
@@ -596,38 +603,53 @@ impl GpuScheduler {
         self.actions.pop_front()
     }
 
-    pub fn status(&self) -> GpuStatus {
-        let gpus = self
+    /// What the worker's `/metrics` shows: the queue and the devices, without the per-flow
+    /// list that [`GpuScheduler::status`] builds (up to `MAX_FLOWS` names).
+    pub fn gauges(&self) -> GpuGauges {
+        GpuGauges {
+            queued: self.queued,
+            gpus: self.devices_status(),
+        }
+    }
+
+    /// Every device with its containers' memory, in one pass over the containers.
+    fn devices_status(&self) -> Vec<GpuDeviceStatus> {
+        let mut gpus: Vec<GpuDeviceStatus> = self
             .devices
             .iter()
             .enumerate()
-            .map(|(index, dev)| {
-                let mut s = GpuDeviceStatus {
-                    index,
-                    d: dev.d,
-                    running: dev.running,
-                    tracked_util: dev.tracked_util,
-                    measured_util: dev.measured_util,
-                    memory_total_mb: dev.memory_mb,
-                    memory_resident_mb: 0,
-                    memory_used_mb: 0,
-                    containers: 0,
-                    containers_idle: 0,
-                };
-                for c in self.containers.values().filter(|c| c.gpu == index) {
-                    s.containers += 1;
-                    if c.on_device {
-                        s.memory_resident_mb += c.memory_mb;
-                    }
-                    if c.busy {
-                        s.memory_used_mb += c.memory_mb;
-                    } else {
-                        s.containers_idle += 1;
-                    }
-                }
-                s
+            .map(|(index, dev)| GpuDeviceStatus {
+                index,
+                d: dev.d,
+                running: dev.running,
+                tracked_util: dev.tracked_util,
+                measured_util: dev.measured_util,
+                memory_total_mb: dev.memory_mb,
+                memory_resident_mb: 0,
+                memory_used_mb: 0,
+                containers: 0,
+                containers_idle: 0,
             })
             .collect();
+        for c in self.containers.values() {
+            let Some(s) = gpus.get_mut(c.gpu) else {
+                continue;
+            };
+            s.containers += 1;
+            if c.on_device {
+                s.memory_resident_mb += c.memory_mb;
+            }
+            if c.busy {
+                s.memory_used_mb += c.memory_mb;
+            } else {
+                s.containers_idle += 1;
+            }
+        }
+        gpus
+    }
+
+    pub fn status(&self) -> GpuStatus {
+        let gpus = self.devices_status();
         let flows = self
             .flows
             .iter()

@@ -842,6 +842,14 @@ fn new_function_goes_to_the_emptier_gpu_and_sticks() {
     let d = dispatches(&drain(&mut s));
     assert_eq!((d[0].id, d[0].gpu, d[0].start), (a2, 1, Start::Warm));
     assert_eq!(flow(&s, "a").home_gpu, Some(1));
+    // Each device counts its own container: b's idle one on 0, a's busy one on 1.
+    let g = s.gauges();
+    let per_gpu: Vec<_> = g
+        .gpus
+        .iter()
+        .map(|d| (d.containers, d.containers_idle, d.memory_used_mb))
+        .collect();
+    assert_eq!(per_gpu, [(1, 1, 0), (1, 0, 100)]);
 }
 
 #[test]
@@ -1291,6 +1299,8 @@ impl Harness {
             }
         }
         assert_eq!(st.queued, st.flows.iter().map(|f| f.queued).sum::<usize>());
+        let g = self.s.gauges();
+        assert_eq!((g.queued, &g.gpus), (st.queued, &st.gpus));
     }
 }
 

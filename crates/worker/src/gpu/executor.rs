@@ -33,8 +33,8 @@ use crate::backend::{Sandbox, SandboxError};
 use crate::driver::Driver;
 use hearth_api::{FunctionSpec, GpuInfo};
 use hearth_core::gpu::{
-    ContainerId, CpuGpuDispatch, Device, GpuAction, GpuCompletion, GpuInvocationId, GpuPlacement,
-    GpuReject, GpuSchedConfig, GpuScheduler, GpuSpec, GpuStatus, SimGpuModel,
+    ContainerId, CpuGpuDispatch, Device, GpuAction, GpuCompletion, GpuGauges, GpuInvocationId,
+    GpuPlacement, GpuReject, GpuSchedConfig, GpuScheduler, GpuSpec, GpuStatus, SimGpuModel,
 };
 use hearth_core::Micros;
 use hearth_core::SandboxId;
@@ -490,6 +490,12 @@ impl GpuExecutor {
 
     pub fn status(&self) -> GpuStatus {
         self.inner.lock().sched.status()
+    }
+
+    /// The queue and the devices, for `/metrics` (no per-function list, so a scrape holds the
+    /// scheduler's lock for a pass over its containers only).
+    pub fn gauges(&self) -> GpuGauges {
+        self.inner.lock().sched.gauges()
     }
 
     /// Rejects what is queued and every later GPU invocation; running ones finish.
