@@ -595,6 +595,7 @@ fn serve(args: ServerArgs) -> Result<()> {
     }
     config.check()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.effective_runtime_threads())
         .enable_all()
         .build()?;
     // The signal handlers go in before the server starts (inside the runtime).
