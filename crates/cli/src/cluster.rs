@@ -49,6 +49,9 @@ pub fn controller(args: ControllerArgs) -> Result<()> {
     }
     config.check()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(hearth_service::config_checks::effective_runtime_threads(
+            config.runtime_threads,
+        ))
         .enable_all()
         .build()?;
     // The signal handlers go in before the server starts (inside the runtime).
@@ -100,6 +103,9 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
         cluster_key: config.cluster_key_path(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(hearth_service::config_checks::effective_runtime_threads(
+            config.runtime_threads,
+        ))
         .enable_all()
         .build()?;
     rt.block_on(async move {

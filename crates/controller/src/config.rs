@@ -47,6 +47,8 @@ pub struct ControllerConfig {
     pub advertise_url: Option<String>,
     /// How often static workers are polled; pushing workers choose their own interval.
     pub status_interval_ms: u64,
+    /// Threads of the controller's async runtime (0: half the host's CPUs, at least 1).
+    pub runtime_threads: u32,
     /// A worker not heard from for this long leaves the ring.
     pub status_timeout_ms: u64,
     /// How often each live worker's `/healthz` is probed (0: never). A probe unanswered within
@@ -122,6 +124,7 @@ impl Default for ControllerConfig {
             autoscale: None,
             workers: Vec::new(),
             status_interval_ms: 1000,
+            runtime_threads: 0,
             status_timeout_ms: 3000,
             store: "sqlite".into(),
             lease_ttl_ms: 2000,
@@ -165,6 +168,7 @@ const CONFIG_KEYS: &[&str] = &[
     "autoscale",
     "workers",
     "status_interval_ms",
+    "runtime_threads",
     "status_timeout_ms",
     "store",
     "lease_ttl_ms",
@@ -256,6 +260,7 @@ impl ControllerConfig {
             config_checks::http_url("workers", w)?;
         }
         config_checks::status_interval_ms(self.status_interval_ms)?;
+        config_checks::runtime_threads(self.runtime_threads)?;
         config_checks::store(&self.store, self.lease_ttl_ms)?;
         if let Some(u) = &self.advertise_url {
             config_checks::http_url("advertise_url", u)?;

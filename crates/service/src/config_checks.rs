@@ -82,6 +82,28 @@ pub fn async_retry_backoff_ms(ms: u64) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// `runtime_threads`: 0 (automatic) to 1024.
+pub fn runtime_threads(n: u32) -> Result<(), ConfigError> {
+    if n > 1024 {
+        return Err(ConfigError::Invalid(format!(
+            "runtime_threads must be between 0 (half the CPUs) and 1024, got {n}"
+        )));
+    }
+    Ok(())
+}
+
+/// Threads of a server's async runtime: the `runtime_threads` setting, else half the host's
+/// CPUs and at least one. A warm request wakes the client, the server and (on a worker) a
+/// sandbox in turn; on a small machine a second runtime thread mostly adds wake-ups, because a
+/// thread that queues a task wakes an idle one to steal it, which finds nothing
+/// (bench/RESULTS.md, "One runtime thread").
+pub fn effective_runtime_threads(setting: u32) -> usize {
+    match setting {
+        0 => (crate::serving::available_cpus() / 2).max(1),
+        n => n as usize,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,5 +140,18 @@ mod tests {
             let err = status_interval_ms(bad).unwrap_err().to_string();
             assert!(err.contains("between 10 and 60000"), "{err}");
         }
+        assert!(runtime_threads(0).is_ok() && runtime_threads(1024).is_ok());
+        let err = runtime_threads(1025).unwrap_err().to_string();
+        assert!(
+            err.starts_with("runtime_threads must be between 0"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn runtime_threads_default_to_half_the_cpus_and_at_least_one() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(effective_runtime_threads(0), (cpus / 2).max(1));
+        assert_eq!(effective_runtime_threads(3), 3);
     }
 }

@@ -101,7 +101,16 @@ pub fn default_data_dir() -> PathBuf {
 
 /// CPUs of this host: what a status report assumes when a worker's status does not say.
 pub fn host_cpus() -> f64 {
-    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
+    available_cpus() as f64
+}
+
+/// The CPUs this process may use (affinity and cgroup quota), read once: std's
+/// `available_parallelism` reads the cgroup hierarchy from /proc and /sys on every call, dozens
+/// of system calls, which cost a worker with the default concurrency a third of its CPU when it
+/// was asked on every invocation (bench/RESULTS.md).
+pub fn available_cpus() -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called (within a

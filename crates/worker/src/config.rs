@@ -563,12 +563,7 @@ impl WorkerConfig {
                 self.max_concurrent_creations
             ));
         }
-        if self.runtime_threads > 1024 {
-            return bad(format!(
-                "runtime_threads must be between 0 (half the CPUs) and 1024, got {}",
-                self.runtime_threads
-            ));
-        }
+        config_checks::runtime_threads(self.runtime_threads)?;
         if self.generic_pool > 64 || self.generic_pool_min > 64 {
             return bad(format!(
                 "generic_pool and generic_pool_min must be between 0 and 64, got {} and {}",
@@ -792,15 +787,12 @@ impl WorkerConfig {
         if let (BackendKind::Runc, Some(set)) = (self.backend, &self.runc.cpuset) {
             return set.len() as u32;
         }
-        std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+        hearth_service::serving::available_cpus() as u32
     }
 
     /// Threads for the async runtime: `runtime_threads`, else half the host's CPUs (at least 1).
     pub fn effective_runtime_threads(&self) -> usize {
-        match self.runtime_threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
-            n => n as usize,
-        }
+        config_checks::effective_runtime_threads(self.runtime_threads)
     }
 
     /// The cap on concurrent sandbox creations (None: no cap).
