@@ -33,6 +33,7 @@ pub async fn serve(
         tls = tls.is_some(),
         worker = worker.id(),
         backend = worker.backend_name(),
+        runtime_threads = worker.config().effective_runtime_threads(),
         data_dir = %worker.config().data_dir.display(),
         "hearth worker listening"
     );
