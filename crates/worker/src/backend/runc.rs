@@ -419,13 +419,17 @@ impl RuncBackend {
         let cgroups_path = self.cgroups_path(&container);
         let started = Instant::now();
         self.freeze_anchor();
-        let prepared = self
+        let prepared = match self
             .write_bundle(&container, &dir, purpose, &cgroups_path)
-            .and_then(|()| start_log_copier(&dir, self.cfg.log_file_bytes));
+            .await
+        {
+            Ok(()) => start_log_copier(&dir, self.cfg.log_file_bytes),
+            Err(e) => Err(e),
+        };
         let (log_pipe, mut log) = match prepared {
             Ok(p) => p,
             Err(e) => {
-                discard_bundle(&dir);
+                discard_bundle_off_runtime(&dir).await;
                 return Err(SandboxError::StartFailed(format!(
                     "writing the bundle: {e}"
                 )));
@@ -519,11 +523,21 @@ impl RuncBackend {
         let fail = |what: &str, e: std::io::Error| {
             SandboxError::StartFailed(format!("specializing the sandbox ({what}): {e}"))
         };
-        code_mount::mount_code(code_dir, &sb.dir.join(CODE_POINT)).map_err(|e| fail("code", e))?;
+        // Mounts and cgroup writes, on a blocking thread (not the runtime serving warm calls).
+        let (code, point) = (code_dir.to_path_buf(), sb.dir.join(CODE_POINT));
+        let cgroups_path = sb.cgroups_path.clone();
+        let (memory_mb, cpus) = (spec.memory_mb, spec.cpus);
+        let shares = self.cfg.cpu_shares(memory_mb);
+        let mounted = tokio::task::spawn_blocking(move || {
+            code_mount::mount_code(&code, &point).map_err(|e| ("code", e))?;
+            set_limits(&cgroups_path, memory_mb, cpus, shares).map_err(|e| ("limits", e))
+        })
+        .await
+        .map_err(|e| ("code", std::io::Error::other(e)))
+        .and_then(|r| r);
+        // On failure the caller destroys the sandbox, which unmounts whatever was mounted.
+        mounted.map_err(|(what, e)| fail(what, e))?;
         sb.code_dir = Some(code_dir.to_path_buf());
-        let shares = self.cfg.cpu_shares(spec.memory_mb);
-        set_limits(&sb.cgroups_path, spec.memory_mb, spec.cpus, shares)
-            .map_err(|e| fail("limits", e))?;
         sb.memory_mb = spec.memory_mb;
         let env: Vec<(String, String)> = spec
             .env
@@ -572,7 +586,10 @@ impl RuncBackend {
         format!("{}/{}", self.cgroup_parent, container)
     }
 
-    fn write_bundle(
+    /// Writes the bundle: directories, the run tmpfs, (generic) the code mount point, and
+    /// `config.json`. The spec is built here; the file system work (a dozen system calls and
+    /// two mounts) runs on a blocking thread, not on the runtime that serves warm invocations.
+    async fn write_bundle(
         &self,
         container: &str,
         dir: &Path,
@@ -580,10 +597,6 @@ impl RuncBackend {
         cgroups_path: &str,
     ) -> std::io::Result<()> {
         let run_dir = dir.join("run");
-        let private = |d: &Path| std::fs::DirBuilder::new().mode(0o700).create(d);
-        private(dir)?;
-        private(&run_dir)?;
-        mount_run_tmpfs(&run_dir, &self.cfg)?;
         let point = dir.join(CODE_POINT);
         let (code_dir, handler, env, memory_mb, cpus, gpu) = match purpose {
             Purpose::Function {
@@ -605,12 +618,7 @@ impl RuncBackend {
                     gpu,
                 )
             }
-            Purpose::Generic => {
-                // Readable by the sandbox user: it becomes the sandbox's `/code` (and cwd).
-                std::fs::DirBuilder::new().mode(0o755).create(&point)?;
-                code_mount::prepare_mount_point(&point)?;
-                (point.as_path(), "", Vec::new(), 0, 0.0, None)
-            }
+            Purpose::Generic => (point.as_path(), "", Vec::new(), 0, 0.0, None),
         };
         let cpuset = self.cfg.cpuset.as_ref().map(ToString::to_string);
         let config = oci::runtime_spec(&OciParams {
@@ -633,9 +641,25 @@ impl RuncBackend {
             tmp_inodes: self.cfg.tmp_inodes,
             generic: matches!(purpose, Purpose::Generic),
             gpu,
-        });
-        use std::io::Write;
-        private_file(&dir.join("config.json"))?.write_all(config.to_string().as_bytes())
+        })
+        .to_string();
+        let generic = matches!(purpose, Purpose::Generic);
+        let (dir, cfg) = (dir.to_path_buf(), self.cfg.clone());
+        tokio::task::spawn_blocking(move || {
+            let private = |d: &Path| std::fs::DirBuilder::new().mode(0o700).create(d);
+            private(&dir)?;
+            private(&run_dir)?;
+            mount_run_tmpfs(&run_dir, &cfg)?;
+            if generic {
+                // Readable by the sandbox user: it becomes the sandbox's `/code` (and cwd).
+                std::fs::DirBuilder::new().mode(0o755).create(&point)?;
+                code_mount::prepare_mount_point(&point)?;
+            }
+            use std::io::Write;
+            private_file(&dir.join("config.json"))?.write_all(config.as_bytes())
+        })
+        .await
+        .map_err(std::io::Error::other)?
     }
 
     /// `runc run --detach` with `log_pipe` as the sandbox's stdout and stderr, then waits for
@@ -845,7 +869,7 @@ impl RuncBackend {
         // left an empty sandbox cgroup behind now and then; try once more now that it is done.
         let path = format!("{parent}/{container}");
         let _ = tokio::task::spawn_blocking(move || oci::remove_cgroup_dirs(&path)).await;
-        discard_bundle(dir);
+        discard_bundle_off_runtime(dir).await;
     }
 
     /// Removes every container, bundle and cgroup left in this data directory, whatever worker
@@ -987,6 +1011,13 @@ fn discard_bundle(dir: &Path) {
             tracing::warn!(dir = %dir.display(), error = %e, "removing sandbox dir failed");
         }
     }
+}
+
+/// [`discard_bundle`] on a blocking thread: unmounting and removing a directory tree are
+/// system calls by the dozen.
+async fn discard_bundle_off_runtime(dir: &Path) {
+    let dir = dir.to_path_buf();
+    let _ = tokio::task::spawn_blocking(move || discard_bundle(&dir)).await;
 }
 
 /// Creates the sandbox's output pipe and starts copying it into `<dir>/stdio.log`. Returns the
