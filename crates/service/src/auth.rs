@@ -786,7 +786,14 @@ mod tests {
         assert!(p.sees_all());
         // The store holds only the hash.
         let raw = std::fs::read(dir.path().join(KEYS_DB)).unwrap();
-        let secret = token.trim().rsplit('_').next().unwrap();
+        // The secret is everything after the id: base64url, so it may itself contain '_' (the
+        // part after the last '_' alone can be a few bytes long and turn up by chance).
+        let (_, secret) = token
+            .trim()
+            .strip_prefix(KEY_PREFIX)
+            .and_then(|t| t.split_once('_'))
+            .unwrap();
+        assert_eq!(secret.len(), 43, "32 random bytes");
         assert!(!raw.windows(secret.len()).any(|w| w == secret.as_bytes()));
         // A second start keeps the key and writes no new one.
         drop(auth);
