@@ -45,7 +45,6 @@ OP_LOAD = ord("L")
 OP_PREFETCH = ord("P")
 OP_SWAP_OUT = ord("S")
 OP_REPLY_CHANNEL = ord("R")
-FD_SPACE = socket.CMSG_SPACE(struct.calcsize("i"))  # room for one passed descriptor
 MAX_DEVICE = 2**31 - 1  # a CUdevice is a C int
 
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
@@ -200,12 +199,9 @@ def _first_read(conn, mv):
     """A connection's first read, which may carry a descriptor (op R): (bytes read, the socket
     passed with them or None). The kernel ends a read at the message that carries descriptors,
     so they come with the R frame's 8 bytes and nothing after them."""
-    n, anc, flags, _ = conn.recvmsg_into([mv], FD_SPACE)
-    fds = []
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            usable = len(data) - len(data) % 4
-            fds.extend(struct.unpack("%di" % (usable // 4), data[:usable]))
+    data, fds, flags, _ = socket.recv_fds(conn, len(mv), 1)
+    n = len(data)
+    mv[:n] = data
     if len(fds) != 1 or flags & socket.MSG_CTRUNC:
         for fd in fds:
             os.close(fd)

@@ -49,9 +49,7 @@ pub fn controller(args: ControllerArgs) -> Result<()> {
     }
     config.check()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(hearth_service::config_checks::effective_runtime_threads(
-            config.runtime_threads,
-        ))
+        .worker_threads(config.effective_runtime_threads())
         .enable_all()
         .build()?;
     // The signal handlers go in before the server starts (inside the runtime).
@@ -103,9 +101,7 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
         cluster_key: config.cluster_key_path(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(hearth_service::config_checks::effective_runtime_threads(
-            config.runtime_threads,
-        ))
+        .worker_threads(config.effective_runtime_threads())
         .enable_all()
         .build()?;
     rt.block_on(async move {

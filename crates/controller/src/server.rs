@@ -29,9 +29,7 @@ pub async fn serve(
         balance = %controller.config().balance,
         data_dir = %controller.config().data_dir.display(),
         static_workers = controller.config().workers.len(),
-        runtime_threads = hearth_service::config_checks::effective_runtime_threads(
-            controller.config().runtime_threads
-        ),
+        runtime_threads = controller.config().effective_runtime_threads(),
         "hearth controller listening"
     );
     let app = crate::api::router(Arc::clone(&controller));

@@ -219,9 +219,7 @@ impl AgentConn {
                 "request payload over 4 GiB",
             )
         })?;
-        let mut hdr = [0u8; REQ_HEADER];
-        hdr[..4].copy_from_slice(&len.to_be_bytes());
-        hdr[4] = op;
+        let hdr = request_header(len, op);
         let written = self.write_now(&hdr, payload)?;
         if written < REQ_HEADER + payload.len() {
             self.write_rest(&hdr, payload, written).await?;
@@ -334,14 +332,21 @@ impl AgentConn {
     }
 }
 
+/// A request frame's header: u32 BE payload length, op, 3 zero bytes.
+fn request_header(len: u32, op: u8) -> [u8; REQ_HEADER] {
+    let mut hdr = [0u8; REQ_HEADER];
+    hdr[..4].copy_from_slice(&len.to_be_bytes());
+    hdr[4] = op;
+    hdr
+}
+
 /// Sends the `R` frame with `theirs` attached (SCM_RIGHTS). The connection is new and its
 /// buffer empty, so the 8 bytes go out at once or not at all.
 fn send_reply_channel(requests: &UnixStream, theirs: &UnixStream) -> std::io::Result<()> {
     use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
     use std::mem::MaybeUninit;
     use std::os::fd::AsFd;
-    let mut hdr = [0u8; REQ_HEADER];
-    hdr[4] = OP_REPLY_CHANNEL;
+    let hdr = request_header(0, OP_REPLY_CHANNEL);
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     let fds = [theirs.as_fd()];

@@ -528,15 +528,14 @@ impl RuncBackend {
         let cgroups_path = sb.cgroups_path.clone();
         let (memory_mb, cpus) = (spec.memory_mb, spec.cpus);
         let shares = self.cfg.cpu_shares(memory_mb);
-        let mounted = tokio::task::spawn_blocking(move || {
+        // On failure the caller destroys the sandbox, which unmounts whatever was mounted.
+        tokio::task::spawn_blocking(move || {
             code_mount::mount_code(&code, &point).map_err(|e| ("code", e))?;
             set_limits(&cgroups_path, memory_mb, cpus, shares).map_err(|e| ("limits", e))
         })
         .await
-        .map_err(|e| ("code", std::io::Error::other(e)))
-        .and_then(|r| r);
-        // On failure the caller destroys the sandbox, which unmounts whatever was mounted.
-        mounted.map_err(|(what, e)| fail(what, e))?;
+        .map_err(|e| fail("code", std::io::Error::other(e)))?
+        .map_err(|(what, e)| fail(what, e))?;
         sb.code_dir = Some(code_dir.to_path_buf());
         sb.memory_mb = spec.memory_mb;
         let env: Vec<(String, String)> = spec
