@@ -389,12 +389,23 @@ fn register(sock: UnixStream, interest: Interest) -> std::io::Result<AsyncFd<Uni
 }
 
 /// Reads into `buf` once the socket has data; 0 means the agent closed it.
+///
+/// A read that did not fill `buf` drained the socket, so the readiness is cleared then and there
+/// (as tokio's own streams do): otherwise the next answer's read would start with a read that
+/// can only fail with `WouldBlock`, one wasted system call per invocation. Any byte that arrives
+/// after the read raises a new edge-triggered event, so nothing is missed.
 async fn read_some(sock: &AsyncFd<UnixStream>, buf: &mut [u8]) -> std::io::Result<usize> {
     loop {
         let mut ready = sock.readable().await?;
         match ready.try_io(|s| s.get_ref().read(buf)) {
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Ok(r) => return r,
+            Ok(Ok(n)) => {
+                if n > 0 && n < buf.len() {
+                    ready.clear_ready();
+                }
+                return Ok(n);
+            }
+            Ok(Err(e)) => return Err(e),
             Err(_would_block) => {}
         }
     }
