@@ -20,6 +20,7 @@
 //! Every request (any method, any path) is an invocation of the handler with the request body
 //! as its arguments; the answer is shaped and sized as a worker's.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
@@ -146,6 +147,16 @@ fn spawn_agents(a: &Args, dir: &Path) -> std::io::Result<(Agents, Vec<PathBuf>)>
                 .arg("--handler")
                 .arg(&a.handler);
         }
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec. An agent
+        // outlives nothing it should: a floor killed outright takes its agents with it.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let child = cmd.spawn()?;
         if a.cgroups {
             // One group per agent in each hierarchy, as a sandbox has.
@@ -204,10 +215,20 @@ async fn invoke(pool: Arc<Pool>, req: Request<Incoming>) -> Result<Response<Full
     let Some(mut conn) = pool.idle.lock().await.pop() else {
         return Err("no idle agent with a permit".into());
     };
-    let reply = conn.invoke(&args).await;
+    let reply = match conn.invoke(&args).await {
+        Ok(r) => r,
+        // A connection that broke is not given back, and neither is its permit.
+        Err(e) if e.is_fatal() => {
+            permit.forget();
+            return Err(e.to_string());
+        }
+        Err(e) => {
+            pool.idle.lock().await.push(conn);
+            return Err(e.to_string());
+        }
+    };
     pool.idle.lock().await.push(conn);
     drop(permit);
-    let reply = reply.map_err(|e| e.to_string())?;
     let exec_us = reply.exec_us.unwrap_or(0);
     let mut body = Vec::with_capacity(reply.body.len() + 128);
     body.extend_from_slice(b"{\"result\":");
