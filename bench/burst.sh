@@ -24,11 +24,7 @@ ROUNDS=${1:-3}
 command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk" >&2; exit 1; }
 
 bench_scratch
-cat >"$tmp/post.lua" <<'LUA'
-wrk.method = "POST"
-wrk.body = "{}"
-wrk.headers["Content-Type"] = "application/json"
-LUA
+wrk_post_script "$tmp/post.lua"
 
 start_worker() {
     local setting=$1 dir=$2 port=$3 pool=4 wait=false
@@ -70,9 +66,7 @@ run_wrk() {
     local setting=$1 r=$2 port dir url out
     port=$(free_port); dir="$tmp/w-$setting-$r"; url="http://127.0.0.1:$port"
     start_worker "$setting" "$dir" "$port"
-    "$H" fn register noop --url "$url" --code functions/noop >/dev/null
-    curl -sf -H "Authorization: Bearer $HEARTH_API_KEY" -H 'Content-Type: application/json' \
-        -d '{"count": 4}' "$url/v1/functions/noop/prewarm" >/dev/null
+    prewarmed_noop "$url" 4
     sleep 1
     out=$(wrk -t2 -c16 -d4s --latency -s "$tmp/post.lua" \
         -H "Authorization: Bearer $HEARTH_API_KEY" "$url/v1/functions/noop/invoke")

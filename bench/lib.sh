@@ -81,3 +81,16 @@ print(f'{name:<22} {j["throughput"]:>10.0f} {o["p50"]:>8} {o["p90"]:>8} {o["p99"
       + (f'   errors {j["errors"]}' if j["errors"] else ''))
 PY
 }
+
+# Registers functions/noop as `noop` on the server at URL and prewarms COUNT sandboxes of it, for
+# a third-party client to invoke at URL/v1/functions/noop/invoke. Uses $H and HEARTH_API_KEY.
+prewarmed_noop() {
+    "$H" fn register noop --url "$1" --code functions/noop >/dev/null
+    curl -sf -H "Authorization: Bearer $HEARTH_API_KEY" -H 'Content-Type: application/json' \
+        -d "{\"count\": $2}" "$1/v1/functions/noop/prewarm" >/dev/null
+}
+
+# Writes FILE: a wrk script that POSTs `{}` as JSON.
+wrk_post_script() {
+    printf 'wrk.method = "POST"\nwrk.body = "{}"\nwrk.headers["Content-Type"] = "application/json"\n' >"$1"
+}

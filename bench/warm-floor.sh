@@ -13,19 +13,18 @@
 # for each, and the worker's share of the floor.
 #
 # Usage: bench/warm-floor.sh [ROUNDS] [SECONDS]     (default 5 5; needs root, runc and wrk)
+# Environment: HEARTH (binary, default target/release/hearth).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
 ROUNDS=${1:-5}
 SECS=${2:-5}
-H=${HEARTH_BIN:-target/release/hearth}
+hearth_bin
 command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk" >&2; exit 1; }
-[ -x "$H" ] || cargo build --release -q -p hearth-cli
 cargo build --release -q -p hearth-worker --example warm_floor
 F=target/release/examples/warm_floor
 bench_scratch
-printf 'wrk.method = "POST"\nwrk.body = "{}"\nwrk.headers["Content-Type"] = "application/json"\n' \
-    >"$tmp/post.lua"
+wrk_post_script "$tmp/post.lua"
 
 # wrk against URL (extra arguments are wrk's): "req/s p50_us".
 load() {
@@ -61,9 +60,7 @@ run_worker() {
     pid=$!
     wait_healthy "$url"
     export HEARTH_API_KEY=$(key_of "$dir")
-    "$H" fn register noop --url "$url" --code functions/noop >/dev/null
-    curl -sf -H "Authorization: Bearer $HEARTH_API_KEY" -H 'Content-Type: application/json' \
-        -d '{"count": 4}' "$url/v1/functions/noop/prewarm" >/dev/null
+    prewarmed_noop "$url" 4
     echo "worker $(load "$url/v1/functions/noop/invoke" -H "Authorization: Bearer $HEARTH_API_KEY")"
     kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; pid=
 }

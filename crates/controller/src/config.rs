@@ -244,12 +244,12 @@ impl ControllerConfig {
         }
     }
 
-    /// Refuses settings that cannot work.
     /// Threads for the async runtime: `runtime_threads`, else half the host's CPUs (at least 1).
     pub fn effective_runtime_threads(&self) -> usize {
         config_checks::effective_runtime_threads(self.runtime_threads)
     }
 
+    /// Refuses settings that cannot work.
     pub fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         config_checks::listen(&self.listen)?;

@@ -8,8 +8,8 @@
 //! agents are plain processes, each in a `cpu,cpuacct` cgroup of its own with `--cgroups`, as a
 //! sandbox's agent is). It holds the low-latency PM QoS request throughout, as a busy worker
 //! does (`hearth_worker::latency`): without it every wake-up of an idle vCPU is a halt and an
-//! IPI, and the floor would be no floor. `bench/warm-floor.sh` measures it and a worker with the same client;
-//! what the worker is slower by is what everything it adds costs.
+//! IPI, and the floor would be no floor. `bench/warm-floor.sh` measures it and a worker with the
+//! same client; what the worker is slower by is what everything it adds costs.
 //!
 //!     warm_floor --listen 127.0.0.1:PORT --agents 4 --code functions/noop [--cgroups] [--bare]
 //!                [--python /usr/bin/python3]
@@ -27,15 +27,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use hearth_service::serving::DEFAULT_MAX_RESULT_BYTES;
 use hearth_worker::agent_client::AgentConn;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::sync::Mutex;
-
-/// The largest result read from an agent (as the worker's default).
-const MAX_RESULT: usize = 6 * 1024 * 1024;
+use parking_lot::Mutex;
 
 struct Args {
     listen: String,
@@ -82,10 +80,16 @@ fn parse_args() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--cgroups" || flag == "--bare" {
-            a.cgroups |= flag == "--cgroups";
-            a.bare |= flag == "--bare";
-            continue;
+        match flag.as_str() {
+            "--cgroups" => {
+                a.cgroups = true;
+                continue;
+            }
+            "--bare" => {
+                a.bare = true;
+                continue;
+            }
+            _ => {}
         }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
@@ -180,7 +184,7 @@ fn spawn_agents(a: &Args, dir: &Path) -> std::io::Result<(Agents, Vec<PathBuf>)>
 
 async fn connect(sock: &Path) -> std::io::Result<AgentConn> {
     for _ in 0..200 {
-        if let Ok(mut c) = AgentConn::connect(sock, MAX_RESULT).await {
+        if let Ok(mut c) = AgentConn::connect(sock, DEFAULT_MAX_RESULT_BYTES).await {
             match c.health().await {
                 Ok(r) if r.status == 200 => return Ok(c),
                 Ok(r) => {
@@ -198,7 +202,7 @@ async fn connect(sock: &Path) -> std::io::Result<AgentConn> {
     Err(std::io::Error::other("an agent did not come up in 5 s"))
 }
 
-/// Idle agents; a request takes one and gives it back.
+/// Idle agents; a request takes one and gives it back. The lock is never held across an await.
 struct Pool {
     idle: Mutex<Vec<AgentConn>>,
     free: tokio::sync::Semaphore,
@@ -212,7 +216,7 @@ async fn invoke(pool: Arc<Pool>, req: Request<Incoming>) -> Result<Response<Full
         .map_err(|e| e.to_string())?
         .to_bytes();
     let permit = pool.free.acquire().await.map_err(|e| e.to_string())?;
-    let Some(mut conn) = pool.idle.lock().await.pop() else {
+    let Some(mut conn) = pool.idle.lock().pop() else {
         return Err("no idle agent with a permit".into());
     };
     let reply = match conn.invoke(&args).await {
@@ -223,11 +227,11 @@ async fn invoke(pool: Arc<Pool>, req: Request<Incoming>) -> Result<Response<Full
             return Err(e.to_string());
         }
         Err(e) => {
-            pool.idle.lock().await.push(conn);
+            pool.idle.lock().push(conn);
             return Err(e.to_string());
         }
     };
-    pool.idle.lock().await.push(conn);
+    pool.idle.lock().push(conn);
     drop(permit);
     let exec_us = reply.exec_us.unwrap_or(0);
     let mut body = Vec::with_capacity(reply.body.len() + 128);
