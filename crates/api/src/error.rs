@@ -63,6 +63,7 @@ error_codes! {
     Forbidden => "forbidden",
     QuotaConcurrency => "quota_concurrency",
     QuotaRate => "quota_rate",
+    QuotaKeys => "quota_keys",
     FairShare => "fair_share",
     LastOperatorKey => "last_operator_key",
     AuthDisabled => "auth_disabled",

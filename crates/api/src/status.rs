@@ -165,6 +165,11 @@ pub struct StatusReport {
     /// one large enough. Absent when it has none and from older workers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuInfo>,
+    /// Counts this incarnation's pushes from 1: the controller refuses a push whose number is
+    /// not above the last one it took (a replay). 0 in a report the controller made itself by
+    /// polling.
+    #[serde(default)]
+    pub seq: u64,
 }
 
 impl StatusReport {
@@ -203,6 +208,7 @@ impl StatusReport {
             memory_budget_mb: (status.memory.budget_mb > 0).then_some(status.memory.budget_mb),
             proactive: status.proactive,
             gpus: bounded_gpus(&status.gpus),
+            seq: 0,
         }
     }
 

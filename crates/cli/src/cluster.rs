@@ -95,10 +95,11 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
     }
     config.check()?;
     let listen: SocketAddr = config.listen.parse().context("--listen")?;
-    // Workers prove membership with the controller's cluster key (made at its first start).
+    // Each worker proves membership with a credential of its own, made below through the
+    // controller's API with the operator's key; the controller's cluster key stays with it.
     let membership = Membership {
         auth: config.auth,
-        cluster_key: config.cluster_key_path(),
+        admin_key: config.data_dir.join(hearth_service::auth::ADMIN_KEY_FILE),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.effective_runtime_threads())
@@ -127,6 +128,23 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
             bound.ip().to_string()
         };
         let controller_url = format!("http://{host}:{}", bound.port());
+        if membership.auth {
+            let (url, admin, dir) = (
+                controller_url.clone(),
+                membership.admin_key.clone(),
+                data_dir.join("workers"),
+            );
+            let made =
+                tokio::task::spawn_blocking(move || worker_credentials(&url, &admin, &dir, n))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("making worker credentials: {e}"))
+                    .and_then(|r| r);
+            if let Err(e) = made {
+                let _ = stop_tx.send(());
+                let _ = server.await;
+                return Err(e);
+            }
+        }
         let mut workers = Vec::new();
         for i in 1..=n {
             let dir = data_dir.join("workers").join(format!("worker-{i}"));
@@ -164,7 +182,71 @@ pub fn up(opts: UpOptions, n: usize) -> Result<()> {
 /// How `hearth up`'s workers authenticate to its controller.
 struct Membership {
     auth: bool,
-    cluster_key: PathBuf,
+    /// The operator's key, to make the workers' credentials with.
+    admin_key: PathBuf,
+}
+
+/// The credential file of `hearth up`'s worker `i`.
+fn credential_file(workers_dir: &std::path::Path, i: usize) -> PathBuf {
+    workers_dir.join(format!("worker-{i}.credential"))
+}
+
+/// Gives each of `hearth up`'s `n` workers a credential bound to its id (`worker-i`): the one
+/// its file already holds if the controller still knows it, else a new one (older ones of that
+/// worker are revoked, so restarts do not pile them up).
+fn worker_credentials(
+    controller: &str,
+    admin_key: &std::path::Path,
+    workers_dir: &std::path::Path,
+    n: usize,
+) -> Result<()> {
+    use crate::client::Client;
+    let token = std::fs::read_to_string(admin_key)
+        .with_context(|| format!("reading the operator's key {}", admin_key.display()))?;
+    let mut client = Client::new(controller)?.with_token(Some(token.trim().to_string()));
+    let r = client.get("/v1/cluster/credentials")?;
+    if r.status != 200 {
+        bail!("listing worker credentials: {} {}", r.status, r.text());
+    }
+    let listed = r.json();
+    let listed: Vec<(String, String)> = listed["credentials"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| Some((c["id"].as_str()?.into(), c["worker"].as_str()?.into())))
+        .collect();
+    std::fs::create_dir_all(workers_dir)
+        .with_context(|| format!("creating {}", workers_dir.display()))?;
+    for i in 1..=n {
+        let worker = format!("worker-{i}");
+        let file = credential_file(workers_dir, i);
+        let held = std::fs::read_to_string(&file).ok().and_then(|t| {
+            let line = t.lines().find(|l| l.starts_with("hw_"))?;
+            line.get(3..19).map(String::from)
+        });
+        if held
+            .as_ref()
+            .is_some_and(|id| listed.iter().any(|(c, w)| c == id && *w == worker))
+        {
+            continue;
+        }
+        for (id, _) in listed.iter().filter(|(_, w)| *w == worker) {
+            let _ = client.delete(&format!("/v1/cluster/credentials/{id}"))?;
+        }
+        let body = serde_json::json!({"worker": worker, "description": "made by hearth up"});
+        let r = client.post("/v1/cluster/credentials", body.to_string().as_bytes())?;
+        if r.status != 201 {
+            bail!("making {worker}'s credential: {} {}", r.status, r.text());
+        }
+        let text = r.json()["file"]
+            .as_str()
+            .map(String::from)
+            .context("the controller's answer has no credential file")?;
+        let _ = std::fs::remove_file(&file);
+        hearth_service::auth::write_private(&file, &text)
+            .with_context(|| format!("writing {}", file.display()))?;
+    }
+    Ok(())
 }
 
 fn spawn_worker(
@@ -189,7 +271,8 @@ fn spawn_worker(
     .env("HEARTH_WORKER_ID", format!("worker-{i}"))
     .stdin(Stdio::null());
     if membership.auth {
-        cmd.env("HEARTH_CLUSTER_KEY_FILE", &membership.cluster_key);
+        let workers_dir = dir.parent().unwrap_or(dir);
+        cmd.env("HEARTH_CLUSTER_KEY_FILE", credential_file(workers_dir, i));
     } else {
         cmd.env("HEARTH_AUTH", "false");
     }

@@ -39,6 +39,9 @@ enum Command {
     /// Manage API keys (the operator's key, or a namespace's admin key).
     #[command(subcommand)]
     Key(KeyCommand),
+    /// Manage the cluster (the operator's key).
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Invoke a function.
     Invoke {
         name: String,
@@ -244,14 +247,50 @@ enum FnCommand {
 }
 
 #[derive(Subcommand)]
+enum ClusterCommand {
+    /// Worker credentials: each lets one worker id join the controller, and nothing else.
+    #[command(subcommand)]
+    Credential(CredentialCommand),
+}
+
+#[derive(Subcommand)]
+enum CredentialCommand {
+    /// Create a worker credential bound to one worker id; writes the worker's credential file
+    /// (0600, for its cluster_key_file), whose secrets are shown nowhere else.
+    Create {
+        /// The worker id it may join as (the worker's worker_id).
+        #[arg(long)]
+        worker: String,
+        /// Where to write the credential file (refused if it exists).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value = "")]
+        description: String,
+        #[command(flatten)]
+        url: UrlArg,
+    },
+    /// List worker credentials (never their secrets).
+    List {
+        #[command(flatten)]
+        url: UrlArg,
+    },
+    /// Revoke a worker credential: its worker leaves the ring at once.
+    Rm {
+        id: String,
+        #[command(flatten)]
+        url: UrlArg,
+    },
+}
+
+#[derive(Subcommand)]
 enum KeyCommand {
     /// Create a key; its secret is printed once.
     Create {
         /// `*` (every namespace, operator only) or a namespace; default: the caller's own.
         #[arg(long)]
         namespace: Option<String>,
-        /// admin (manage functions and keys, invoke, read every result) or invoke (invoke and
-        /// read its own results).
+        /// admin (manage functions and keys, invoke, read every result), invoke (invoke and
+        /// read its own results) or metrics (read /metrics only: give this one to Prometheus).
         #[arg(long, default_value = "invoke")]
         role: String,
         #[arg(long, default_value = "")]
@@ -380,6 +419,7 @@ fn main() {
             | Command::Provision(_)
             | Command::Function(_)
             | Command::Key(_)
+            | Command::Cluster(_)
             | Command::Invoke { .. }
             | Command::Result { .. }
             | Command::Prewarm { .. }
@@ -426,6 +466,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Controller(args) => cluster::controller(args),
         Command::Function(cmd) => function(cmd),
         Command::Key(cmd) => key(cmd),
+        Command::Cluster(ClusterCommand::Credential(cmd)) => credential(cmd),
         Command::Invoke {
             name,
             data,
@@ -518,6 +559,49 @@ fn key(cmd: KeyCommand) -> Result<()> {
             let r = client(&url)?.delete(&format!("/v1/keys/{id}"))?;
             if r.status == 204 {
                 println!("deleted key {id}");
+                return Ok(());
+            }
+            print_response(r)
+        }
+    }
+}
+
+fn credential(cmd: CredentialCommand) -> Result<()> {
+    match cmd {
+        CredentialCommand::Create {
+            worker,
+            out,
+            description,
+            url,
+        } => {
+            if out.exists() {
+                bail!("{} exists; choose another --out", out.display());
+            }
+            let body = json!({"worker": worker, "description": description});
+            let r = client(&url)?.post("/v1/cluster/credentials", body.to_string().as_bytes())?;
+            if r.status != 201 {
+                return print_response(r);
+            }
+            let v = r.json();
+            let file = v["file"]
+                .as_str()
+                .context("the controller's answer has no credential file")?;
+            hearth_service::auth::write_private(&out, file)
+                .with_context(|| format!("writing {}", out.display()))?;
+            println!(
+                "created worker credential {} for worker {worker:?}; wrote {} (give it to that worker as cluster_key_file)",
+                v["id"].as_str().unwrap_or_default(),
+                out.display()
+            );
+            Ok(())
+        }
+        CredentialCommand::List { url } => {
+            print_response(client(&url)?.get("/v1/cluster/credentials")?)
+        }
+        CredentialCommand::Rm { id, url } => {
+            let r = client(&url)?.delete(&format!("/v1/cluster/credentials/{id}"))?;
+            if r.status == 204 {
+                println!("revoked worker credential {id}");
                 return Ok(());
             }
             print_response(r)

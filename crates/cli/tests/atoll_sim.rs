@@ -193,7 +193,8 @@ fn sandboxes_a_worker_loses_are_forgotten_by_the_controller() {
     let held = proactive_on(w, "f", "soft");
     assert!(held > 0);
     let before = controller_soft();
-    let key = std::fs::read_to_string(c.cluster_key_file()).unwrap();
+    // The controller's own token for that worker: proactive commands are the controller's.
+    let key = common::cluster::controller_token(&c, &w.worker_id());
     let commands: Vec<Value> = (0..held)
         .map(|_| json!({"op": "evict", "function": "f"}))
         .collect();

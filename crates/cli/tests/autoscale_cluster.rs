@@ -96,7 +96,9 @@ fn an_overloaded_cluster_runs_the_scale_out_command_and_its_worker_joins() {
         format!(
             "export HEARTH_CONTROLLER='{}'\nexport HEARTH_CLUSTER_KEY_FILE='{}'\nPORT={}\n",
             c.url,
-            c.cluster_key_file().display(),
+            common::cluster::credential_for(&c, "scaled-1")
+                .unwrap()
+                .display(),
             free_port()
         ),
     )

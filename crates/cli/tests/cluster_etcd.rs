@@ -42,14 +42,16 @@ fn controller(e: &LocalEtcd) -> Server {
     )
 }
 
-/// A sim worker that joins through the store with the first controller's cluster key.
+/// A sim worker that joins through the store with a credential the first controller made.
 fn worker(e: &LocalEtcd, first: &Server) -> Server {
-    let key = first.cluster_key_file();
+    let id = common::cluster::fresh_worker_id();
+    let key = common::cluster::credential_for(first, &id).unwrap();
     let url = e.store_url();
     Server::start(
         "sim",
         &[
             ("HEARTH_STORE", url.as_str()),
+            ("HEARTH_WORKER_ID", id.as_str()),
             ("HEARTH_CLUSTER_KEY_FILE", key.to_str().unwrap()),
             ("HEARTH_LEASE_TTL_MS", "1000"),
         ],

@@ -5,7 +5,8 @@
 mod common;
 
 use common::cluster::{
-    answering_workers, home, join, patient_client, sim_fn, wait_members, wait_until, workers_up,
+    answering_workers, credential_for, home, join, patient_client, sim_fn, wait_members,
+    wait_until, worker_token, workers_up,
 };
 use common::{wait_invocation, Server};
 use serde_json::json;
@@ -396,17 +397,25 @@ fn static_workers_are_polled_and_the_registry_survives_a_controller_restart() {
         .prefix("hearth-test-")
         .tempdir()
         .unwrap();
-    // A static worker is called with the cluster key, so it is given the key beforehand.
-    let key_file = tmp.path().join("cluster.key");
-    std::fs::write(&key_file, format!("hc_{:064x}\n", rand_u128())).unwrap();
-    let key_file = key_file.to_str().unwrap();
-    let w = Server::start("sim", &[("HEARTH_CLUSTER_KEY_FILE", key_file)]);
+    // A static worker proves who it is with a credential the operator made for it; the
+    // controller is started once first to make it.
     let data = tmp.path().join("controller");
+    let key_file = {
+        let c = Server::start_controller_in(&data, "ch-rlu", &[]);
+        credential_for(&c, "static-1").unwrap()
+    };
+    let key_file = key_file.to_str().unwrap();
+    let w = Server::start(
+        "sim",
+        &[
+            ("HEARTH_CLUSTER_KEY_FILE", key_file),
+            ("HEARTH_WORKER_ID", "static-1"),
+        ],
+    );
     let static_list = format!("[\"{}\"]", w.url);
     let env = [
         ("HEARTH_WORKERS", static_list.as_str()),
         ("HEARTH_STATUS_INTERVAL_MS", "100"),
-        ("HEARTH_CLUSTER_KEY_FILE", key_file),
     ];
     {
         let c = Server::start_controller_in(&data, "ch-rlu", &env);
@@ -434,22 +443,14 @@ fn no_workers_is_a_503_and_bad_reports_are_refused() {
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "no_workers");
     assert!(r.header("retry-after").is_some());
-    let member = std::fs::read_to_string(c.cluster_key_file()).unwrap();
+    credential_for(&c, "x").unwrap();
+    let member = worker_token(&c, "x");
     let r = c
-        .client_with(member.trim())
+        .client_with(&member)
         .put("/v1/cluster/workers/x", b"{\"worker\": 1}")
         .unwrap();
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(workers_up(&c).is_empty());
-}
-
-/// Not a cryptographic need: a test credential that differs per run.
-fn rand_u128() -> u128 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    t ^ (u128::from(std::process::id()) << 64)
 }
 
 #[test]
@@ -485,10 +486,13 @@ fn hearth_up_starts_a_controller_and_worker_processes_and_stops_them() {
     // Every worker runs with the scheduling flags given to `hearth up`.
     for w in up.status()["workers"].as_array().unwrap() {
         let url = w["url"].as_str().unwrap();
-        let cluster_key = std::fs::read_to_string(data.join("controller/cluster.key")).unwrap();
+        // The controller's token for that worker, from the credential `hearth up` made it.
+        let id = w["worker"].as_str().unwrap();
+        let file = std::fs::read_to_string(data.join(format!("workers/{id}.credential"))).unwrap();
+        let token = file.lines().find(|l| l.starts_with("hx_")).unwrap();
         let st = hearth_cli::client::Client::new(url)
             .unwrap()
-            .with_token(Some(cluster_key.trim().to_string()))
+            .with_token(Some(token.to_string()))
             .get("/v1/status")
             .unwrap()
             .json();

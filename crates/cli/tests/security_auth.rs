@@ -239,7 +239,7 @@ fn keys_are_managed_within_a_namespace_and_revoked_keys_stop_working() {
 }
 
 #[test]
-fn without_the_cluster_key_nobody_joins_impersonates_or_evicts_a_worker() {
+fn without_a_worker_credential_nobody_joins_impersonates_or_evicts_a_worker() {
     let c = Server::start_controller("ch-bl", &[]);
     let w = join(&c, None, &[]);
     let id = w.worker_id();
@@ -275,7 +275,7 @@ fn without_the_cluster_key_nobody_joins_impersonates_or_evicts_a_worker() {
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.json()["worker"], id.as_str());
     }
-    // The worker itself serves the controller (which holds the cluster key), not anonymous callers.
+    // The worker itself serves the controller (with its token for it), not anonymous callers.
     assert_eq!(
         w.anonymous()
             .post("/v1/functions/f/invoke", b"{}")
@@ -286,13 +286,14 @@ fn without_the_cluster_key_nobody_joins_impersonates_or_evicts_a_worker() {
 }
 
 #[test]
-fn a_worker_without_the_cluster_key_is_refused_by_the_controller() {
+fn a_worker_without_a_valid_credential_is_refused_by_the_controller() {
     let c = Server::start_controller("ch-bl", &[]);
     let dir = tempfile::tempdir().unwrap();
-    let wrong = dir.path().join("wrong.key");
+    let wrong = dir.path().join("wrong.credential");
     std::fs::write(
         &wrong,
-        "hc_this-is-not-the-cluster-key-of-that-controller\n",
+        "hw_0123456789abcdef_not-a-credential-of-that-controller\n\
+         hx_0123456789abcdef_not-a-credential-of-that-controller\n",
     )
     .unwrap();
     let w = Server::start(

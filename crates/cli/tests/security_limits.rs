@@ -369,13 +369,14 @@ fn the_controller_never_buffers_an_answer_over_its_limit() {
     }
     let controller =
         Server::start_controller("round-robin", &[("HEARTH_MAX_RESULT_BYTES", "1024")]);
-    let cluster_key = controller.cluster_key_file();
+    let cluster_key = common::cluster::credential_for(&controller, "limits-w1").unwrap();
     let worker = Server::start(
         "runc",
         &[
             ("HEARTH_CONTROLLER", controller.url.as_str()),
             ("HEARTH_STATUS_INTERVAL_MS", "100"),
             ("HEARTH_CLUSTER_KEY_FILE", cluster_key.to_str().unwrap()),
+            ("HEARTH_WORKER_ID", "limits-w1"),
         ],
     );
     wait_members(&controller, &[worker.worker_id()]);

@@ -3,7 +3,7 @@
 //! reading, and the one place where the facade's domain errors become status codes and error
 //! bodies; a worker's own answers pass through unchanged.
 
-use crate::errors::{InvokeError, PrewarmError, RegisterError, UnregisterError};
+use crate::errors::{InvokeError, PrewarmError, RegisterError, ReportError, UnregisterError};
 use crate::facade::{CallDeadline, Controller};
 use crate::forward::Answer;
 use crate::status::ControllerStatus;
@@ -18,7 +18,8 @@ use hearth_api::namespace::namespace_of;
 use hearth_api::ErrorCode;
 use hearth_api::{PrewarmAnswer, StatusReport};
 use hearth_service::async_api::{self, ListQuery};
-use hearth_service::auth::{Access, Action, Principal};
+use hearth_service::auth::{Access, Action, Principal, WorkerSecret};
+use hearth_service::keys_api;
 use hearth_service::error::ApiError;
 use hearth_service::http::{
     invoke_request, json_bytes, json_error, metrics_for, present, prewarm_count, registered,
@@ -52,6 +53,16 @@ pub fn router(c: Arc<Controller>) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/cluster/workers", get(workers))
         .route("/v1/cluster/workers/{id}", put(report).delete(leave))
+        .route(
+            "/v1/cluster/credentials",
+            get(credentials)
+                .post(create_credential)
+                .layer(DefaultBodyLimit::max(MAX_CREDENTIAL_REQUEST_BYTES)),
+        )
+        .route(
+            "/v1/cluster/credentials/{id}",
+            axum::routing::delete(revoke_credential),
+        )
         .route("/metrics", get(metrics));
     let auth = Arc::clone(c.auth());
     hearth_service::keys_api::protect(routes.with_state(c), auth)
@@ -334,15 +345,24 @@ async fn report(
     Path(id): Path<String>,
     body: Result<Json<StatusReport>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    p.require(Action::Join)?;
+    // A worker reports for its own id only, with its own credential.
+    p.require(Action::Report(&id))?;
     let Json(report) = body.map_err(|r| json_error(r, 1 << 20))?;
     if report.worker != id {
         return Err(ApiError::bad_request(
             "the report's worker differs from the URL's",
         ));
     }
-    c.on_report(report)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let credential = match &p {
+        Principal::Member { credential, .. } => Some(credential.as_str()),
+        _ => None,
+    };
+    c.on_report(report, credential).map_err(|e| match e {
+        ReportError::Stale { .. } => {
+            ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, e.to_string())
+        }
+        ReportError::Unusable => ApiError::bad_request(e.to_string()),
+    })?;
     Ok(Json(
         json!({"status_timeout_ms": c.config().status_timeout_ms}),
     ))
@@ -354,7 +374,7 @@ async fn leave(
     Extension(p): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    p.require(Action::Join)?;
+    p.require(Action::Report(&id))?;
     if c.on_leave(&id) {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -367,4 +387,87 @@ async fn metrics(
     Extension(p): Extension<Principal>,
 ) -> Result<Response, ApiError> {
     metrics_for(&p, c.metrics.encode(&c.loads()))
+}
+
+/// Largest `POST /v1/cluster/credentials` body (a worker id and a description).
+const MAX_CREDENTIAL_REQUEST_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewCredential {
+    /// The one worker id the credential may join as.
+    worker: String,
+    #[serde(default)]
+    description: String,
+}
+
+/// `POST /v1/cluster/credentials` (operator only): a worker credential bound to one worker id.
+/// The answer holds, once, the worker's token, the controller's token for it and the file to
+/// give the worker (`cluster_key_file`); only the worker token's hash is kept.
+async fn create_credential(
+    State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
+    body: Result<Json<NewCredential>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    p.require(Action::Credentials)?;
+    let Json(req) = body.map_err(|r| json_error(r, MAX_CREDENTIAL_REQUEST_BYTES))?;
+    let auth = c.auth();
+    let keys = keys_api::store(auth)?;
+    let master = auth
+        .cluster_key()
+        .ok_or_else(|| ApiError::internal("this controller has no cluster key"))?;
+    let (info, token) = keys
+        .create_worker(&req.worker, &req.description)
+        .map_err(keys_api::auth_error)?;
+    // In a cluster the credential is valid once every controller can learn it.
+    if let (Some(cluster), Some(record)) = (auth.replica(), keys.record(&info.id)) {
+        let doc = serde_json::to_value(&record).unwrap_or_default();
+        if let Err(e) = cluster.put_doc(keys_api::KEYS_KIND, &info.id, &doc).await {
+            let _ = keys.revoke(&info.id);
+            return Err(async_api::store_error(e));
+        }
+    }
+    let controller_token = master.controller_token(&info.id);
+    let mut v = info.to_json();
+    v["credential"] = json!(token);
+    v["controller_token"] = json!(controller_token);
+    v["file"] = json!(WorkerSecret::file_text(&token, &controller_token));
+    Ok((StatusCode::CREATED, Json(v)).into_response())
+}
+
+/// `GET /v1/cluster/credentials` (operator only): every worker credential, without secrets.
+async fn credentials(
+    State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<Value>, ApiError> {
+    p.require(Action::Credentials)?;
+    let list: Vec<Value> = keys_api::store(c.auth())?
+        .list_workers()
+        .iter()
+        .map(|w| w.to_json())
+        .collect();
+    Ok(Json(json!({ "credentials": list })))
+}
+
+/// `DELETE /v1/cluster/credentials/{id}` (operator only): revokes a worker credential and takes
+/// its worker out of the ring at once; its next push is a 401.
+async fn revoke_credential(
+    State(c): State<Arc<Controller>>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    p.require(Action::Credentials)?;
+    let keys = keys_api::store(c.auth())?;
+    let info = keys
+        .worker_credential(&id)
+        .ok_or_else(|| ApiError::not_found("worker credential", &id))?;
+    if let Some(cluster) = c.auth().replica() {
+        cluster
+            .delete_doc(keys_api::KEYS_KIND, &id)
+            .await
+            .map_err(async_api::store_error)?;
+    }
+    keys.revoke(&id).map_err(keys_api::auth_error)?;
+    c.evict(&info.worker, "its worker credential was revoked");
+    Ok(StatusCode::NO_CONTENT)
 }

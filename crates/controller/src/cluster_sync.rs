@@ -104,7 +104,7 @@ pub(crate) async fn follow_workers(
         let task = tokio::spawn(crate::membership::poll_worker(
             c.clone(),
             m.url.clone(),
-            Some(m.incarnation.clone()),
+            Some((m.name.clone(), m.incarnation.clone())),
         ));
         if let Some((_, old)) = polls.insert(m.name.clone(), (m.incarnation.clone(), task)) {
             old.abort();

@@ -96,9 +96,13 @@ pub struct ControllerConfig {
     /// Require an API key on every route but `/healthz` (docs/security.md). Off is allowed on
     /// loopback listeners only.
     pub auth: bool,
-    /// The cluster credential workers must present and that the controller sends them; default
-    /// `<data_dir>/cluster.key`, made (0600) on the first start.
+    /// The controllers' master key (never given to workers: they get worker credentials,
+    /// `hearth cluster credential create`); the controller's token for each worker is derived
+    /// from it. Default `<data_dir>/cluster.key`, made (0600) on the first start.
     pub cluster_key_file: Option<PathBuf>,
+    /// Keys one namespace may hold (the operator's `*` keys count apart against the same
+    /// number); more are refused 429.
+    pub max_keys_per_namespace: usize,
     /// Every namespace's quota (0: unlimited).
     pub quota: QuotaLimits,
     /// Quotas of particular namespaces, replacing `quota` for them.
@@ -149,6 +153,7 @@ impl Default for ControllerConfig {
             shutdown_grace_s: 30,
             auth: true,
             cluster_key_file: None,
+            max_keys_per_namespace: hearth_service::auth::DEFAULT_MAX_KEYS_PER_NAMESPACE,
             quota: QuotaLimits::default(),
             quotas: BTreeMap::new(),
             tls_cert: None,
@@ -193,6 +198,7 @@ const CONFIG_KEYS: &[&str] = &[
     "shutdown_grace_s",
     "auth",
     "cluster_key_file",
+    "max_keys_per_namespace",
     "quota",
     "quotas",
     "tls_cert",
@@ -287,6 +293,9 @@ impl ControllerConfig {
                 "status_timeout_ms ({}) must be at least status_interval_ms ({})",
                 self.status_timeout_ms, self.status_interval_ms
             ));
+        }
+        if !(1..=1_000_000).contains(&self.max_keys_per_namespace) {
+            return bad("max_keys_per_namespace must be between 1 and 1000000".into());
         }
         if self.connect_timeout_ms == 0 || self.max_body_bytes == 0 || self.max_code_bytes == 0 {
             return bad(

@@ -24,6 +24,9 @@ use std::time::Instant;
 /// The routing policy a controller drives; the simulator drives this same type.
 pub type RoutingPolicy = Balancer;
 
+/// Replaced incarnations remembered per worker, to refuse their replayed pushes.
+const RETIRED_KEPT: usize = 16;
+
 /// The policy, its clock and the members it routes to.
 pub struct Driver {
     epoch: Instant,
@@ -32,6 +35,8 @@ pub struct Driver {
     /// keeps the membership (ids, liveness, loads). Lock order: `policy` before `atoll`.
     atoll: Option<Mutex<Atoll>>,
     members: DashMap<u32, Arc<Member>>,
+    /// Incarnations of each worker that a newer one replaced: a push from one is refused.
+    retired: DashMap<String, std::collections::VecDeque<String>>,
     /// Functions with `device: gpu` and the GPU memory they need: routed here, only to
     /// workers with a GPU that large, never by the policy (which knows no devices).
     gpu_only: DashMap<String, u64>,
@@ -58,6 +63,7 @@ impl Driver {
             policy: Mutex::new(policy),
             atoll: atoll.map(Mutex::new),
             members: DashMap::new(),
+            retired: DashMap::new(),
             gpu_only: DashMap::new(),
             metrics,
         }
@@ -189,10 +195,16 @@ impl Driver {
             // The workers drop the function's sandboxes with it: no commands to send.
             let _ = a.lock().unregister(name);
         }
+        // Every member, not only those known to hold it: a worker that restarted keeps the
+        // functions on its disk while this incarnation's bookkeeping starts empty (issue 31,
+        // item 6). A worker without it answers 404.
         self.members
             .iter()
-            .filter(|m| m.forget(name))
-            .map(|m| Arc::clone(&m))
+            .map(|m| {
+                m.forget(name);
+                Arc::clone(&m)
+            })
+            .filter(|m| !m.is_gone())
             .collect()
     }
 
@@ -341,12 +353,16 @@ impl Driver {
         &self,
         mut report: StatusReport,
         is_static: bool,
+        credential: Option<hyper::header::HeaderValue>,
     ) -> Result<Option<Arc<Member>>, ReportError> {
         // Kept for routing: at most MAX_GPUS, labels cut, whatever the peer sent.
         report.gpus = report.bounded_gpus();
         let scheme_ok = report.url.starts_with("http://") || report.url.starts_with("https://");
         if report.worker.is_empty() || !scheme_ok {
             return Err(ReportError::Unusable);
+        }
+        if !is_static {
+            self.check_fresh(&report)?;
         }
         if report.shutting_down {
             self.leave_named(&report.worker, "it is shutting down", "leave");
@@ -378,15 +394,18 @@ impl Driver {
             let (member, new_incarnation) = match existing {
                 Some(m) if m.same_process(&report) && !m.is_gone() => (m, false),
                 Some(m) if m.same_process(&report) => {
+                    // Back after it was taken out: what was deleted meanwhile must go from it
+                    // too, so it is reconciled as a new incarnation is.
                     let m = Arc::new(m.rejoined());
                     self.members.insert(id.0, Arc::clone(&m));
-                    (m, false)
+                    (m, true)
                 }
                 old => {
                     if let Some(old) = old {
                         old.mark_gone();
+                        self.retire(&old.name, &old.incarnation);
                     }
-                    let m = Arc::new(Member::new(id, &report, is_static));
+                    let m = Arc::new(Member::new(id, &report, is_static, credential));
                     self.members.insert(id.0, Arc::clone(&m));
                     (m, true)
                 }
@@ -399,6 +418,55 @@ impl Driver {
         }
         member.set_report(report);
         Ok(new_incarnation.then_some(member))
+    }
+
+    /// Refuses a pushed report that is a replay: one from an incarnation a newer one replaced,
+    /// or one whose push number is not above the last taken from its incarnation (issue 31,
+    /// item 12: an old report accepted again put a dead process back in the ring).
+    fn check_fresh(&self, report: &StatusReport) -> Result<(), ReportError> {
+        let stale = |why| ReportError::Stale {
+            worker: report.worker.clone(),
+            why,
+        };
+        if self
+            .retired
+            .get(&report.worker)
+            .is_some_and(|r| r.contains(&report.incarnation))
+        {
+            return Err(stale("its incarnation was replaced by a newer one"));
+        }
+        let id = self.policy.lock().workers().id(&report.worker);
+        if let Some(m) = id.and_then(|id| self.member(id)) {
+            if m.same_process(report) && !m.take_seq(report.seq) {
+                return Err(stale(
+                    "its push number is not above the last one taken (a replay)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Remembers a replaced incarnation (the last [`RETIRED_KEPT`] per worker).
+    fn retire(&self, name: &str, incarnation: &str) {
+        let mut r = self.retired.entry(name.to_string()).or_default();
+        if !r.iter().any(|i| i == incarnation) {
+            r.push_back(incarnation.to_string());
+            while r.len() > RETIRED_KEPT {
+                r.pop_front();
+            }
+        }
+    }
+
+    /// Takes a worker out (its credential was revoked), and forgets the incarnation so that
+    /// nothing reaches it with its controller token until it joins again with a valid one.
+    pub fn evict(&self, name: &str, why: &str) -> bool {
+        let id = self.policy.lock().workers().id(name);
+        let Some(id) = id else { return false };
+        if let Some((_, m)) = self.members.remove(&id.0) {
+            m.mark_gone();
+            self.retire(&m.name, &m.incarnation);
+        }
+        self.leave(id, why, "revoked")
     }
 
     /// A worker says goodbye; false when no live worker has that name.

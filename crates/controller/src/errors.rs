@@ -150,6 +150,9 @@ pub enum PrewarmError {
 pub enum ReportError {
     #[error("a status report needs a worker id and an http:// or https:// url")]
     Unusable,
+    /// A replayed or out-of-order push, or one from an incarnation a newer one replaced (409).
+    #[error("stale status report from worker {worker:?}: {why}")]
+    Stale { worker: String, why: &'static str },
 }
 
 impl From<hearth_service::store::StoreError> for InvokeError {

@@ -40,6 +40,7 @@ use hearth_service::store::{
     AsyncStore, ClusterState, CodeRef, MemberKind, MemberRecord, Membership, StoreError, StoreUrl,
     StoredInvocation,
 };
+use hyper::header::HeaderValue;
 use hyper::Method;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -116,8 +117,11 @@ impl Controller {
             enabled: config.auth,
             data_dir: &data_dir,
             cluster_key,
+            worker_secret: None,
         })?;
-        let credential = auth.cluster_key().and_then(|k| k.header_value());
+        if let Some(k) = auth.keys() {
+            k.set_max_per_namespace(config.max_keys_per_namespace);
+        }
         let quotas = Quotas::new(config.quota, config.quotas.clone());
         let policy = RoutingPolicy::new(config.balance, config.balance_params.clone())?;
         let atoll = match &config.atoll {
@@ -160,11 +164,8 @@ impl Controller {
         )
         .with_max_answer_bytes(0);
         let c = Arc::new(Controller {
-            forwarder: Forwarder::new(
-                Duration::from_millis(config.connect_timeout_ms),
-                credential,
-                tls,
-            )
+            // No credential here: each member's own forwarder carries its own token.
+            forwarder: Forwarder::new(Duration::from_millis(config.connect_timeout_ms), None, tls)
             .with_max_answer_bytes(config.max_result_bytes),
             delivery,
             cluster,
@@ -231,19 +232,32 @@ impl Controller {
 
     // ---- membership ----
 
-    /// A worker's status push: joins or refreshes it.
-    pub fn on_report(self: &Arc<Self>, report: StatusReport) -> Result<(), ReportError> {
-        self.on_report_from(report, false)
+    /// A worker's status push, made with worker credential `credential` (None: authentication
+    /// is off): joins or refreshes it. The worker is then called with its own controller token.
+    pub fn on_report(
+        self: &Arc<Self>,
+        report: StatusReport,
+        credential: Option<&str>,
+    ) -> Result<(), ReportError> {
+        let header = self.worker_header(credential);
+        self.on_report_from(report, false, header)
     }
 
-    /// A status report, pushed or (`is_static`) polled; a new incarnation of a worker is
-    /// reconciled with the registry in the background.
+    /// `Bearer <the controller token of credential>`, if authentication is on.
+    pub(crate) fn worker_header(&self, credential: Option<&str>) -> Option<HeaderValue> {
+        let key = self.auth.cluster_key()?;
+        key.header_for(credential?)
+    }
+
+    /// A status report, pushed or (`is_static`) polled; a new incarnation of a worker (or one
+    /// back after it was taken out) is reconciled with the registry in the background.
     pub(crate) fn on_report_from(
         self: &Arc<Self>,
         report: StatusReport,
         is_static: bool,
+        credential: Option<HeaderValue>,
     ) -> Result<(), ReportError> {
-        if let Some(m) = self.driver.on_report(report, is_static)? {
+        if let Some(m) = self.driver.on_report(report, is_static, credential)? {
             let me = Arc::clone(self);
             tokio::spawn(async move { me.reconcile(&m).await });
         }
@@ -255,8 +269,8 @@ impl Controller {
     /// a cluster holds only the cluster's functions.
     async fn reconcile(&self, m: &Member) {
         let timeout = Duration::from_secs(10);
-        let listed = self
-            .forwarder
+        let listed = m
+            .forwarder(&self.forwarder)
             .send(Method::GET, &m.url, "/v1/functions", Bytes::new(), timeout)
             .await;
         let answer = match listed {
@@ -287,8 +301,8 @@ impl Controller {
             });
         for key in keys.filter(|k| self.registry.get(k).is_none()) {
             let path = format!("/v1/functions/{key}");
-            match self
-                .forwarder
+            match m
+                .forwarder(&self.forwarder)
                 .send(Method::DELETE, &m.url, &path, Bytes::new(), timeout)
                 .await
             {
@@ -309,6 +323,11 @@ impl Controller {
     /// A worker says goodbye; false when no live worker has that name.
     pub fn on_leave(&self, name: &str) -> bool {
         self.driver.on_leave(name)
+    }
+
+    /// Takes a worker out of the ring at once (its credential was revoked); true if it was in.
+    pub fn evict(&self, name: &str, why: &str) -> bool {
+        self.driver.evict(name, why)
     }
 
     // ---- functions ----
@@ -491,8 +510,8 @@ impl Controller {
         let path = format!("/v1/functions/{name}");
         tokio::spawn(async move {
             for m in holders {
-                let res = me
-                    .forwarder
+                let res = m
+                    .forwarder(&me.forwarder)
                     .send(
                         Method::DELETE,
                         &m.url,
@@ -816,7 +835,6 @@ impl Controller {
         call: Call<'_>,
     ) -> Result<Answer, Attempt> {
         use hearth_service::async_api::{DEADLINE_MS, DROP_LATE, ELAPSED_US, INVOCATION_ID};
-        use hyper::header::HeaderValue;
         let name = &reg.spec.name;
         let mut headers: Vec<(&'static str, HeaderValue)> = Vec::new();
         if let Some(v) = call.id.and_then(|id| HeaderValue::from_str(id).ok()) {

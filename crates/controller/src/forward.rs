@@ -111,7 +111,8 @@ pub const ANSWER_MARGIN_BYTES: usize = 64 * 1024;
 #[derive(Clone)]
 pub struct Forwarder {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-    /// `Bearer <cluster key>`: workers serve the controller only with it.
+    /// `Bearer <a worker's controller token>` on a member's own forwarder; none on the shared
+    /// one, so that nothing reaches a worker with another worker's token.
     credential: Option<HeaderValue>,
     /// The most bytes read of one answer; a larger one is never buffered.
     max_answer_bytes: usize,
@@ -145,6 +146,19 @@ impl Forwarder {
         Forwarder {
             client: Self::client(self.connect_timeout, Arc::clone(&self.tls)),
             ..self.clone()
+        }
+    }
+
+    /// The credential this forwarder sends, if any.
+    pub fn credential(&self) -> Option<&HeaderValue> {
+        self.credential.as_ref()
+    }
+
+    /// [`Self::fresh`] sending `credential` (one worker's controller token) instead.
+    pub fn fresh_with(&self, credential: Option<HeaderValue>) -> Forwarder {
+        Forwarder {
+            credential,
+            ..self.fresh()
         }
     }
 

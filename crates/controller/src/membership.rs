@@ -36,15 +36,37 @@ pub struct Member {
     last: Mutex<Option<(StatusReport, Instant)>>,
     /// This process's own connection pool (made at first use).
     forwarder: Arc<std::sync::OnceLock<crate::forward::Forwarder>>,
+    /// `Bearer <the controller's token for this worker>`: sent to this worker only, and only
+    /// once its credential was verified (its push, or its identity proof).
+    credential: Option<hyper::header::HeaderValue>,
+    /// The last push number taken from this incarnation.
+    last_seq: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Member {
-    /// This worker process's pool: `base` with a pool of its own.
+    /// This worker process's pool: `base` with a pool of its own and this worker's token.
     pub fn forwarder(&self, base: &crate::forward::Forwarder) -> &crate::forward::Forwarder {
-        self.forwarder.get_or_init(|| base.fresh())
+        self.forwarder
+            .get_or_init(|| base.fresh_with(self.credential.clone()))
     }
 
-    pub fn new(id: WorkerId, report: &StatusReport, is_static: bool) -> Self {
+    /// Takes push number `seq` of this incarnation: false if it is not above the last one (a
+    /// replay, or a push overtaken by a later one).
+    pub fn take_seq(&self, seq: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        self.last_seq
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| {
+                (seq > last).then_some(seq)
+            })
+            .is_ok()
+    }
+
+    pub fn new(
+        id: WorkerId,
+        report: &StatusReport,
+        is_static: bool,
+        credential: Option<hyper::header::HeaderValue>,
+    ) -> Self {
         Member {
             id,
             name: report.worker.clone(),
@@ -56,6 +78,8 @@ impl Member {
             gone: watch::channel(false).0,
             last: Mutex::new(None),
             forwarder: Arc::new(std::sync::OnceLock::new()),
+            credential,
+            last_seq: Arc::new(std::sync::atomic::AtomicU64::new(report.seq)),
         }
     }
 
@@ -73,6 +97,8 @@ impl Member {
             gone: watch::channel(false).0,
             last: Mutex::new(self.last.lock().clone()),
             forwarder: Arc::clone(&self.forwarder),
+            credential: self.credential.clone(),
+            last_seq: Arc::clone(&self.last_seq),
         }
     }
 
@@ -184,26 +210,98 @@ pub(crate) async fn probe(c: Weak<Controller>) {
     }
 }
 
+/// What a worker's `GET /v1/cluster/identity` answers.
+#[derive(serde::Deserialize)]
+struct Identity {
+    worker: String,
+    credential: String,
+    proof: String,
+}
+
+/// Asks the worker at `url` to prove, before it is sent anything, that it holds the credential
+/// of the worker it claims to be (`name`, when the store says who it is): the proof is an HMAC
+/// with its controller token of a fresh challenge and of `url` itself, so a process elsewhere
+/// that relays the challenge to the real worker gets a proof that does not fit its own URL.
+/// The answer is the header to call it with.
+async fn verify_worker(
+    ctl: &Controller,
+    url: &str,
+    name: Option<&str>,
+    timeout: Duration,
+) -> Result<hyper::header::HeaderValue, String> {
+    let (Some(master), Some(keys)) = (ctl.auth().cluster_key(), ctl.auth().keys()) else {
+        return Err("authentication is off".into());
+    };
+    let nonce = format!("{:032x}", rand::random::<u128>());
+    let a = ctl
+        .forwarder()
+        .send(
+            Method::GET,
+            url,
+            &format!("/v1/cluster/identity?nonce={nonce}"),
+            Bytes::new(),
+            timeout,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    if !a.is_success() {
+        return Err(format!("its identity answered {}", a.status));
+    }
+    let id: Identity =
+        serde_json::from_slice(&a.body).map_err(|_| "unreadable identity".to_string())?;
+    let bound = keys
+        .worker_credential(&id.credential)
+        .is_some_and(|c| c.worker == id.worker);
+    if !bound || name.is_some_and(|n| n != id.worker) {
+        return Err("it has no valid worker credential for its id".into());
+    }
+    if !master.check_identity(&id.credential, &nonce, url, &id.proof) {
+        return Err("its identity proof is wrong".into());
+    }
+    master
+        .header_for(&id.credential)
+        .ok_or_else(|| "unusable credential".into())
+}
+
 /// Polls a worker's status every `status_interval_ms` as its report: a static worker from the
-/// config, or one found in the cluster's membership. `published` is the incarnation it
-/// published there; without one (a static worker), a lower uptime than last time means it
-/// restarted.
-pub(crate) async fn poll_worker(c: Weak<Controller>, url: String, published: Option<String>) {
+/// config, or one found in the cluster's membership (`published`: its name and the incarnation
+/// it published there). Without an incarnation (a static worker), a lower uptime than last time
+/// means it restarted. With authentication on, the worker first proves who it is
+/// ([`verify_worker`]), and only then is called with its own controller token.
+pub(crate) async fn poll_worker(
+    c: Weak<Controller>,
+    url: String,
+    published: Option<(String, String)>,
+) {
     let url = url.trim_end_matches('/').to_string();
     let mut incarnation = 0u64;
     let mut last_uptime = 0u64;
+    let mut verified: Option<crate::forward::Forwarder> = None;
     loop {
         let Some(ctl) = c.upgrade() else { return };
         let interval = Duration::from_millis(ctl.config().status_interval_ms);
-        let sent = ctl
-            .forwarder()
-            .send(
-                Method::GET,
-                &url,
-                "/v1/status",
-                Bytes::new(),
-                interval.max(Duration::from_secs(1)),
-            )
+        let timeout = interval.max(Duration::from_secs(1));
+        if verified.is_none() {
+            if ctl.auth().enabled() {
+                let name = published.as_ref().map(|(n, _)| n.as_str());
+                match verify_worker(&ctl, &url, name, timeout).await {
+                    Ok(h) => verified = Some(ctl.forwarder().fresh_with(Some(h))),
+                    Err(why) => {
+                        tracing::debug!(%url, %why, "a polled worker did not prove who it is");
+                    }
+                }
+            } else {
+                verified = Some(ctl.forwarder().clone());
+            }
+        }
+        let Some(fwd) = verified.clone() else {
+            drop(ctl);
+            tokio::time::sleep(interval).await;
+            continue;
+        };
+        let header = fwd.credential().cloned();
+        let sent = fwd
+            .send(Method::GET, &url, "/v1/status", Bytes::new(), timeout)
             .await;
         match sent {
             Ok(a) if a.is_success() => match serde_json::from_slice::<WorkerStatus>(&a.body) {
@@ -214,7 +312,8 @@ pub(crate) async fn poll_worker(c: Weak<Controller>, url: String, published: Opt
                     }
                     last_uptime = uptime;
                     let inc = published
-                        .clone()
+                        .as_ref()
+                        .map(|(_, i)| i.clone())
                         .unwrap_or_else(|| format!("static-{incarnation}"));
                     let report = StatusReport::from_status(
                         &status,
@@ -222,7 +321,7 @@ pub(crate) async fn poll_worker(c: Weak<Controller>, url: String, published: Opt
                         &inc,
                         hearth_service::serving::host_cpus(),
                     );
-                    if let Err(e) = ctl.on_report_from(report, true) {
+                    if let Err(e) = ctl.on_report_from(report, true, header) {
                         tracing::warn!(%url, error = %e, "unusable status from a static worker");
                     }
                 }
@@ -230,8 +329,14 @@ pub(crate) async fn poll_worker(c: Weak<Controller>, url: String, published: Opt
                     tracing::warn!(%url, error = %e, "unreadable status from a static worker");
                 }
             },
-            Ok(a) => tracing::debug!(%url, status = %a.status, "static worker answered an error"),
-            Err(e) => tracing::debug!(%url, error = %e, "static worker unreachable"),
+            Ok(a) => {
+                tracing::debug!(%url, status = %a.status, "static worker answered an error");
+                verified = None;
+            }
+            Err(e) => {
+                tracing::debug!(%url, error = %e, "static worker unreachable");
+                verified = None;
+            }
         }
         drop(ctl);
         tokio::time::sleep(interval).await;

@@ -91,7 +91,7 @@ impl InvokeHeaders {
     /// `Hearth-Elapsed-Us` of a request from the cluster itself (0 when absent); a client's is
     /// ignored (it would buy its invocation priority under `srsf`).
     pub fn elapsed_us(&self, p: &Principal) -> Result<u64, ApiError> {
-        if !matches!(p, Principal::Peer | Principal::Open) {
+        if !p.is_cluster() {
             return Ok(0);
         }
         let max = hearth_api::MAX_TIMEOUT_MS * 1000;
@@ -157,7 +157,7 @@ fn idempotency_key_of(v: Option<&HeaderValue>) -> Result<Option<String>, ApiErro
 }
 
 fn invocation_id_of(v: Option<&HeaderValue>, p: &Principal) -> Result<Option<String>, ApiError> {
-    if !matches!(p, Principal::Peer | Principal::Open) {
+    if !p.is_cluster() {
         return Ok(None);
     }
     let Some(v) = v else {
@@ -176,7 +176,7 @@ fn invocation_id_of(v: Option<&HeaderValue>, p: &Principal) -> Result<Option<Str
 /// The `Hearth-Function-Version` of a registration from the cluster itself; a client's is
 /// ignored.
 pub fn function_version(headers: &HeaderMap, p: &Principal) -> Result<Option<u64>, ApiError> {
-    if !matches!(p, Principal::Peer | Principal::Open) {
+    if !p.is_cluster() {
         return Ok(None);
     }
     number_in(headers.get(FUNCTION_VERSION), 0..=u64::MAX, || {

@@ -37,14 +37,15 @@ async fn no_such_endpoint() -> ApiError {
     )
 }
 
-/// `GET /metrics` for `p`: every function's metrics for the operator, only its own namespace's
-/// functions for a namespace admin, 403 for anyone else.
+/// `GET /metrics` for `p`: every function's metrics for the operator and a `*` metrics key,
+/// only its own namespace's functions for a namespace's admin or metrics key, 403 for anyone
+/// else.
 pub fn metrics_for(p: &Principal, text: String) -> Result<Response, ApiError> {
     use crate::auth::Action;
-    if p.require(Action::Operate).is_ok() {
+    if p.require(Action::Metrics("*")).is_ok() {
         return Ok(metrics_response(text));
     }
-    p.require(Action::Manage(p.namespace()))?;
+    p.require(Action::Metrics(p.namespace()))?;
     Ok(metrics_response(crate::metrics::scope_to_namespace(
         &text,
         p.namespace(),

@@ -54,7 +54,7 @@ struct NewKey {
     description: String,
 }
 
-fn store(auth: &Auth) -> Result<&crate::auth::KeyStore, ApiError> {
+pub fn store(auth: &Auth) -> Result<&crate::auth::KeyStore, ApiError> {
     auth.keys().ok_or_else(|| {
         ApiError::new(
             StatusCode::CONFLICT,
@@ -64,19 +64,18 @@ fn store(auth: &Auth) -> Result<&crate::auth::KeyStore, ApiError> {
     })
 }
 
-fn auth_error(e: AuthError) -> ApiError {
+/// The HTTP form of a key store error: a limit is a 429 naming it.
+pub fn auth_error(e: AuthError) -> ApiError {
     match e {
         AuthError::BadRequest(m) => ApiError::bad_request(m),
+        AuthError::Limit(m) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::QuotaKeys, m),
         other => ApiError::internal(other.to_string()),
     }
 }
 
 /// May `p` manage keys of `scope`?
 fn may_manage(p: &Principal, scope: &Scope) -> Result<(), ApiError> {
-    match scope {
-        Scope::All => p.require(Action::Operate),
-        Scope::Namespace(ns) => p.require(Action::Manage(ns)),
-    }
+    p.require(Action::Keys(scope.as_str()))
 }
 
 async fn create(
@@ -90,9 +89,9 @@ async fn create(
         None => Scope::Namespace(p.namespace().to_string()),
     };
     may_manage(&p, &scope)?;
-    if scope == Scope::All && req.role != Role::Admin {
+    if scope == Scope::All && req.role == Role::Invoke {
         return Err(ApiError::bad_request(
-            "a key of every namespace (\"*\") must be an admin key",
+            "a key of every namespace (\"*\") must be an admin or metrics key",
         ));
     }
     let keys = store(&auth)?;
@@ -116,9 +115,9 @@ async fn list(
     State(auth): State<Arc<Auth>>,
     Extension(p): Extension<Principal>,
 ) -> Result<Json<Value>, ApiError> {
-    let all = p.require(Action::Operate).is_ok();
+    let all = p.require(Action::Keys("*")).is_ok();
     if !all {
-        p.require(Action::Manage(p.namespace()))?;
+        p.require(Action::Keys(p.namespace()))?;
     }
     let keys: Vec<Value> = store(&auth)?
         .list()
@@ -140,8 +139,12 @@ async fn revoke(
         .get(&id)
         .filter(|k| may_manage(&p, &k.scope).is_ok())
         .ok_or_else(|| ApiError::not_found("key", &id))?;
-    if info.scope == Scope::All && keys.list().iter().filter(|k| k.scope == Scope::All).count() == 1
-    {
+    let operator_keys = keys
+        .list()
+        .iter()
+        .filter(|k| k.scope == Scope::All && k.role == Role::Admin)
+        .count();
+    if info.scope == Scope::All && info.role == Role::Admin && operator_keys == 1 {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             ErrorCode::LastOperatorKey,

@@ -60,7 +60,60 @@ pub fn router(worker: Arc<Worker>) -> Router {
         .route("/v1/status", get(status))
         .route("/metrics", get(metrics));
     let auth = std::sync::Arc::clone(worker.auth());
-    hearth_service::keys_api::protect(routes.with_state(worker), auth)
+    // The identity proof is asked for before the controller sends any credential: it needs
+    // none, and shows only the worker's id and its credential's public id.
+    let open = Router::new()
+        .route("/v1/cluster/identity", get(identity))
+        .with_state(Arc::clone(&worker));
+    hearth_service::keys_api::protect(routes.with_state(worker), auth).merge(open)
+}
+
+#[derive(serde::Deserialize)]
+struct IdentityQuery {
+    nonce: String,
+}
+
+/// `GET /v1/cluster/identity?nonce=N` (no credential): proves to a controller that polls this
+/// worker that it holds its credential (an HMAC with its controller token of the challenge
+/// and of the URL it is reached at), so that the controller sends its token for this worker
+/// only to this worker. 404 when the worker has no credential.
+async fn identity(
+    State(w): State<Arc<Worker>>,
+    query: Result<Query<IdentityQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Some(secret) = w.auth().worker_secret() else {
+        return Err(ApiError::not_found("worker credential", "identity"));
+    };
+    let nonce = query
+        .ok()
+        .map(|Query(q)| q.nonce)
+        .filter(|n| (16..=64).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| ApiError::bad_request("nonce must be 16 to 64 hex digits"))?;
+    let c = w.config();
+    let url = c.advertise_url.clone().unwrap_or_else(|| {
+        let scheme = if c.tls_cert.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", c.listen)
+    });
+    Ok(Json(json!({
+        "worker": w.id(),
+        "credential": secret.credential(),
+        "proof": secret.prove(&nonce, &url),
+    })))
+}
+
+/// 403 unless `p` may write functions here: a worker that belongs to a controller takes its
+/// functions from that controller only, so that its own `admin.key` (or any other key) cannot
+/// put another tenant's code under a name the controller routes to it (issue 31, item 3).
+fn require_function_writer(w: &Worker, p: &Principal) -> Result<(), ApiError> {
+    let managed = w.config().controller.is_some() || w.config().store.is_some();
+    if managed && !p.is_cluster() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            ErrorCode::Forbidden,
+            "this worker's functions are managed by its controller: register, delete and prewarm them there",
+        ));
+    }
+    Ok(())
 }
 
 /// `PUT /v1/functions/{name}` body: the spec's fields plus `code`.
@@ -72,6 +125,7 @@ async fn register(
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let key = p.authorized_key(&name, Access::Manage)?;
+    require_function_writer(&w, &p)?;
     let cluster_version = async_api::function_version(&headers, &p)?;
     let (spec, code) = registration_request(&name, &key, body, w.config().max_code_bytes)?;
     let (reg, created) = w
@@ -140,6 +194,7 @@ async fn remove(
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let name = p.authorized_key(&name, Access::Manage)?;
+    require_function_writer(&w, &p)?;
     w.unregister(&name).map_err(|e| match e {
         UnregisterError::UnknownFunction(name) => ApiError::unknown_function(&name),
         UnregisterError::Storage(m) => ApiError::internal(m),
@@ -344,6 +399,7 @@ async fn prewarm(
     body: Bytes,
 ) -> Result<Json<PrewarmAnswer>, ApiError> {
     let name = p.authorized_key(&name, Access::Manage)?;
+    require_function_writer(&w, &p)?;
     w.prewarm(&name, prewarm_count(&body)?)
         .await
         .map(Json)
@@ -351,8 +407,8 @@ async fn prewarm(
 }
 
 /// `POST /v1/cluster/proactive`: a controller's commands on this worker's proactive sandboxes.
-/// The platform's own call, so only a cluster peer (the cluster key) may send it, the same
-/// guard as joining the cluster; any function of any namespace may be named. With `Accept:
+/// The platform's own call, so only this worker's controller (its controller token) may send
+/// it; any function of any namespace may be named. With `Accept:
 /// application/x-ndjson` the answer streams: the results as soon as the commands are applied,
 /// then a line per create as it ends (`hearth_api::PROACTIVE_STREAM_TYPE`).
 async fn proactive(
@@ -361,7 +417,7 @@ async fn proactive(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    p.require(Action::Join)?;
+    p.require(Action::Command)?;
     let body = body.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(MAX_PROACTIVE_BODY_BYTES)

@@ -374,8 +374,11 @@ pub struct WorkerConfig {
     /// Require an API key on every route but `/healthz` (docs/security.md). Off is allowed on
     /// loopback listeners only.
     pub auth: bool,
-    /// The cluster credential (a file holding one token, 0600): sent to the controller when
-    /// pushing status, and accepted from it. Needed to join a controller with `auth` on.
+    /// This worker's credential file (0600), made by the operator for this worker's id with
+    /// `hearth cluster credential create`: its own token (sent when pushing status; good only
+    /// for joining, reporting and leaving as this id) and the controller's token for it (the
+    /// only one this worker serves the controller's calls for). Needed to join with `auth` on;
+    /// the controllers' own `cluster.key` is refused.
     pub cluster_key_file: Option<PathBuf>,
     /// Every namespace's quota (0: unlimited).
     pub quota: QuotaLimits,
@@ -670,8 +673,8 @@ impl WorkerConfig {
         let joins = self.controller.is_some() || self.store.is_some();
         if self.auth && joins && self.cluster_key_file.is_none() {
             return bad(
-                "joining a controller needs the cluster key: set cluster_key_file (the controller \
-                 writes it to <its data dir>/cluster.key)"
+                "joining a controller needs a worker credential: set cluster_key_file to the file \
+                 `hearth cluster credential create --worker ID --out FILE` writes"
                     .into(),
             );
         }

@@ -29,7 +29,7 @@ use hearth_core::{
     EngineConfig, EngineStats, LoadSource, Micros, PoolConfig, PoolConfigError, ProactiveError,
     Reject,
 };
-use hearth_service::auth::{Auth, AuthError, AuthSettings, ClusterKey};
+use hearth_service::auth::{Auth, AuthError, AuthSettings, WorkerSecret};
 use hearth_service::dedup::Dedup;
 use hearth_service::delivery::{Accepted, Attempted, Delivery, DeliverySettings, Runner};
 use hearth_service::in_flight::InFlightTracker;
@@ -105,14 +105,16 @@ impl Worker {
             .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
         let id = config.worker_id();
         let registry = Arc::new(Registry::open_with(&data_dir, config.code_intake())?);
-        let cluster_key = match &config.cluster_key_file {
-            Some(path) => Some(ClusterKey::read(path)?),
+        // A worker holds its own credential, never the controllers' cluster key.
+        let worker_secret = match &config.cluster_key_file {
+            Some(path) => Some(WorkerSecret::read(path)?),
             None => None,
         };
         let auth = Auth::open(AuthSettings {
             enabled: config.auth,
             data_dir: &data_dir,
-            cluster_key,
+            cluster_key: None,
+            worker_secret,
         })?;
         let backend = match config.backend {
             BackendKind::Runc => Backend::Runc(

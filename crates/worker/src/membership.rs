@@ -87,19 +87,24 @@ pub async fn run(
         path_segment(worker.id())
     );
     let timeout = interval.max(Duration::from_secs(1));
-    // The cluster credential proves to the controller that this is a member.
-    let credential = worker.auth().cluster_key().and_then(|k| k.header_value());
+    // This worker's own credential proves to the controller who it is; it is good for joining,
+    // pushing this worker's status and leaving, nothing else.
+    let credential = worker.auth().worker_secret().and_then(|k| k.header_value());
     let mut joined: Option<bool> = None;
+    // Each push of this incarnation is numbered: the controller refuses a replayed one.
+    let mut seq = 0u64;
     loop {
         if *stopping.borrow() {
             break;
         }
-        let report = StatusReport::from_status(
+        seq += 1;
+        let mut report = StatusReport::from_status(
             &worker.status(),
             &url,
             &incarnation,
             hearth_service::serving::host_cpus(),
         );
+        report.seq = seq;
         let body = serde_json::to_vec(&report)
             .map(Bytes::from)
             .unwrap_or_default();

@@ -52,9 +52,15 @@ impl Server {
         }
     }
 
-    /// A controller's cluster credential file.
+    /// A controller's cluster key (the controllers' master secret, never given to workers).
     pub fn cluster_key_file(&self) -> std::path::PathBuf {
         self.data_dir.join("cluster.key")
+    }
+
+    /// Where [`credential_for`] writes `worker`'s credential file (beside the controller's data
+    /// directory).
+    pub fn credential_file(&self, worker: &str) -> std::path::PathBuf {
+        self.data_dir.with_file_name(format!("{worker}.credential"))
     }
 
     /// The worker's id as it reports it.
@@ -63,15 +69,74 @@ impl Server {
     }
 }
 
-/// A sim worker (with `env` on top) that joins `controller`, in `data_dir` if given.
+/// A worker id no other test worker of this run has.
+pub fn fresh_worker_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("test-w{}-{n}", std::process::id())
+}
+
+/// Makes (with the operator's key) a worker credential for `worker` at `controller` and writes
+/// its file ([`Server::credential_file`]); an existing file is kept. None when the controller
+/// runs without authentication.
+pub fn credential_for(controller: &Server, worker: &str) -> Option<std::path::PathBuf> {
+    let file = controller.credential_file(worker);
+    if file.exists() {
+        return Some(file);
+    }
+    let r = controller
+        .client()
+        .post(
+            "/v1/cluster/credentials",
+            serde_json::json!({ "worker": worker }).to_string().as_bytes(),
+        )
+        .unwrap();
+    if r.status == 409 {
+        return None;
+    }
+    assert_eq!(r.status, 201, "{}", r.text());
+    std::fs::write(&file, r.json()["file"].as_str().unwrap()).unwrap();
+    Some(file)
+}
+
+/// The controller's token for `worker` (the second line of its credential file).
+pub fn controller_token(controller: &Server, worker: &str) -> String {
+    let text = std::fs::read_to_string(controller.credential_file(worker)).unwrap();
+    text.lines()
+        .find(|l| l.starts_with("hx_"))
+        .unwrap()
+        .to_string()
+}
+
+/// A worker's own token (the first line of its credential file).
+pub fn worker_token(controller: &Server, worker: &str) -> String {
+    let text = std::fs::read_to_string(controller.credential_file(worker)).unwrap();
+    text.lines()
+        .find(|l| l.starts_with("hw_"))
+        .unwrap()
+        .to_string()
+}
+
+/// A sim worker (with `env` on top) that joins `controller`, in `data_dir` if given. It gets
+/// a credential of its own for its id (`HEARTH_WORKER_ID` in `env`, else a fresh one).
 pub fn join(controller: &Server, data_dir: Option<&Path>, env: &[(&str, &str)]) -> Server {
-    let cluster_key = controller.cluster_key_file();
-    let cluster_key = cluster_key.to_str().unwrap();
+    let id = env
+        .iter()
+        .find(|(k, _)| *k == "HEARTH_WORKER_ID")
+        .map(|(_, v)| v.to_string())
+        .unwrap_or_else(fresh_worker_id);
+    let credential = credential_for(controller, &id);
+    let credential = credential
+        .as_ref()
+        .map(|p| p.to_str().unwrap().to_string());
     let mut all = vec![
         ("HEARTH_CONTROLLER", controller.url.as_str()),
         ("HEARTH_STATUS_INTERVAL_MS", STATUS_INTERVAL_MS),
-        ("HEARTH_CLUSTER_KEY_FILE", cluster_key),
+        ("HEARTH_WORKER_ID", id.as_str()),
     ];
+    if let Some(c) = &credential {
+        all.push(("HEARTH_CLUSTER_KEY_FILE", c.as_str()));
+    }
     all.extend_from_slice(env);
     match data_dir {
         Some(d) => Server::start_in("sim", d, &all),

@@ -34,8 +34,8 @@ pub fn runc_available(needs: &[&str]) -> bool {
     ok
 }
 
-/// The cluster credential the tests' peers send (at least 32 characters).
-pub const CLUSTER_KEY: &str = "test-cluster-key-0123456789abcdef0123456789";
+/// The controller's token for the test worker (the `hx_` line of its credential file).
+pub const CLUSTER_KEY: &str = "hx_0123456789abcdef_test-controller-token-0123456789";
 
 pub struct TestWorker {
     pub worker: Arc<Worker>,
@@ -86,7 +86,11 @@ impl TestWorker {
             .unwrap();
         let mut c = config(backend, &tmp);
         let key_file = tmp.path().join("cluster.key");
-        std::fs::write(&key_file, format!("{CLUSTER_KEY}\n")).unwrap();
+        std::fs::write(
+            &key_file,
+            format!("hw_0123456789abcdef_test-worker-token-0123456789\n{CLUSTER_KEY}\n"),
+        )
+        .unwrap();
         c.cluster_key_file = Some(key_file);
         tweak(&mut c);
         c.check().unwrap();
