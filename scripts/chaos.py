@@ -33,6 +33,8 @@ import tempfile
 import threading
 import time
 
+import chaos_compromised
+
 SYNC_TIMEOUT_S = 10.0  # the function's timeout (2 s) + the controller's grace (2 s) + slack
 
 
@@ -148,17 +150,24 @@ class Cluster:
             self.controllers.append(p)
             wait_for(f"controller{i}", lambda p=p: self.healthy(p.url), 30)
         self.key = open(os.path.join(self.controllers[0].data_dir, "admin.key")).read().strip()
-        cluster_key = os.path.join(self.controllers[0].data_dir, "cluster.key")
         self.workers = []
         for i in range(3):
             port = free_port()
             d = os.path.join(root, f"worker{i}")
             argv = [hearth, "worker", "--backend", "sim", "--store", self.store,
                     "--listen", f"127.0.0.1:{port}", "--data-dir", d]
+            # Each worker gets a credential of its own, made by the operator for its id.
+            wid = f"chaos-w{i}"
+            status, v = request(self.controllers[0].url, "POST", "/v1/cluster/credentials",
+                                self.key, body=json.dumps({"worker": wid}).encode())
+            assert status == 201, (status, v)
+            cred = os.path.join(root, f"{wid}.credential")
+            fd = os.open(cred, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(v["file"])
             p = self.spawn(f"worker{i}", argv,
-                           dict(common, HEARTH_CLUSTER_KEY_FILE=cluster_key,
-                                HEARTH_WORKER_ID=f"chaos-w{i}"))
-            p.url, p.id = f"http://127.0.0.1:{port}", f"chaos-w{i}"
+                           dict(common, HEARTH_CLUSTER_KEY_FILE=cred, HEARTH_WORKER_ID=wid))
+            p.url, p.id, p.data_dir, p.credential = f"http://127.0.0.1:{port}", wid, d, cred
             self.workers.append(p)
         for w in self.workers:
             wait_for(w.name, lambda w=w: self.healthy(w.url), 30)
@@ -420,6 +429,7 @@ def main():
             print(f"  {ph}: {msg[:200]}")
         total_async = len(load.accepted)
         print(f"accepted async: {total_async}, sync calls: {len(load.sync)}")
+        broken += chaos_compromised.run(cluster, request, wait_for)
     finally:
         if cluster:
             cluster.close()
