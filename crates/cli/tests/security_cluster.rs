@@ -65,7 +65,9 @@ fn a_worker_credential_opens_nothing_but_its_own_membership() {
     let r = at_c
         .post(
             "/v1/keys",
-            json!({"namespace": "*", "role": "admin"}).to_string().as_bytes(),
+            json!({"namespace": "*", "role": "admin"})
+                .to_string()
+                .as_bytes(),
         )
         .unwrap();
     assert_eq!(r.status, 403, "{}", r.text());
@@ -89,9 +91,19 @@ fn a_worker_credential_opens_nothing_but_its_own_membership() {
         let r = at_c
             .post(&format!("/v1/functions/{name}/invoke"), b"{}")
             .unwrap();
-        assert!(refused(r.status), "invoke {name}: {} {}", r.status, r.text());
+        assert!(
+            refused(r.status),
+            "invoke {name}: {} {}",
+            r.status,
+            r.text()
+        );
         let r = at_c.delete(&format!("/v1/functions/{name}")).unwrap();
-        assert!(refused(r.status), "DELETE {name}: {} {}", r.status, r.text());
+        assert!(
+            refused(r.status),
+            "DELETE {name}: {} {}",
+            r.status,
+            r.text()
+        );
     }
     // … joins as no other id, takes over no real worker's id, drives no other worker out.
     for other in ["evil", id2.as_str()] {
@@ -102,7 +114,9 @@ fn a_worker_credential_opens_nothing_but_its_own_membership() {
             )
             .unwrap();
         assert_eq!(r.status, 403, "join as {other}: {}", r.text());
-        let r = at_c.delete(&format!("/v1/cluster/workers/{other}")).unwrap();
+        let r = at_c
+            .delete(&format!("/v1/cluster/workers/{other}"))
+            .unwrap();
         assert_eq!(r.status, 403, "{other} leaves: {}", r.text());
     }
     // At a worker, a worker credential is nothing.
@@ -126,7 +140,9 @@ fn a_worker_credential_opens_nothing_but_its_own_membership() {
     let r = at_w1
         .post(
             "/v1/keys",
-            json!({"namespace": "*", "role": "admin"}).to_string().as_bytes(),
+            json!({"namespace": "*", "role": "admin"})
+                .to_string()
+                .as_bytes(),
         )
         .unwrap();
     assert_eq!(r.status, 403, "{}", r.text());
@@ -222,8 +238,7 @@ fn a_worker_refuses_the_controllers_cluster_key() {
 /// Item 3: a worker's own `admin.key` cannot put another tenant's code under a name its
 /// controller routes to it; Prometheus gets a `metrics` key that reads `/metrics` only.
 #[test]
-fn a_managed_worker_takes_functions_from_its_controller_only_and_metrics_keys_read_metrics_only()
-{
+fn a_managed_worker_takes_functions_from_its_controller_only_and_metrics_keys_read_metrics_only() {
     let c = Server::start_controller("ch-bl", &[]);
     let w = join(&c, None, &[]);
     wait_members(&c, &[w.worker_id()]);
@@ -286,9 +301,7 @@ fn a_managed_worker_takes_functions_from_its_controller_only_and_metrics_keys_re
             let r = client.get(path).unwrap();
             assert_eq!(r.status, 403, "{path}: {}", r.text());
         }
-        let r = client
-            .post("/v1/functions/team-a.f/invoke", b"{}")
-            .unwrap();
+        let r = client.post("/v1/functions/team-a.f/invoke", b"{}").unwrap();
         assert!(refused(r.status), "{}", r.text());
     }
 }
@@ -302,7 +315,9 @@ fn replayed_and_outdated_status_pushes_are_refused() {
     let path = "/v1/cluster/workers/replay-1";
     let url = "http://127.0.0.1:9";
     let push = |client: &mut hearth_cli::client::Client, inc: &str, seq: u64| {
-        let r = client.put(path, &report("replay-1", url, inc, seq)).unwrap();
+        let r = client
+            .put(path, &report("replay-1", url, inc, seq))
+            .unwrap();
         (r.status, r.text())
     };
     assert_eq!(push(&mut client, "a", 1).0, 200);
@@ -341,17 +356,21 @@ fn functions_deleted_while_a_worker_was_down_are_gone_from_it() {
     assert_eq!(r.status, 204, "{}", r.text());
     let w = join(&c, Some(&dir), &env);
     wait_members(&c, &["down-1".to_string()]);
-    wait_until("before is gone from the worker", Duration::from_secs(10), || {
-        w.invoke("before", "{}").status == 404
-    });
+    wait_until(
+        "before is gone from the worker",
+        Duration::from_secs(10),
+        || w.invoke("before", "{}").status == 404,
+    );
     // Deleted after it came back (its new incarnation never had it registered by the
     // controller, but it kept it on its disk).
     assert_eq!(w.client().get("/v1/functions/after").unwrap().status, 200);
     let r = c.client().delete("/v1/functions/after").unwrap();
     assert_eq!(r.status, 204, "{}", r.text());
-    wait_until("after is gone from the worker", Duration::from_secs(10), || {
-        w.invoke("after", "{}").status == 404
-    });
+    wait_until(
+        "after is gone from the worker",
+        Duration::from_secs(10),
+        || w.invoke("after", "{}").status == 404,
+    );
 }
 
 /// Item 5 (keys): one tenant filling its key limit blocks neither another tenant nor the

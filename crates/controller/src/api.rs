@@ -19,12 +19,12 @@ use hearth_api::ErrorCode;
 use hearth_api::{PrewarmAnswer, StatusReport};
 use hearth_service::async_api::{self, ListQuery};
 use hearth_service::auth::{Access, Action, Principal, WorkerSecret};
-use hearth_service::keys_api;
 use hearth_service::error::ApiError;
 use hearth_service::http::{
     invoke_request, json_bytes, json_error, metrics_for, present, prewarm_count, registered,
     registration_request, InvokeQuery,
 };
+use hearth_service::keys_api;
 use hearth_service::registry::RegistryError;
 use serde_json::{json, Value};
 use std::sync::Arc;

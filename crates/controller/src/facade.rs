@@ -166,7 +166,7 @@ impl Controller {
         let c = Arc::new(Controller {
             // No credential here: each member's own forwarder carries its own token.
             forwarder: Forwarder::new(Duration::from_millis(config.connect_timeout_ms), None, tls)
-            .with_max_answer_bytes(config.max_result_bytes),
+                .with_max_answer_bytes(config.max_result_bytes),
             delivery,
             cluster,
             code_refs: DashMap::new(),

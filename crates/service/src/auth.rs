@@ -489,7 +489,9 @@ impl KeyStore {
                             };
                             workers.insert(id, (Arc::new(c), hash));
                         }
-                        _ => tracing::warn!(credential = %id, "skipping an unreadable worker credential"),
+                        _ => {
+                            tracing::warn!(credential = %id, "skipping an unreadable worker credential")
+                        }
                     }
                     continue;
                 }
@@ -545,7 +547,14 @@ impl KeyStore {
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT(id) DO UPDATE SET hash = ?2, namespace = ?3, role = ?4,
                  description = ?5, created_at = ?6",
-            params![id, hash.to_vec(), namespace, role, description, created_unix_s],
+            params![
+                id,
+                hash.to_vec(),
+                namespace,
+                role,
+                description,
+                created_unix_s
+            ],
         )?;
         Ok(())
     }
@@ -628,7 +637,14 @@ impl KeyStore {
             description: description.to_string(),
             created_unix_s: unix_now(),
         };
-        self.insert_row(&id, &hash, worker, WORKER_ROLE, description, c.created_unix_s)?;
+        self.insert_row(
+            &id,
+            &hash,
+            worker,
+            WORKER_ROLE,
+            description,
+            c.created_unix_s,
+        )?;
         let c = Arc::new(c);
         self.workers.insert(id, (Arc::clone(&c), hash));
         Ok((c, token))
@@ -897,9 +913,14 @@ impl WorkerSecret {
     }
 
     fn parse(text: &str) -> Result<Self, String> {
-        const MAKE: &str = "make one with `hearth cluster credential create --worker ID --out FILE` \
+        const MAKE: &str =
+            "make one with `hearth cluster credential create --worker ID --out FILE` \
              (POST /v1/cluster/credentials with the operator's key) and set cluster_key_file to it";
-        let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        let lines: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
         if lines.iter().any(|l| l.starts_with(CLUSTER_PREFIX)) {
             return Err(format!(
                 "holds the controllers' cluster key, which is never given to workers: {MAKE}"
@@ -911,17 +932,21 @@ impl WorkerSecret {
         ) else {
             return Err(format!("must hold a hw_ line and a hx_ line: {MAKE}"));
         };
-        let id_of = |t: &str| t.get(3..3 + ID_LEN).filter(|id| valid_id(id)).map(String::from);
+        let id_of = |t: &str| {
+            t.get(3..3 + ID_LEN)
+                .filter(|id| valid_id(id))
+                .map(String::from)
+        };
         match (id_of(w), id_of(x)) {
-            (Some(a), Some(b)) if a == b && w.len() <= 256 && x.len() <= 256 => {
-                Ok(WorkerSecret {
-                    token: w.to_string(),
-                    credential: a,
-                    controller_token: x.to_string(),
-                    controller_hash: sha256(x),
-                })
-            }
-            _ => Err(format!("holds lines of different or malformed credentials: {MAKE}")),
+            (Some(a), Some(b)) if a == b && w.len() <= 256 && x.len() <= 256 => Ok(WorkerSecret {
+                token: w.to_string(),
+                credential: a,
+                controller_token: x.to_string(),
+                controller_hash: sha256(x),
+            }),
+            _ => Err(format!(
+                "holds lines of different or malformed credentials: {MAKE}"
+            )),
         }
     }
 
@@ -1364,7 +1389,11 @@ mod tests {
         // Another worker's controller token, its own worker token, the master key: 401.
         let (other, _) = ctl.keys().unwrap().create_worker("w2", "").unwrap();
         let other_x = ctl.cluster_key().unwrap().controller_token(&other.id);
-        for bad in [other_x.as_str(), file.lines().next().unwrap(), master.as_str()] {
+        for bad in [
+            other_x.as_str(),
+            file.lines().next().unwrap(),
+            master.as_str(),
+        ] {
             assert!(worker.authenticate(&headers(bad)).is_err(), "{bad}");
         }
         // Its proof of identity fits the URL it was made for only.
@@ -1391,12 +1420,18 @@ mod tests {
         let keys = auth.keys().unwrap();
         let id = &file[3..3 + ID_LEN];
         let record = keys.record(id).unwrap();
-        assert_eq!((record.role.as_str(), record.namespace.as_str()), ("worker", "w1"));
+        assert_eq!(
+            (record.role.as_str(), record.namespace.as_str()),
+            ("worker", "w1")
+        );
         let other = tempfile::tempdir().unwrap();
         let replica = KeyStore::open(&other.path().join(KEYS_DB)).unwrap();
         replica.apply(&record).unwrap();
         assert_eq!(
-            replica.verify_worker(file.lines().next().unwrap()).unwrap().worker,
+            replica
+                .verify_worker(file.lines().next().unwrap())
+                .unwrap()
+                .worker,
             "w1"
         );
         // Survives a reopen, and is not an API key.
@@ -1411,8 +1446,13 @@ mod tests {
             keys.create(a.clone(), Role::Invoke, "").unwrap();
         }
         let e = keys.create(a, Role::Invoke, "").unwrap_err();
-        assert!(matches!(e, AuthError::Limit(ref m) if m.contains("max_keys_per_namespace")), "{e}");
-        assert!(keys.create(Scope::Namespace("b".into()), Role::Invoke, "").is_ok());
+        assert!(
+            matches!(e, AuthError::Limit(ref m) if m.contains("max_keys_per_namespace")),
+            "{e}"
+        );
+        assert!(keys
+            .create(Scope::Namespace("b".into()), Role::Invoke, "")
+            .is_ok());
         assert!(keys.create(Scope::All, Role::Admin, "").is_ok());
         assert!(keys.create_worker("bad/id", "").is_err());
     }

@@ -68,7 +68,9 @@ pub fn store(auth: &Auth) -> Result<&crate::auth::KeyStore, ApiError> {
 pub fn auth_error(e: AuthError) -> ApiError {
     match e {
         AuthError::BadRequest(m) => ApiError::bad_request(m),
-        AuthError::Limit(m) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::QuotaKeys, m),
+        AuthError::Limit(m) => {
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::QuotaKeys, m)
+        }
         other => ApiError::internal(other.to_string()),
     }
 }

@@ -91,7 +91,11 @@ async fn identity(
         .ok_or_else(|| ApiError::bad_request("nonce must be 16 to 64 hex digits"))?;
     let c = w.config();
     let url = c.advertise_url.clone().unwrap_or_else(|| {
-        let scheme = if c.tls_cert.is_some() { "https" } else { "http" };
+        let scheme = if c.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         format!("{scheme}://{}", c.listen)
     });
     Ok(Json(json!({

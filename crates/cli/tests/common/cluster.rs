@@ -88,7 +88,9 @@ pub fn credential_for(controller: &Server, worker: &str) -> Option<std::path::Pa
         .client()
         .post(
             "/v1/cluster/credentials",
-            serde_json::json!({ "worker": worker }).to_string().as_bytes(),
+            serde_json::json!({ "worker": worker })
+                .to_string()
+                .as_bytes(),
         )
         .unwrap();
     if r.status == 409 {
@@ -126,9 +128,7 @@ pub fn join(controller: &Server, data_dir: Option<&Path>, env: &[(&str, &str)]) 
         .map(|(_, v)| v.to_string())
         .unwrap_or_else(fresh_worker_id);
     let credential = credential_for(controller, &id);
-    let credential = credential
-        .as_ref()
-        .map(|p| p.to_str().unwrap().to_string());
+    let credential = credential.as_ref().map(|p| p.to_str().unwrap().to_string());
     let mut all = vec![
         ("HEARTH_CONTROLLER", controller.url.as_str()),
         ("HEARTH_STATUS_INTERVAL_MS", STATUS_INTERVAL_MS),
