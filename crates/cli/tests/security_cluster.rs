@@ -402,3 +402,97 @@ fn one_namespace_filling_its_key_limit_blocks_no_one_else() {
         .unwrap();
     assert_eq!(r.status, 201, "{}", r.text());
 }
+
+/// A fake worker at `127.0.0.1:PORT` that claims to be `worker` with credential `credential`
+/// (but cannot prove it), and records every `Authorization` header it is sent.
+fn fake_worker(
+    worker: &str,
+    credential: &str,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (seen2, body) = (
+        std::sync::Arc::clone(&seen),
+        json!({"worker": worker, "credential": credential, "proof": "forged"}).to_string(),
+    );
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut r = BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                if line == "\r\n" {
+                    break;
+                }
+                if line.to_ascii_lowercase().starts_with("authorization:") {
+                    seen2.lock().unwrap().push(line.trim().to_string());
+                }
+                line.clear();
+            }
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (url, seen)
+}
+
+/// A polled (static) worker gets the controller's token only after it proved who it is: a fake
+/// claiming its id never gets it; revoking its credential takes it out, and it stays out.
+#[test]
+fn a_polled_worker_proves_who_it_is_and_is_dropped_when_its_credential_is_revoked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("controller");
+    let (key_file, credential) = {
+        let c = Server::start_controller_in(&data, "ch-bl", &[]);
+        let file = credential_for(&c, "static-1").unwrap();
+        let id = c.client().get("/v1/cluster/credentials").unwrap().json()["credentials"][0]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        (file, id)
+    };
+    let w = Server::start(
+        "sim",
+        &[
+            ("HEARTH_CLUSTER_KEY_FILE", key_file.to_str().unwrap()),
+            ("HEARTH_WORKER_ID", "static-1"),
+        ],
+    );
+    let (fake, seen) = fake_worker("static-1", &credential);
+    let list = format!("[\"{}\", \"{fake}\"]", w.url);
+    let c = Server::start_controller_in(
+        &data,
+        "ch-bl",
+        &[
+            ("HEARTH_WORKERS", list.as_str()),
+            ("HEARTH_STATUS_INTERVAL_MS", "100"),
+        ],
+    );
+    wait_members(&c, &["static-1".to_string()]);
+    assert_eq!(c.put_fn("f", sim_fn(0, 0)).status, 201);
+    let r = c.invoke("f", "{}");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["worker"], "static-1");
+    std::thread::sleep(Duration::from_millis(300));
+    let seen_by_fake = seen.lock().unwrap().clone();
+    assert!(
+        seen_by_fake.iter().all(|h| !h.contains("hx_")),
+        "the fake got a token: {seen_by_fake:?}"
+    );
+    let r = c
+        .client()
+        .delete(&format!("/v1/cluster/credentials/{credential}"))
+        .unwrap();
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert!(workers_up(&c).is_empty());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        workers_up(&c).is_empty(),
+        "a revoked polled worker came back"
+    );
+}

@@ -228,7 +228,7 @@ async fn verify_worker(
     url: &str,
     name: Option<&str>,
     timeout: Duration,
-) -> Result<hyper::header::HeaderValue, String> {
+) -> Result<Verified, String> {
     let (Some(master), Some(keys)) = (ctl.auth().cluster_key(), ctl.auth().keys()) else {
         return Err("authentication is off".into());
     };
@@ -258,9 +258,34 @@ async fn verify_worker(
     if !master.check_identity(&id.credential, &nonce, url, &id.proof) {
         return Err("its identity proof is wrong".into());
     }
-    master
+    let header = master
         .header_for(&id.credential)
-        .ok_or_else(|| "unusable credential".into())
+        .ok_or_else(|| "unusable credential".to_string())?;
+    Ok(Verified {
+        forwarder: ctl.forwarder().fresh_with(Some(header)),
+        worker: id.worker,
+        credential: Some(id.credential),
+    })
+}
+
+/// A polled worker that proved who it is: the forwarder with its token, and the credential
+/// it proved, which must stay valid for the controller to keep calling it.
+#[derive(Clone)]
+struct Verified {
+    forwarder: crate::forward::Forwarder,
+    worker: String,
+    credential: Option<String>,
+}
+
+impl Verified {
+    /// False once its credential was revoked (here or at another controller of the cluster).
+    fn still_valid(&self, ctl: &Controller) -> bool {
+        match (&self.credential, ctl.auth().keys()) {
+            (Some(id), Some(keys)) => keys.worker_credential(id).is_some(),
+            (None, _) => true,
+            (Some(_), None) => false,
+        }
+    }
 }
 
 /// Polls a worker's status every `status_interval_ms` as its report: a static worker from the
@@ -276,25 +301,33 @@ pub(crate) async fn poll_worker(
     let url = url.trim_end_matches('/').to_string();
     let mut incarnation = 0u64;
     let mut last_uptime = 0u64;
-    let mut verified: Option<crate::forward::Forwarder> = None;
+    let mut verified: Option<Verified> = None;
     loop {
         let Some(ctl) = c.upgrade() else { return };
         let interval = Duration::from_millis(ctl.config().status_interval_ms);
         let timeout = interval.max(Duration::from_secs(1));
+        if let Some(v) = verified.as_ref().filter(|v| !v.still_valid(&ctl)) {
+            ctl.evict(&v.worker, "its worker credential was revoked");
+            verified = None;
+        }
         if verified.is_none() {
             if ctl.auth().enabled() {
                 let name = published.as_ref().map(|(n, _)| n.as_str());
                 match verify_worker(&ctl, &url, name, timeout).await {
-                    Ok(h) => verified = Some(ctl.forwarder().fresh_with(Some(h))),
+                    Ok(v) => verified = Some(v),
                     Err(why) => {
                         tracing::debug!(%url, %why, "a polled worker did not prove who it is");
                     }
                 }
             } else {
-                verified = Some(ctl.forwarder().clone());
+                verified = Some(Verified {
+                    forwarder: ctl.forwarder().clone(),
+                    worker: String::new(),
+                    credential: None,
+                });
             }
         }
-        let Some(fwd) = verified.clone() else {
+        let Some(fwd) = verified.as_ref().map(|v| v.forwarder.clone()) else {
             drop(ctl);
             tokio::time::sleep(interval).await;
             continue;
