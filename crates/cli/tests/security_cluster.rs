@@ -496,3 +496,67 @@ fn a_polled_worker_proves_who_it_is_and_is_dropped_when_its_credential_is_revoke
         "a revoked polled worker came back"
     );
 }
+
+/// `hearth cluster credential create|list|rm`: the file is written 0600 with both tokens, the
+/// list shows no secret, and rm revokes.
+#[test]
+fn the_cli_makes_lists_and_revokes_worker_credentials() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Server::start_controller("ch-bl", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("w9.credential");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(args)
+            .args(["--url", &c.url])
+            .env("HEARTH_API_KEY", c.key.as_deref().unwrap())
+            .output()
+            .unwrap()
+    };
+    let o = run(&[
+        "cluster",
+        "credential",
+        "create",
+        "--worker",
+        "w9",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let hw = text.lines().next().unwrap();
+    assert!(hw.starts_with("hw_") && text.lines().nth(1).unwrap().starts_with("hx_"));
+    // It is never printed.
+    assert!(!String::from_utf8_lossy(&o.stdout).contains(&hw[20..]));
+    // A second create to the same file is refused (no silent overwrite).
+    let again = run(&[
+        "cluster",
+        "credential",
+        "create",
+        "--worker",
+        "w9",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!again.status.success());
+    let o = run(&["cluster", "credential", "list"]);
+    assert!(o.status.success());
+    let listed: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed["credentials"][0]["worker"], "w9");
+    assert!(!String::from_utf8_lossy(&o.stdout).contains(&hw[20..]));
+    let id = listed["credentials"][0]["id"].as_str().unwrap().to_string();
+    let o = run(&["cluster", "credential", "rm", &id]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = c
+        .client_with(hw)
+        .put(
+            "/v1/cluster/workers/w9",
+            &report("w9", "http://127.0.0.1:9", "a", 1),
+        )
+        .unwrap();
+    assert_eq!(r.status, 401, "{}", r.text());
+}
