@@ -482,6 +482,9 @@ fn check_reply(op: u8, reply: &AgentReply, took: std::time::Duration) -> Result<
 /// their escapes, so brackets inside them do not count. Whether the text is JSON at all is
 /// checked later (`raw_json`); on text that is not, the count may be anything.
 fn nests_deeper_than(body: &[u8], limit: usize) -> bool {
+    if body.len() <= limit {
+        return false; // each level takes a byte
+    }
     let mut depth = 0usize;
     let mut in_string = false;
     let mut escaped = false;
