@@ -1503,6 +1503,50 @@ mod tests {
         assert_eq!(c.health().await.unwrap().status, 200);
     }
 
+    /// A socket of another file system mounted over the socket's path (only a process that can
+    /// mount could do that; the sandbox cannot) is refused too: on the run tmpfs of a sandbox
+    /// lie only the sandbox's own sockets. Needs root to mount; says so and passes otherwise.
+    #[tokio::test]
+    async fn a_socket_of_another_file_system_is_refused() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: mounting over the socket path needs root");
+            return;
+        }
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let elsewhere = shm.path().join("host.sock");
+        let host_listener = std::os::unix::net::UnixListener::bind(&elsewhere).unwrap();
+        host_listener.set_nonblocking(true).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        std::fs::write(&path, b"").unwrap();
+        let (src, dst) = (cstr(&elsewhere), cstr(&path));
+        // SAFETY: two valid NUL-terminated paths; a bind mount of one file over another.
+        let rc = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                dst.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        let e = AgentConn::connect(&path, 1024).await.err();
+        // SAFETY: the mount made above.
+        unsafe { libc::umount2(dst.as_ptr(), libc::MNT_DETACH) };
+        let e = e.expect("refused");
+        assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+        assert!(matches!(
+            host_listener.accept(),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+        ));
+    }
+
+    fn cstr(p: &std::path::Path) -> std::ffi::CString {
+        use std::os::unix::ffi::OsStrExt;
+        std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap()
+    }
+
     #[test]
     fn the_cuda_result_is_taken_from_the_message_only_when_numeric() {
         assert_eq!(
