@@ -47,6 +47,7 @@ def main(args):
         forge(200, b'{"forged":true}', 2**64 - 1)
     elif mode == "status400":
         forge(400, b'{"type":"BadRequest","message":"your fault","phase":"request"}', 0, 0)
+        time.sleep(0.2)  # read alone, as the call's answer (as the decoy)
     elif mode == "deep":
         # The agent itself answers, in step, with a result 3,000,000 levels deep (6 MB).
         agent = sys.modules["__main__"]
@@ -97,21 +98,27 @@ fn a_decoy_frame_never_hands_a_caller_another_callers_answer() {
     assert_own_answer("A", status, &v);
 
     // B's handler writes a decoy with B's request id: B gets the decoy, its own function's
-    // word (a handler decides its caller's answer anyway).
-    let (status, v) = call(&s, "hostile", "B", Some("decoy"));
-    assert_eq!(
-        (status, &v["result"]),
-        (200, &json!({"decoy": true})),
-        "{v}"
-    );
-    // B's real answer is left in the socket: the next caller must not get it, but an error
-    // that says the sandbox is broken.
-    let (status, v) = call(&s, "hostile", "C", None);
-    assert_own_answer("C", status, &v);
-    assert_eq!(status, 502, "the stale answer went unnoticed: {v}");
-    assert_eq!(v["error"]["code"], "sandbox_crashed", "{v}");
-    let message = v["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("another request"), "{message}");
+    // word (a handler decides its caller's answer anyway). Should the worker be so slow that
+    // the real answer is already in when it reads the decoy, B gets an error instead.
+    let (status_b, v) = call(&s, "hostile", "B", Some("decoy"));
+    let (status_c, w) = call(&s, "hostile", "C", None);
+    assert_own_answer("C", status_c, &w);
+    if status_b == 200 {
+        assert_eq!(v["result"], json!({"decoy": true}), "{v}");
+        // B's real answer is left in the socket: the next caller must not get it, but an
+        // error that says the sandbox is broken.
+        assert_eq!(status_c, 502, "the stale answer went unnoticed: {w}");
+        assert_eq!(w["error"]["code"], "sandbox_crashed", "{w}");
+        let message = w["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("another request"), "{message}");
+    } else {
+        assert_eq!(
+            (status_b, &v["error"]["code"]),
+            (502, &json!("sandbox_crashed")),
+            "{v}"
+        );
+        assert_eq!(status_c, 200, "{w}");
+    }
     // The broken sandbox is gone: later callers get their own answers.
     for caller in ["D", "E", "F"] {
         let (status, v) = call(&s, "hostile", caller, None);
@@ -155,7 +162,10 @@ fn a_forged_status_400_never_blames_the_caller() {
     let s = hostile_server();
     let (status, v) = call(&s, "hostile", "Z", Some("status400"));
     assert_eq!(status, 502, "{v}");
-    assert_eq!(v["error"]["code"], "handler_error", "{v}");
+    // The forged answer read alone is the handler's failure; read with the real one behind it,
+    // a broken sandbox.
+    let code = v["error"]["code"].as_str().unwrap_or_default();
+    assert!(code == "handler_error" || code == "sandbox_crashed", "{v}");
     // Its real answer was left behind: the next caller gets an error or its own answer.
     let (status, v) = call(&s, "hostile", "Z2", None);
     assert_own_answer("Z2", status, &v);
