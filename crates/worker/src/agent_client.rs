@@ -1432,6 +1432,8 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(v["type"], "InvalidResult");
         assert_eq!(v["phase"], "result");
+        let message = v["message"].as_str().unwrap();
+        assert!(message.contains(&MAX_RESULT_DEPTH.to_string()), "{message}");
         // The connection is in step: the next request is answered.
         assert_eq!(c.invoke(b"{}").await.unwrap().status, 500);
     }
