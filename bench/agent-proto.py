@@ -28,8 +28,9 @@ import time
 
 REPO_AGENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "python", "hearth_agent.py")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-REQ_HDR = struct.Struct(">IB3x")
-RESP_HDR = struct.Struct(">IHHQ")
+REQ_HDR = struct.Struct(">IB3xQ")  # payload length, op, 3 zero bytes, request id
+RESP_HDR = struct.Struct(">IHHQQ")  # body length, status, flags, exec_us, request id
+RID = 0x5EED_F00D_CAFE_BEEF  # one id for every request: the agent does the same work for any
 
 
 def sched_ns(pid):
@@ -52,7 +53,7 @@ def cpu_seconds(pid):
 class FrameClient:
     def __init__(self, sock):
         self.sock = sock
-        self.req = REQ_HDR.pack(2, ord("I")) + b"{}"
+        self.req = REQ_HDR.pack(2, ord("I"), RID) + b"{}"
         self.buf = bytearray(1 << 16)
         self.mv = memoryview(self.buf)
 
@@ -60,13 +61,13 @@ class FrameClient:
         sock = self.sock
         sock.sendall(self.req)
         have = sock.recv_into(self.buf)
-        while have < 16:
+        while have < 24:
             have += sock.recv_into(self.mv[have:])
-        n, status, _flags, _exec_us = RESP_HDR.unpack_from(self.buf)
-        while have < 16 + n:
+        n, status, _flags, _exec_us, rid = RESP_HDR.unpack_from(self.buf)
+        while have < 24 + n:
             have += sock.recv_into(self.mv[have:])
-        if status != 200:
-            raise RuntimeError("status %d: %r" % (status, bytes(self.buf[16 : 16 + n])))
+        if status != 200 or rid != RID:
+            raise RuntimeError("status %d, id %#x: %r" % (status, rid, bytes(self.buf[24 : 24 + n])))
 
 
 class HttpClient:
@@ -171,6 +172,13 @@ class FakeConn:
         buf[:size] = self.request
         return size
 
+    def recvmsg(self, bufsize, ancbufsize=0, flags=0):
+        # The connection's first read (socket.recv_fds): a request and no descriptor, so the
+        # agent answers on the connection.
+        buf = bytearray(bufsize)
+        n = self.recv_into(buf)
+        return bytes(buf[:n]), [], 0, None
+
     def sendall(self, data):
         pass
 
@@ -189,7 +197,7 @@ def run_inproc(agent_path, http, n, warmup):
     if http:
         request = b"POST /invoke HTTP/1.1\r\nHost: agent\r\nContent-Length: 2\r\n\r\n{}"
     else:
-        request = REQ_HDR.pack(2, ord("I")) + b"{}"
+        request = REQ_HDR.pack(2, ord("I"), RID) + b"{}"
     agent.serve_connection(FakeConn(request, warmup))
     t0 = time.process_time()
     agent.serve_connection(FakeConn(request, n))

@@ -2,9 +2,10 @@
 
 Run as ``python3 -I -S hearth_agent.py`` (standard library only, no site-packages).
 Configuration: HEARTH_SOCKET, HEARTH_CODE_DIR, HEARTH_HANDLER, HEARTH_GENERIC (or --socket,
---code-dir, --handler, --generic). Protocol: 8-byte request header (u32 BE length, u8 op, 3 zero
-bytes), 16-byte response header (u32 BE length, u16 status, u16 flags, u64 exec_us), then, when
-flags bit 1 is set, a u64 BE of device memory bytes; ops H (health), I (invoke), L (load,
+--code-dir, --handler, --generic). Protocol: 16-byte request header (u32 BE length, u8 op, 3 zero
+bytes, u64 request id), 24-byte response header (u32 BE length, u16 status, u16 flags, u64
+exec_us, u64 the request's id echoed), then, when flags bit 1 is set, a u64 BE of device memory
+bytes; ops H (health), I (invoke), L (load,
 generic mode only), P/S (prefetch / swap out a GPU sandbox's memory through the CUDA shim), and R
 (a connection's first frame: answer on the socket it carries); see runtime/python/README.md.
 """
@@ -34,9 +35,11 @@ try:
 except ValueError:
     MAX_RESULT = 0
 
-REQ_HDR = struct.Struct(">IB3x")  # payload length, op, 3 reserved bytes
-RESP_HDR = struct.Struct(">IHHQ")  # body length, status, flags, exec_us
-RESP_HDR_MEM = struct.Struct(">IHHQQ")  # ... then the shim's resident bytes (flag bit 1)
+# The worker binds each answer to its request by the id it chose; the agent only echoes it.
+REQ_HDR = struct.Struct(">IB3xQ")  # payload length, op, 3 reserved bytes, request id
+REQ_HDR_SIZE = REQ_HDR.size  # 16
+RESP_HDR = struct.Struct(">IHHQQ")  # body length, status, flags, exec_us, request id
+RESP_HDR_MEM = struct.Struct(">IHHQQQ")  # ... then the shim's resident bytes (flag bit 1)
 FLAG_EXEC_US = 1
 FLAG_DEVICE_MEM = 2
 OP_HEALTH = ord("H")
@@ -198,7 +201,7 @@ def find_shim():
 def _first_read(conn, mv):
     """A connection's first read, which may carry a descriptor (op R): (bytes read, the socket
     passed with them or None). The kernel ends a read at the message that carries descriptors,
-    so they come with the R frame's 8 bytes and nothing after them."""
+    so they come with the R frame's 16 bytes and nothing after them."""
     data, fds, flags, _ = socket.recv_fds(conn, len(mv), 1)
     n = len(data)
     mv[:n] = data
@@ -319,8 +322,8 @@ class Agent:
         end, out = _first_read(conn, self._rmv)  # unconsumed bytes are buf[start:end]
         if out is None:
             out = conn
-        elif end >= 8 and REQ_HDR.unpack_from(self._rbuf, 0) == (0, OP_REPLY_CHANNEL):
-            start = 8
+        elif end >= REQ_HDR_SIZE and REQ_HDR.unpack_from(self._rbuf, 0)[:2] == (0, OP_REPLY_CHANNEL):
+            start = REQ_HDR_SIZE
         else:  # a socket came with something else than an R frame: not ours to keep
             out.close()
             out = conn
@@ -341,6 +344,7 @@ class Agent:
         mv = self._rmv
         cap = len(buf)
         resident = self.shim.resident_bytes if self.shim is not None else None
+        rid = 0  # the id of the request being answered
 
         def send(status, body, exec_us=None, device_mem=None):
             size = len(body)
@@ -350,9 +354,9 @@ class Agent:
             else:
                 flags = FLAG_EXEC_US
             if device_mem is None:
-                hdr = pack(size, status, flags, exec_us)
+                hdr = pack(size, status, flags, exec_us, rid)
             else:
-                hdr = RESP_HDR_MEM.pack(size, status, flags | FLAG_DEVICE_MEM, exec_us, device_mem)
+                hdr = RESP_HDR_MEM.pack(size, status, flags | FLAG_DEVICE_MEM, exec_us, rid, device_mem)
             if size <= SEND_JOIN_MAX:
                 sendall(hdr + body)
                 return
@@ -371,20 +375,20 @@ class Agent:
 
         while True:
             # ---- header
-            if end - start < 8:
+            if end - start < 16:
                 if start == end:
                     start = end = 0
-                elif start + 8 > cap:
+                elif start + 16 > cap:
                     buf[: end - start] = buf[start:end]
                     end -= start
                     start = 0
-                while end - start < 8:
+                while end - start < 16:
                     n = recv_into(mv[end:] if end else buf)
                     if not n:
                         return
                     end += n
-            length, op = unpack_from(buf, start)
-            start += 8
+            length, op, rid = unpack_from(buf, start)
+            start += 16
 
             if length > MAX_PAYLOAD:
                 send(413, _error_body(
@@ -490,7 +494,7 @@ class Agent:
                     continue
                 size = len(out)
                 if size <= SEND_JOIN_MAX and resident is None:
-                    sendall(pack(size, 200, FLAG_EXEC_US, exec_us) + out)
+                    sendall(pack(size, 200, FLAG_EXEC_US, exec_us, rid) + out)
                 else:
                     answer_invoke(200, out, exec_us)
             elif op == OP_HEALTH:

@@ -49,22 +49,23 @@ struct Args {
 
 /// The least a Python agent can be: takes the answer socket from the `R` frame, then per
 /// request one `recv_into` (a request and its small payload come in one read) and one
-/// `sendall` of a fixed answer (200, `{}`). Not a real agent: it trusts its peer.
+/// `sendall` of a fixed answer (200, `{}`) with the request's id. Not a real agent: it trusts its
+/// peer.
 const BARE_AGENT: &str = r#"
 import socket, sys
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 srv.bind(sys.argv[1]); srv.listen(1)
 while True:
     conn, _ = srv.accept()
-    _, fds, _, _ = socket.recv_fds(conn, 8, 1)
+    _, fds, _, _ = socket.recv_fds(conn, 16, 1)
     out = socket.socket(fileno=fds[0])
     buf = bytearray(65536); recv_into = conn.recv_into; sendall = out.sendall
-    answer = b"\0\0\0\2\0\xc8\0\0" + bytes(8) + b"{}"
+    head = b"\0\0\0\2\0\xc8\0\0" + bytes(8)
     while True:
         if recv_into(buf) == 0:
             break
         if buf[4] == 72 or buf[4] == 73:
-            sendall(answer)
+            sendall(head + buf[8:16] + b"{}")
     conn.close(); out.close()
 "#;
 

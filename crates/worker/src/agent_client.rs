@@ -3,9 +3,20 @@
 //! socket of their own.
 //!
 //! Hand-written on purpose: this is the hot path of every warm invocation. A request is one
-//! vectored `write` of an 8-byte header and the payload; a reply is a 16-byte header (length,
-//! status, flags, exec_us) read with usually one `read`, then the body. The body's length is
-//! checked against the limit before a byte of it is buffered.
+//! vectored `write` of a 16-byte header (length, op, request id) and the payload; a reply is a
+//! 24-byte header (length, status, flags, exec_us, request id) read with usually one `read`,
+//! then the body. The body's length is checked against the limit before a byte of it is
+//! buffered.
+//!
+//! The sandbox is hostile: its handler runs in the agent's process and can write frames of its
+//! own on the answer socket. So every request carries a random id the agent echoes, and an
+//! answer is taken only for the request in flight: one with another id, or bytes beyond the
+//! answer, mean the connection is out of step and the sandbox is broken (a fatal error, never
+//! another caller's answer). Every field is range-checked against what the agent can honestly
+//! send for that op (statuses, flags, `exec_us` within the time the request took, device
+//! memory), and a result nested deeper than [`MAX_RESULT_DEPTH`] is refused before anyone
+//! parses it. The socket is opened without following anything the sandbox can change
+//! ([`open_agent_socket`]).
 //!
 //! GPU sandboxes (docs/gpu.md) add two ops, `P` (prefetch the function's device memory to the
 //! GPU) and `S` (swap it out to host memory), and every invoke answer of theirs carries the bytes
@@ -14,6 +25,7 @@
 use bytes::Bytes;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use std::io::{IoSlice, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use tokio::io::unix::AsyncFd;
@@ -23,10 +35,11 @@ use tokio::io::Interest;
 /// agent truncates long messages to fit).
 pub const ERROR_MARGIN_BYTES: usize = 64 * 1024;
 
-/// Request header: u32 BE payload length, op, 3 zero bytes.
-const REQ_HEADER: usize = 8;
-/// Response header: u32 BE body length, u16 BE status, u16 BE flags, u64 BE exec_us.
-const RESP_HEADER: usize = 16;
+/// Request header: u32 BE payload length, op, 3 zero bytes, u64 BE request id.
+const REQ_HEADER: usize = 16;
+/// Response header: u32 BE body length, u16 BE status, u16 BE flags, u64 BE exec_us, u64 BE
+/// request id (the id of the request it answers).
+const RESP_HEADER: usize = 24;
 /// Response flag: the exec_us field is present.
 const FLAG_EXEC_US: u16 = 1;
 /// Response flag: an 8-byte BE device-memory count follows the header (not counted in length).
@@ -46,6 +59,16 @@ pub const MAX_DEVICE_ORDINAL: u32 = i32::MAX as u32;
 const GPU_OP_MAX_BODY: usize = 4096;
 /// Receive buffer for headers and small bodies; a larger body is read straight into its own.
 const RBUF_SIZE: usize = 16 * 1024;
+/// The deepest nesting of arrays and objects a handler's result may have. A deeper one (a
+/// sandbox can send 3,000,000 levels in 6 MB) would pass the worker, which never builds it, and
+/// stop a recursive parser downstream; 128 is what serde_json parses by default.
+pub const MAX_RESULT_DEPTH: usize = 128;
+/// The most device memory an answer may claim, 16 TiB: more than any GPU with its host's
+/// memory behind it holds; a larger number is a lie that would skew the GPU scheduler.
+pub const MAX_DEVICE_MEMORY_BYTES: u64 = 1 << 44;
+/// What a result nested deeper than [`MAX_RESULT_DEPTH`] becomes: the handler's failure, the
+/// sandbox kept (its connection is in step; only the result is refused).
+const TOO_DEEP_BODY: &[u8] = b"{\"type\":\"InvalidResult\",\"message\":\"the function's result is nested deeper than 128 levels\",\"phase\":\"result\"}";
 
 /// One response from the agent.
 #[derive(Debug, Clone)]
@@ -126,9 +149,18 @@ pub struct AgentConn {
 
 impl AgentConn {
     /// Connects to the agent at `path`; a 200 body over `max_result` bytes is never read.
+    ///
+    /// `path` lies in a directory the sandbox can write: it is opened with
+    /// [`open_agent_socket`] (no symlink followed, a socket on the directory's own file system)
+    /// and connected through the descriptor, so the worker never reaches another socket.
     pub async fn connect(path: &Path, max_result: usize) -> std::io::Result<Self> {
-        // tokio's connect does not block the thread; its socket comes back non-blocking.
-        let requests = tokio::net::UnixStream::connect(path).await?.into_std()?;
+        let sock = open_agent_socket(path)?;
+        // The magic link names the inode opened above; resolving it follows nothing the
+        // sandbox can change. tokio's connect does not block the thread; its socket comes back
+        // non-blocking.
+        let via = format!("/proc/self/fd/{}", sock.as_raw_fd());
+        let requests = tokio::net::UnixStream::connect(&via).await?.into_std()?;
+        drop(sock);
         let (replies, theirs) = UnixStream::pair()?;
         replies.set_nonblocking(true)?;
         send_reply_channel(&requests, &theirs)?;
@@ -145,8 +177,16 @@ impl AgentConn {
     }
 
     /// Op `I`: calls the handler with `args` (JSON; empty means `{}`).
+    ///
+    /// A 200 result nested deeper than [`MAX_RESULT_DEPTH`] comes back as the handler's failure
+    /// (500, `InvalidResult`); the sandbox stays usable.
     pub async fn invoke(&mut self, args: &[u8]) -> Result<AgentReply, AgentError> {
-        self.request(OP_INVOKE, args).await
+        let mut reply = self.request(OP_INVOKE, args).await?;
+        if reply.status == 200 && nests_deeper_than(&reply.body, MAX_RESULT_DEPTH) {
+            reply.status = 500;
+            reply.body = Bytes::from_static(TOO_DEEP_BODY);
+        }
+        Ok(reply)
     }
 
     /// Op `H`: after start-up this says whether the handler imported (or that the agent is
@@ -202,6 +242,10 @@ impl AgentConn {
     }
 
     /// Sends one request and reads its answer; a 200 body over `max_body` is not read.
+    ///
+    /// The answer must carry the request's id, a status and flags the agent answers `op` with,
+    /// and an `exec_us` no longer than the request took; nothing may follow it. Anything else
+    /// is [`AgentError::Malformed`]: the sandbox wrote frames of its own and is not reusable.
     async fn request_within(
         &mut self,
         op: u8,
@@ -219,12 +263,22 @@ impl AgentConn {
                 "request payload over 4 GiB",
             )
         })?;
-        let hdr = request_header(len, op);
+        // Unpredictable, so a frame written before this request was sent cannot answer it.
+        let id: u64 = rand::random();
+        let hdr = request_header(len, op, id);
+        let sent = std::time::Instant::now();
         let written = self.write_now(&hdr, payload)?;
         if written < REQ_HEADER + payload.len() {
             self.write_rest(&hdr, payload, written).await?;
         }
-        self.read_reply(max_body).await
+        let reply = self.read_reply(id, max_body).await?;
+        if self.start != self.end {
+            return Err(AgentError::Malformed(
+                "more bytes followed the answer".into(),
+            ));
+        }
+        check_reply(op, &reply, sent.elapsed())?;
+        Ok(reply)
     }
 
     /// Writes what the socket takes without waiting; how many bytes of header + payload.
@@ -280,12 +334,17 @@ impl AgentConn {
         Ok(())
     }
 
-    async fn read_reply(&mut self, max_body: usize) -> Result<AgentReply, AgentError> {
+    /// Reads the answer to the request `id`: a header with another id is refused before its
+    /// body is read.
+    async fn read_reply(&mut self, id: u64, max_body: usize) -> Result<AgentReply, AgentError> {
         self.fill(RESP_HEADER).await?;
         let mut hdr = [0u8; RESP_HEADER];
         hdr.copy_from_slice(&self.rbuf[self.start..self.start + RESP_HEADER]);
         self.start += RESP_HEADER;
         let head = parse_header(&hdr)?;
+        if head.id != id {
+            return Err(AgentError::Malformed("an answer to another request".into()));
+        }
         let device_memory_bytes = if head.device_memory {
             self.fill(RESP_DEVICE_MEMORY).await?;
             let mut ext = [0u8; RESP_DEVICE_MEMORY];
@@ -332,12 +391,127 @@ impl AgentConn {
     }
 }
 
-/// A request frame's header: u32 BE payload length, op, 3 zero bytes.
-fn request_header(len: u32, op: u8) -> [u8; REQ_HEADER] {
+/// A request frame's header: u32 BE payload length, op, 3 zero bytes, u64 BE request id.
+fn request_header(len: u32, op: u8, id: u64) -> [u8; REQ_HEADER] {
     let mut hdr = [0u8; REQ_HEADER];
     hdr[..4].copy_from_slice(&len.to_be_bytes());
     hdr[4] = op;
+    hdr[8..].copy_from_slice(&id.to_be_bytes());
     hdr
+}
+
+/// Opens the agent's socket at `path` as an `O_PATH` descriptor without following a symlink in
+/// its last component (the sandbox can replace that file; the directories above it are the
+/// worker's), and checks it is a socket on the same file system as its directory (the
+/// sandbox's run tmpfs: no host socket lies there). A symlink is opened as itself and refused
+/// as `ENOTSOCK`, like any other file that is not a socket; a socket elsewhere is `EXDEV`. The
+/// caller retries until the agent listens or its start times out.
+pub fn open_agent_socket(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    let open = |p: &Path, extra: libc::c_int| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | extra)
+            .open(p)
+    };
+    let dir = path
+        .parent()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no directory"))?;
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let dir_dev = open(dir, libc::O_DIRECTORY)?.metadata()?.dev();
+    let sock = open(path, 0)?;
+    let meta = sock.metadata()?;
+    if !meta.file_type().is_socket() {
+        return Err(std::io::Error::from_raw_os_error(libc::ENOTSOCK));
+    }
+    if meta.dev() != dir_dev {
+        return Err(std::io::Error::from_raw_os_error(libc::EXDEV));
+    }
+    Ok(sock)
+}
+
+/// Whether an answer to `op` is one the agent can honestly send: its status in the op's set
+/// (runtime/python/README.md), `exec_us` on invoke answers only and within `took` (the agent
+/// times the handler inside the request's round trip, on the same monotonic clock), the
+/// device-memory extension on invoke answers only and under [`MAX_DEVICE_MEMORY_BYTES`].
+fn check_reply(op: u8, reply: &AgentReply, took: std::time::Duration) -> Result<(), AgentError> {
+    let allowed: &[u16] = match op {
+        OP_INVOKE => &[200, 400, 413, 500, 503],
+        OP_HEALTH => &[200, 500],
+        OP_LOAD => &[200, 400, 409, 500],
+        _ => &[200, 400, 409, 500], // P and S
+    };
+    if !allowed.contains(&reply.status) {
+        return Err(AgentError::Malformed(format!(
+            "status {} to op {}",
+            reply.status,
+            char::from(op)
+        )));
+    }
+    if let Some(exec_us) = reply.exec_us {
+        if op != OP_INVOKE {
+            return Err(AgentError::Malformed(
+                "exec_us on a non-invoke answer".into(),
+            ));
+        }
+        if u128::from(exec_us) > took.as_micros() {
+            return Err(AgentError::Malformed(
+                "exec_us longer than the request took".into(),
+            ));
+        }
+    }
+    if let Some(bytes) = reply.device_memory_bytes {
+        if op != OP_INVOKE {
+            return Err(AgentError::Malformed(
+                "device memory on a non-invoke answer".into(),
+            ));
+        }
+        if bytes > MAX_DEVICE_MEMORY_BYTES {
+            return Err(AgentError::Malformed("device memory over 16 TiB".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the JSON text `body` nests arrays and objects deeper than `limit`. A scan of the
+/// bytes that builds nothing (the result is passed on as bytes): strings are skipped with
+/// their escapes, so brackets inside them do not count. Whether the text is JSON at all is
+/// checked later (`raw_json`); on text that is not, the count may be anything.
+fn nests_deeper_than(body: &[u8], limit: usize) -> bool {
+    if body.len() <= limit {
+        return false; // each level takes a byte
+    }
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in body {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Sends the `R` frame with `theirs` attached (SCM_RIGHTS). The connection is new and its
@@ -346,7 +520,7 @@ fn send_reply_channel(requests: &UnixStream, theirs: &UnixStream) -> std::io::Re
     use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
     use std::mem::MaybeUninit;
     use std::os::fd::AsFd;
-    let hdr = request_header(0, OP_REPLY_CHANNEL);
+    let hdr = request_header(0, OP_REPLY_CHANNEL, 0);
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     let fds = [theirs.as_fd()];
@@ -419,13 +593,20 @@ struct Head {
     exec_us: Option<u64>,
     /// The device-memory extension follows the header.
     device_memory: bool,
+    /// The id of the request answered.
+    id: u64,
 }
 
 fn parse_header(h: &[u8; RESP_HEADER]) -> Result<Head, AgentError> {
     let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
     let status = u16::from_be_bytes([h[4], h[5]]);
     let flags = u16::from_be_bytes([h[6], h[7]]);
-    let exec_us = u64::from_be_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
+    let word = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&h[at..at + 8]);
+        u64::from_be_bytes(b)
+    };
+    let exec_us = word(8);
     if !(100..=599).contains(&status) {
         return Err(AgentError::Malformed(format!("status {status}")));
     }
@@ -444,6 +625,7 @@ fn parse_header(h: &[u8; RESP_HEADER]) -> Result<Head, AgentError> {
         status,
         exec_us,
         device_memory: flags & FLAG_DEVICE_MEMORY != 0,
+        id: word(16),
     })
 }
 
@@ -512,34 +694,62 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{UnixListener, UnixStream};
 
+    thread_local! {
+        /// The id of the last request a fake agent read ([`read_frame`]): [`reply`] answers it.
+        /// Each test's runtime (current-thread) runs its fake agent on the test's thread.
+        static LAST_ID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    /// An answer to the last request read.
     fn reply(status: u16, exec_us: Option<u64>, body: &[u8]) -> Vec<u8> {
+        reply_to(LAST_ID.get(), status, exec_us, body)
+    }
+
+    /// An answer to the request `id`.
+    fn reply_to(id: u64, status: u16, exec_us: Option<u64>, body: &[u8]) -> Vec<u8> {
         let mut v = Vec::new();
         v.extend_from_slice(&(body.len() as u32).to_be_bytes());
         v.extend_from_slice(&status.to_be_bytes());
         v.extend_from_slice(&(exec_us.is_some() as u16).to_be_bytes());
         v.extend_from_slice(&exec_us.unwrap_or(0).to_be_bytes());
+        v.extend_from_slice(&id.to_be_bytes());
         v.extend_from_slice(body);
         v
     }
 
-    /// A GPU sandbox's answer: flags bit 1 and the device-memory extension after the header.
+    /// A GPU sandbox's answer to the last request read: flags bit 1 and the device-memory
+    /// extension after the header.
     fn reply_mem(status: u16, exec_us: Option<u64>, device_mem: u64, body: &[u8]) -> Vec<u8> {
+        reply_mem_to(LAST_ID.get(), status, exec_us, device_mem, body)
+    }
+
+    fn reply_mem_to(
+        id: u64,
+        status: u16,
+        exec_us: Option<u64>,
+        device_mem: u64,
+        body: &[u8],
+    ) -> Vec<u8> {
         let mut v = Vec::new();
         v.extend_from_slice(&(body.len() as u32).to_be_bytes());
         v.extend_from_slice(&status.to_be_bytes());
         v.extend_from_slice(&(exec_us.is_some() as u16 | 2).to_be_bytes());
         v.extend_from_slice(&exec_us.unwrap_or(0).to_be_bytes());
+        v.extend_from_slice(&id.to_be_bytes());
         v.extend_from_slice(&device_mem.to_be_bytes());
         v.extend_from_slice(body);
         v
     }
 
-    /// Reads one request frame: (op, payload).
+    /// Reads one request frame: (op, payload); its id is kept for [`reply`].
     async fn read_frame(s: &mut UnixStream) -> Option<(u8, Vec<u8>)> {
-        let mut hdr = [0u8; 8];
+        let mut hdr = [0u8; 16];
         s.read_exact(&mut hdr).await.ok()?;
-        assert_eq!(&hdr[5..], &[0, 0, 0], "reserved bytes are zero");
+        assert_eq!(&hdr[5..8], &[0, 0, 0], "reserved bytes are zero");
         let len = u32::from_be_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&hdr[8..]);
+        LAST_ID.set(u64::from_be_bytes(id));
         let mut payload = vec![0u8; len];
         s.read_exact(&mut payload).await.ok()?;
         Some((hdr[4], payload))
@@ -551,7 +761,7 @@ mod tests {
         use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
         use std::mem::MaybeUninit;
         let (s, _) = listener.accept().await.unwrap();
-        let mut hdr = [0u8; 8];
+        let mut hdr = [0u8; 16];
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let got = loop {
@@ -568,7 +778,7 @@ mod tests {
         };
         assert_eq!(
             &hdr[..got],
-            &[0, 0, 0, 0, b'R', 0, 0, 0],
+            &[0, 0, 0, 0, b'R', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             "the first frame is R"
         );
         let mut fds = Vec::new();
@@ -592,15 +802,16 @@ mod tests {
 
     #[test]
     fn headers_decode_and_bad_ones_are_malformed() {
-        let ok = reply(200, Some(17), b"");
-        let h: [u8; 16] = ok[..16].try_into().unwrap();
+        let ok = reply_to(0x0102_0304_0506_0708, 200, Some(17), b"");
+        let h: [u8; 24] = ok[..24].try_into().unwrap();
         assert_eq!(
             parse_header(&h).unwrap(),
             Head {
                 len: 0,
                 status: 200,
                 exec_us: Some(17),
-                device_memory: false
+                device_memory: false,
+                id: 0x0102_0304_0506_0708,
             }
         );
         for unknown in [4u16, 5, 0x8001] {
@@ -619,7 +830,8 @@ mod tests {
                 len: 0,
                 status: 200,
                 exec_us: Some(17),
-                device_memory: true
+                device_memory: true,
+                id: 0x0102_0304_0506_0708,
             }
         );
         let mut bad = h;
@@ -649,13 +861,13 @@ mod tests {
                     reply(500, None, b"{\"type\":\"X\"}")
                 };
                 // the header byte by byte, then the body in two pieces
-                for b in &frame[..16] {
+                for b in &frame[..24] {
                     out.write_all(&[*b]).await.unwrap();
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                out.write_all(&frame[16..20]).await.unwrap();
+                out.write_all(&frame[24..28]).await.unwrap();
                 tokio::time::sleep(Duration::from_millis(5)).await;
-                out.write_all(&frame[20..]).await.unwrap();
+                out.write_all(&frame[28..]).await.unwrap();
             }
         });
         let mut c = AgentConn::connect(&path, 1024).await.unwrap();
@@ -686,7 +898,7 @@ mod tests {
             s.write_all(&reply(500, None, b"{\"wrong\":1}"))
                 .await
                 .unwrap();
-            out.write_all(&reply(200, Some(3), b"{\"right\":1}"))
+            out.write_all(&reply(200, Some(1), b"{\"right\":1}"))
                 .await
                 .unwrap();
             let _ = read_frame(&mut s).await;
@@ -799,7 +1011,7 @@ mod tests {
         tokio::spawn(async move {
             let (mut s, mut out) = accept(&listener).await;
             let _ = read_frame(&mut s).await;
-            let _ = out.write_all(&reply(200, None, b"{}")[..10]).await;
+            let _ = out.write_all(&reply(200, None, b"{}")[..20]).await;
         });
         let mut c = AgentConn::connect(&path, 1 << 20).await.unwrap();
         assert!(matches!(c.health().await, Err(AgentError::Closed)));
@@ -823,12 +1035,8 @@ mod tests {
         let (_dir, path, listener) = listen();
         let server = tokio::spawn(async move {
             let (mut s, mut out) = accept(&listener).await;
-            let mut hdr = [0u8; 8];
-            s.read_exact(&mut hdr).await.unwrap();
-            let len = u32::from_be_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
-            assert_eq!(&hdr[4..], b"L\0\0\0");
-            let mut payload = vec![0u8; len];
-            s.read_exact(&mut payload).await.unwrap();
+            let (op, payload) = read_frame(&mut s).await.unwrap();
+            assert_eq!(op, b'L');
             out.write_all(&reply(200, None, b"{\"status\":\"ok\"}"))
                 .await
                 .unwrap();
@@ -855,36 +1063,35 @@ mod tests {
             let (mut s, mut out) = accept(&listener).await;
             // The extension arrives byte by byte, split from both header and body.
             let _ = read_frame(&mut s).await.unwrap();
-            let frame = reply_mem(200, Some(9), 0x0102_0304_0506_0708, b"{\"x\":1}");
-            assert_eq!(&frame[16..24], &[1, 2, 3, 4, 5, 6, 7, 8]);
+            let frame = reply_mem(200, Some(9), 0x0304_0506_0708, b"{\"x\":1}");
+            assert_eq!(&frame[24..32], &[0, 0, 3, 4, 5, 6, 7, 8]);
             for b in &frame {
                 out.write_all(&[*b]).await.unwrap();
                 tokio::time::sleep(Duration::from_micros(200)).await;
             }
-            // A handler error of a GPU sandbox, without exec_us, then a plain 16-byte answer,
+            // A handler error of a GPU sandbox, without exec_us, then a plain 24-byte answer,
             // both in one write: the extension must not be taken from the next frame.
             let _ = read_frame(&mut s).await.unwrap();
             let _ = read_frame(&mut s).await.unwrap();
-            let mut both = reply_mem(500, None, 0, b"{\"type\":\"E\"}");
-            both.extend_from_slice(&reply(200, Some(4), b"{}"));
+            let mut both = reply_mem_to(7, 500, None, 0, b"{\"type\":\"E\"}");
+            both.extend_from_slice(&reply_to(8, 200, Some(4), b"{}"));
             out.write_all(&both).await.unwrap();
         });
         let mut c = AgentConn::connect(&path, 1024).await.unwrap();
         let r = c.invoke(b"{}").await.unwrap();
         assert_eq!(
             (r.status, r.exec_us, r.device_memory_bytes),
-            (200, Some(9), Some(0x0102_0304_0506_0708))
+            (200, Some(9), Some(0x0304_0506_0708))
         );
         assert_eq!(&r.body[..], b"{\"x\":1}");
         let (a, b) = {
             // Pipelined by hand: both requests are out before either answer is read.
-            let hdr = |op: u8| [0, 0, 0, 0, op, 0, 0, 0];
             let mut s = &c.requests;
-            s.write_all(&hdr(b'I')).unwrap();
-            s.write_all(&hdr(b'H')).unwrap();
+            s.write_all(&request_header(0, b'I', 7)).unwrap();
+            s.write_all(&request_header(0, b'H', 8)).unwrap();
             (
-                c.read_reply(1024).await.unwrap(),
-                c.read_reply(1024).await.unwrap(),
+                c.read_reply(7, 1024).await.unwrap(),
+                c.read_reply(8, 1024).await.unwrap(),
             )
         };
         assert_eq!(
@@ -906,7 +1113,7 @@ mod tests {
             let (mut s, mut out) = accept(&listener).await;
             let _ = read_frame(&mut s).await;
             let _ = out
-                .write_all(&reply_mem(200, Some(1), 7, b"{}")[..20])
+                .write_all(&reply_mem(200, Some(1), 7, b"{}")[..28])
                 .await;
         });
         let mut c = AgentConn::connect(&path, 1 << 20).await.unwrap();
@@ -923,12 +1130,14 @@ mod tests {
                 &br#"{"resident_bytes":1073741824,"regions":3}"#[..],
                 br#"{"resident_bytes":0,"regions":0}"#,
             ] {
-                let mut hdr = [0u8; 8];
+                let mut hdr = [0u8; 16];
                 s.read_exact(&mut hdr).await.unwrap();
                 let len = u32::from_be_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
                 let mut payload = vec![0u8; len];
                 s.read_exact(&mut payload).await.unwrap();
-                frames.push([&hdr[..], &payload].concat());
+                // The id (bytes 8..16) is random: the rest is what the agent is sent.
+                LAST_ID.set(u64::from_be_bytes(hdr[8..].try_into().unwrap()));
+                frames.push([&hdr[..8], &payload].concat());
                 out.write_all(&reply(200, None, body)).await.unwrap();
             }
             frames
@@ -958,27 +1167,27 @@ mod tests {
         let (_dir, path, listener) = listen();
         tokio::spawn(async move {
             let (mut s, mut out) = accept(&listener).await;
-            let answers = [
-                reply(
+            let answers: [(u16, Option<u64>, &[u8]); 4] = [
+                (
                     409,
                     None,
                     br#"{"type":"NoShim","message":"the CUDA shim is not loaded in this sandbox","phase":"request"}"#,
                 ),
-                reply(
+                (
                     500,
                     None,
                     br#"{"type":"CudaError","message":"prefetch to device 0 failed: CUresult 2","phase":"request"}"#,
                 ),
-                reply(
+                (
                     500,
                     None,
                     br#"{"type":"CudaError","message":"/host/secret CUresult x","phase":"request"}"#,
                 ),
-                reply(200, Some(3), b"{}"),
+                (200, Some(1), b"{}"),
             ];
-            for a in answers {
+            for (status, exec_us, body) in answers {
                 let _ = read_frame(&mut s).await.unwrap();
-                out.write_all(&a).await.unwrap();
+                out.write_all(&reply(status, exec_us, body)).await.unwrap();
             }
         });
         let mut c = AgentConn::connect(&path, 1024).await.unwrap();
@@ -999,15 +1208,16 @@ mod tests {
         let (_dir, path, listener) = listen();
         tokio::spawn(async move {
             let (mut s, mut out) = accept(&listener).await;
-            let answers = [
-                reply(400, None, br#"{"type":"BadRequest","phase":"request"}"#),
-                reply(200, None, br#"{"resident_bytes":-1,"regions":0}"#),
-                reply(409, None, br#"{"type":"AlreadyLoaded"}"#),
-                reply(200, None, &[b' '; 5000]),
+            let spaces = [b' '; 5000];
+            let answers: [(u16, &[u8]); 4] = [
+                (400, br#"{"type":"BadRequest","phase":"request"}"#),
+                (200, br#"{"resident_bytes":-1,"regions":0}"#),
+                (409, br#"{"type":"AlreadyLoaded"}"#),
+                (200, &spaces),
             ];
-            for a in answers {
+            for (status, body) in answers {
                 let _ = read_frame(&mut s).await.unwrap();
-                out.write_all(&a).await.unwrap();
+                out.write_all(&reply(status, None, body)).await.unwrap();
             }
             tokio::time::sleep(Duration::from_secs(30)).await;
         });
@@ -1040,6 +1250,303 @@ mod tests {
         }
         drop(c);
         assert!(server.await.unwrap().is_none(), "nothing was sent");
+    }
+
+    /// A fake agent that answers each request with what `answer` makes of its (op, id), then
+    /// keeps the connection open.
+    fn fake_agent(
+        listener: UnixListener,
+        answer: impl Fn(u8, u64) -> Vec<u8> + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let (mut s, mut out) = accept(&listener).await;
+            while let Some((op, _)) = read_frame(&mut s).await {
+                if out.write_all(&answer(op, LAST_ID.get())).await.is_err() {
+                    return;
+                }
+            }
+        })
+    }
+
+    /// Asserts a request's answer is refused as malformed (the sandbox is broken).
+    fn assert_malformed(r: Result<AgentReply, AgentError>, why: &str) {
+        match r {
+            Err(e @ AgentError::Malformed(_)) => assert!(e.is_fatal()),
+            other => panic!("{why}: expected a malformed answer, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn every_request_carries_a_fresh_unpredictable_id() {
+        let (_dir, path, listener) = listen();
+        let ids = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let seen = std::sync::Arc::clone(&ids);
+        let _agent = fake_agent(listener, move |_, id| {
+            seen.lock().push(id);
+            reply_to(id, 200, None, b"{}")
+        });
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+        for _ in 0..32 {
+            assert_eq!(c.health().await.unwrap().status, 200);
+        }
+        let mut ids = ids.lock().clone();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 32, "ids repeat");
+        // Not a counter: consecutive ids are not neighbours.
+        assert!(ids.windows(2).any(|w| w[1] - w[0] > 1 << 32), "{ids:?}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_to_another_request_is_refused_before_its_body_is_read() {
+        let (_dir, path, listener) = listen();
+        let _agent = fake_agent(listener, |_, id| {
+            reply_to(id.wrapping_add(1), 200, Some(0), b"{\"other\":1}")
+        });
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+        assert_malformed(c.invoke(b"{}").await, "wrong id");
+    }
+
+    /// The attack of issue 31 item 9: the handler writes a frame of its own (it can read the
+    /// request's id from the agent's memory), then the agent writes the real answer. The first
+    /// caller gets what its own handler wrote; the next caller must get an error, never the
+    /// first caller's answer that is still in the socket.
+    #[tokio::test]
+    async fn a_decoy_frame_never_hands_an_answer_to_the_next_caller() {
+        let (_dir, path, listener) = listen();
+        tokio::spawn(async move {
+            let (mut s, mut out) = accept(&listener).await;
+            let (_, args) = read_frame(&mut s).await.unwrap();
+            let id = LAST_ID.get();
+            out.write_all(&reply_to(id, 200, Some(0), b"\"decoy\""))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            // The agent's real answer to the first caller arrives after the decoy was read.
+            out.write_all(&reply_to(id, 200, Some(0), &args))
+                .await
+                .unwrap();
+            while let Some((_, args)) = read_frame(&mut s).await {
+                let _ = out.write_all(&reply(200, Some(0), &args)).await;
+            }
+        });
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+        let first = c.invoke(br#"{"caller":"A"}"#).await.unwrap();
+        assert_eq!(&first.body[..], b"\"decoy\"");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_malformed(c.invoke(br#"{"caller":"B"}"#).await, "stale frame");
+    }
+
+    #[tokio::test]
+    async fn a_frame_that_follows_the_answer_at_once_is_refused() {
+        let (_dir, path, listener) = listen();
+        let _agent = fake_agent(listener, |_, id| {
+            let mut two = reply_to(id, 200, Some(0), b"\"decoy\"");
+            two.extend_from_slice(&reply_to(id, 200, Some(0), b"\"real\""));
+            two
+        });
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+        assert_malformed(c.invoke(b"{}").await, "extra frame");
+    }
+
+    #[tokio::test]
+    async fn an_exec_us_longer_than_the_request_is_refused() {
+        let (_dir, path, listener) = listen();
+        let _agent = fake_agent(listener, |_, id| reply_to(id, 200, Some(u64::MAX), b"{}"));
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+        assert_malformed(c.invoke(b"{}").await, "exec_us 2^64-1");
+
+        let (_dir, path, listener) = listen();
+        // An hour, after a round trip of well under one.
+        let _agent = fake_agent(listener, |_, id| {
+            reply_to(id, 500, Some(3_600_000_000), b"{}")
+        });
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+        assert_malformed(c.invoke(b"{}").await, "exec_us of an hour");
+
+        // Within the round trip it is taken.
+        let (_dir, path, listener) = listen();
+        let _agent = fake_agent(listener, |_, id| reply_to(id, 200, Some(0), b"{}"));
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+        assert_eq!(c.invoke(b"{}").await.unwrap().exec_us, Some(0));
+    }
+
+    #[tokio::test]
+    async fn statuses_and_fields_an_op_is_never_answered_with_are_refused() {
+        // (op of the request, the answer's status, exec_us, device memory)
+        let cases: [(u8, u16, Option<u64>, Option<u64>); 9] = [
+            (b'I', 404, Some(0), None),
+            (b'I', 409, None, None),
+            (b'I', 302, None, None),
+            (b'H', 400, None, None),
+            (b'H', 413, None, None),
+            (b'H', 200, Some(0), None),
+            (b'L', 503, None, None),
+            (b'H', 200, None, Some(0)),
+            (b'I', 200, Some(0), Some(MAX_DEVICE_MEMORY_BYTES + 1)),
+        ];
+        for (op, status, exec_us, mem) in cases {
+            let (_dir, path, listener) = listen();
+            let _agent = fake_agent(listener, move |_, id| match mem {
+                Some(m) => reply_mem_to(id, status, exec_us, m, b"{}"),
+                None => reply_to(id, status, exec_us, b"{}"),
+            });
+            let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+            let r = match op {
+                b'I' => c.invoke(b"{}").await,
+                b'H' => c.health().await,
+                _ => c.load("main.main", "/code", &[]).await,
+            };
+            assert_malformed(r, &format!("{} {status} {exec_us:?} {mem:?}", op as char));
+        }
+        // What the agent does answer passes: invoke's 400, 413, 503; health's 500; load's 409.
+        for (op, status, exec_us) in [
+            (b'I', 400, None),
+            (b'I', 413, Some(0)),
+            (b'I', 503, None),
+            (b'H', 500, None),
+            (b'L', 409, None),
+        ] {
+            let (_dir, path, listener) = listen();
+            let _agent = fake_agent(listener, move |_, id| reply_to(id, status, exec_us, b"{}"));
+            let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+            let r = match op {
+                b'I' => c.invoke(b"{}").await,
+                b'H' => c.health().await,
+                _ => c.load("main.main", "/code", &[]).await,
+            };
+            assert_eq!(r.unwrap().status, status);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_result_nested_3_000_000_deep_is_the_handlers_failure_and_the_sandbox_stays() {
+        let (_dir, path, listener) = listen();
+        let deep = [vec![b'['; 3_000_000], vec![b']'; 3_000_000]].concat();
+        let _agent = fake_agent(listener, move |_, id| reply_to(id, 200, Some(0), &deep));
+        let mut c = AgentConn::connect(&path, 8 << 20).await.unwrap();
+        let started = std::time::Instant::now();
+        let r = c.invoke(b"{}").await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5), "no stall");
+        assert_eq!(r.status, 500);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["type"], "InvalidResult");
+        assert_eq!(v["phase"], "result");
+        let message = v["message"].as_str().unwrap();
+        assert!(message.contains(&MAX_RESULT_DEPTH.to_string()), "{message}");
+        // The connection is in step: the next request is answered.
+        assert_eq!(c.invoke(b"{}").await.unwrap().status, 500);
+    }
+
+    #[test]
+    fn nesting_is_counted_outside_strings_only() {
+        let nest = |n: usize| [vec![b'['; n], vec![b']'; n]].concat();
+        assert!(!nests_deeper_than(
+            &nest(MAX_RESULT_DEPTH),
+            MAX_RESULT_DEPTH
+        ));
+        assert!(nests_deeper_than(
+            &nest(MAX_RESULT_DEPTH + 1),
+            MAX_RESULT_DEPTH
+        ));
+        let objects = "{\"a\":".repeat(200) + "1" + &"}".repeat(200);
+        assert!(nests_deeper_than(objects.as_bytes(), MAX_RESULT_DEPTH));
+        // Brackets in strings, also after an escaped quote, do not count.
+        let text = format!("[\"\\\"{}\", {{\"k\": \"\\\\\"}}]", "[".repeat(1000));
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&text).is_ok(),
+            "{text}"
+        );
+        assert!(!nests_deeper_than(text.as_bytes(), 2));
+        assert!(nests_deeper_than(text.as_bytes(), 1));
+        assert!(!nests_deeper_than(b"{}", 1));
+        assert!(!nests_deeper_than(b"17", 0));
+    }
+
+    /// Issue 31 item 7: the sandbox replaces its socket by a symlink to a host socket. The
+    /// worker must not connect there (the test's listener sees nothing), and fails cleanly.
+    #[tokio::test]
+    async fn a_symlink_at_the_socket_path_is_not_followed() {
+        let host = tempfile::tempdir().unwrap();
+        let host_sock = host.path().join("host.sock");
+        let host_listener = std::os::unix::net::UnixListener::bind(&host_sock).unwrap();
+        host_listener.set_nonblocking(true).unwrap();
+        let sandbox = tempfile::tempdir().unwrap();
+        let path = sandbox.path().join("agent.sock");
+        std::os::unix::fs::symlink(&host_sock, &path).unwrap();
+        // O_PATH | O_NOFOLLOW opens the link itself, which is not a socket.
+        let e = AgentConn::connect(&path, 1024)
+            .await
+            .err()
+            .expect("refused");
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTSOCK), "{e}");
+        // Not a socket at all: a regular file, a directory.
+        let file = sandbox.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let e = AgentConn::connect(&file, 1024)
+            .await
+            .err()
+            .expect("refused");
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTSOCK), "{e}");
+        let e = AgentConn::connect(sandbox.path(), 1024)
+            .await
+            .err()
+            .expect("refused");
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTSOCK), "{e}");
+        match host_listener.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("the host socket was connected to: {other:?}"),
+        }
+        // The real socket at the same path is connected to.
+        std::fs::remove_file(&path).unwrap();
+        let listener = UnixListener::bind(&path).unwrap();
+        let _agent = fake_agent(listener, |_, id| reply_to(id, 200, None, b"{}"));
+        let mut c = AgentConn::connect(&path, 1024).await.unwrap();
+        assert_eq!(c.health().await.unwrap().status, 200);
+    }
+
+    /// A socket of another file system mounted over the socket's path (only a process that can
+    /// mount could do that; the sandbox cannot) is refused too: on the run tmpfs of a sandbox
+    /// lie only the sandbox's own sockets. Needs root to mount; says so and passes otherwise.
+    #[tokio::test]
+    async fn a_socket_of_another_file_system_is_refused() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: mounting over the socket path needs root");
+            return;
+        }
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let elsewhere = shm.path().join("host.sock");
+        let host_listener = std::os::unix::net::UnixListener::bind(&elsewhere).unwrap();
+        host_listener.set_nonblocking(true).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        std::fs::write(&path, b"").unwrap();
+        let (src, dst) = (cstr(&elsewhere), cstr(&path));
+        // SAFETY: two valid NUL-terminated paths; a bind mount of one file over another.
+        let rc = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                dst.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        let e = AgentConn::connect(&path, 1024).await.err();
+        // SAFETY: the mount made above.
+        unsafe { libc::umount2(dst.as_ptr(), libc::MNT_DETACH) };
+        let e = e.expect("refused");
+        assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+        assert!(matches!(
+            host_listener.accept(),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+        ));
+    }
+
+    fn cstr(p: &std::path::Path) -> std::ffi::CString {
+        use std::os::unix::ffi::OsStrExt;
+        std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap()
     }
 
     #[test]

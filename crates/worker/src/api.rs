@@ -307,7 +307,9 @@ pub fn api_error(e: InvokeError) -> ApiError {
         }
         InvokeError::Handler(f) => {
             let (status, code) = match f.agent_status {
-                400 => (StatusCode::BAD_REQUEST, ErrorCode::BadRequest),
+                // No 400 arm: the arguments were checked to be JSON before they were sent, and
+                // the sandbox's word (a handler can forge the agent's answer) never makes the
+                // caller's request the one at fault. An agent's 400 is a bad gateway.
                 // The agent refused a result over max_result_bytes (the sandbox is kept).
                 413 => (StatusCode::BAD_GATEWAY, ErrorCode::ResultTooLarge),
                 _ => (StatusCode::BAD_GATEWAY, ErrorCode::HandlerError),

@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import socket
+import random
 import struct
 import subprocess
 import sys
@@ -50,13 +51,14 @@ not_callable = 42
 '''
 
 
-REQ_HDR = struct.Struct(">IB3x")
-RESP_HDR = struct.Struct(">IHHQ")
+REQ_HDR = struct.Struct(">IB3xQ")
+RESP_HDR = struct.Struct(">IHHQQ")
 
 
-def frame(op, payload=b""):
-    """A request frame: u32 BE payload length, op byte, 3 zero bytes, payload."""
-    return REQ_HDR.pack(len(payload), ord(op)) + payload
+def frame(op, payload=b"", rid=0):
+    """A request frame: u32 BE payload length, op byte, 3 zero bytes, u64 BE request id,
+    payload."""
+    return REQ_HDR.pack(len(payload), ord(op), rid) + payload
 
 
 def send_with_socket(sock, data, passed):
@@ -81,6 +83,7 @@ class Client:
             send_with_socket(self.sock, frame("R"), theirs)
             theirs.close()
         self.buf = b""
+        self.last_id = None  # the request id the last answer read echoed
 
     def close(self):
         self.sock.close()
@@ -98,21 +101,25 @@ class Client:
 
     def read_response(self):
         """(status, exec_us or None, body) of the next response frame."""
-        while len(self.buf) < 16:
+        while len(self.buf) < 24:
             self._fill()
-        n, status, flags, exec_us = RESP_HDR.unpack(self.buf[:16])
+        n, status, flags, exec_us, self.last_id = RESP_HDR.unpack(self.buf[:24])
         assert flags & ~1 == 0
         if not flags & 1:
             assert exec_us == 0
-        self.buf = self.buf[16:]
+        self.buf = self.buf[24:]
         while len(self.buf) < n:
             self._fill()
         body, self.buf = self.buf[:n], self.buf[n:]
         return status, (exec_us if flags & 1 else None), body
 
     def request(self, op, payload=b""):
-        self.send_raw(frame(op, payload))
-        return self.read_response()
+        """Sends a frame with a random id, as the worker does; its answer must echo it."""
+        rid = random.getrandbits(64)
+        self.send_raw(frame(op, payload, rid))
+        answer = self.read_response()
+        assert self.last_id == rid, "answer echoed id %r, not %r" % (self.last_id, rid)
+        return answer
 
     def health(self):
         return self.request("H")
@@ -425,9 +432,9 @@ def test_with_a_reply_channel_the_agent_sleeps_once_per_invocation(start_agent):
 def test_oversized_length_is_413_and_closes(start_agent):
     agent = start_agent()
     c = agent.client()
-    c.send_raw(struct.pack(">IB3x", 256 * 1024 * 1024 + 1, ord("I")))
+    c.send_raw(REQ_HDR.pack(256 * 1024 * 1024 + 1, ord("I"), 77))
     status, exec_us, body = c.read_response()
-    assert status == 413 and exec_us is None
+    assert status == 413 and exec_us is None and c.last_id == 77
     err = json.loads(body)
     assert err["type"] == "PayloadTooLarge" and err["phase"] == "request"
     assert c.replies.recv(10) == b""  # the agent closed its end
@@ -520,7 +527,7 @@ def test_request_split_across_sends(start_agent):
     c = start_agent().client()
     raw = frame("I", b'{"split": [1, 2, 3]}')
     # split inside the header, at its end, and inside the payload
-    cut = [3, 8, len(raw) - 5]
+    cut = [3, 16, len(raw) - 5]
     pieces = [raw[a:b] for a, b in zip([0] + cut, cut + [len(raw)])]
     assert b"".join(pieces) == raw
     for piece in pieces:
@@ -532,7 +539,7 @@ def test_request_split_across_sends(start_agent):
     c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     for i in range(len(raw)):
         c.send_raw(raw[i : i + 1])
-        if i < 8:
+        if i < 16:
             time.sleep(0.002)
     status, _, body = c.read_response()
     assert status == 200 and json.loads(body) == {"echo": {"split": [1, 2, 3]}}
@@ -540,17 +547,64 @@ def test_request_split_across_sends(start_agent):
 
 def test_pipelined_requests_in_one_send(start_agent):
     c = start_agent().client()
-    c.send_raw(frame("I", b'{"n": 1}') + frame("H") + frame("Z", b"?") + frame("I", b'{"n": 2}') + frame("I"))
-    s1, _, b1 = c.read_response()
-    s2, _, b2 = c.read_response()
-    s3, _, _ = c.read_response()
-    s4, _, b4 = c.read_response()
-    s5, _, b5 = c.read_response()
+    c.send_raw(
+        frame("I", b'{"n": 1}', 1)
+        + frame("H", b"", 2)
+        + frame("Z", b"?", 3)
+        + frame("I", b'{"n": 2}', 4)
+        + frame("I", b"", 5)
+    )
+    answers = []
+    for rid in range(1, 6):
+        answers.append(c.read_response())
+        assert c.last_id == rid  # in order, each with its request's id
+    (s1, _, b1), (s2, _, b2), (s3, _, _), (s4, _, b4), (s5, _, b5) = answers
     assert (s1, json.loads(b1)) == (200, {"echo": {"n": 1}})
     assert s2 == 200 and json.loads(b2)["status"] == "ok"
     assert s3 == 400
     assert (s4, json.loads(b4)) == (200, {"echo": {"n": 2}})
     assert (s5, json.loads(b5)) == (200, {"echo": {}})
+
+
+def test_every_answer_echoes_its_request_id(start_agent):
+    # The worker takes an answer only for the request in flight (a frame a handler wrote, or a
+    # stale one, carries another id): every kind of answer carries the id of its request.
+    code = (
+        "def main(args):\n"
+        "    kind = args.get('kind')\n"
+        "    if kind == 'raise':\n"
+        "        raise ValueError('no')\n"
+        "    if kind == 'set':\n"
+        "        return {1, 2}\n"
+        "    if kind == 'big':\n"
+        "        return 'x' * 100\n"
+        "    return {}\n"
+    )
+    c = start_agent(code=code, env={"HEARTH_MAX_RESULT_BYTES": "50"}).client()
+    cases = [
+        (frame("H", b"", 0), 200, False),
+        (frame("I", b'{"a": 1}', 2**64 - 1), 200, True),
+        (frame("I", b"{nope", 1 << 63), 400, False),  # arguments not JSON
+        (frame("I", b'{"kind": "raise"}', 5), 500, True),
+        (frame("I", b'{"kind": "set"}', 6), 500, True),  # not serializable
+        (frame("I", b'{"kind": "big"}', 0xDEADBEEF), 413, True),
+        (frame("Z", b"junk", 12345), 400, False),  # unknown op, payload skipped
+        (frame("L", b"{}", 99), 409, False),  # booted with a handler
+        (frame("P", b'{"device": 0}', 7), 409, False),  # no shim
+        (frame("S", b"", 8), 409, False),
+    ]
+    for raw, status, timed in cases:
+        rid = REQ_HDR.unpack(raw[:16])[2]
+        c.send_raw(raw)
+        got, exec_us, _ = c.read_response()
+        assert (got, c.last_id, exec_us is not None) == (status, rid, timed), raw
+
+
+def test_an_init_error_answer_echoes_the_request_id(start_agent):
+    c = start_agent(code="raise RuntimeError('at import')\n").client()
+    for op in ("H", "I"):
+        c.send_raw(frame(op, b"", 4242))
+        assert c.read_response()[0] == 500 and c.last_id == 4242
 
 
 def test_load_on_a_booted_agent_is_409(start_agent):

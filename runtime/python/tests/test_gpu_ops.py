@@ -3,6 +3,7 @@ answers, with the CUDA shim LD_PRELOADed over a mock driver, and without it."""
 
 import json
 import os
+import random
 import struct
 import sys
 
@@ -50,11 +51,11 @@ MEM = struct.Struct(">Q")
 class GpuClient(Client):
     def read_full(self):
         """(status, flags, exec_us, device_mem or None, body) of the next response frame."""
-        while len(self.buf) < 16:
+        while len(self.buf) < 24:
             self._fill()
-        n, status, flags, exec_us = RESP_HDR.unpack(self.buf[:16])
+        n, status, flags, exec_us, self.last_id = RESP_HDR.unpack(self.buf[:24])
         assert flags & ~3 == 0
-        self.buf = self.buf[16:]
+        self.buf = self.buf[24:]
         mem = None
         if flags & 2:
             while len(self.buf) < 8:
@@ -67,8 +68,11 @@ class GpuClient(Client):
         return status, flags, exec_us, mem, body
 
     def call(self, op, payload=b""):
-        self.send_raw(frame(op, payload))
-        return self.read_full()
+        rid = random.getrandbits(64)
+        self.send_raw(frame(op, payload, rid))
+        answer = self.read_full()
+        assert self.last_id == rid  # P, S and invoke answers echo the request id too
+        return answer
 
 
 @pytest.fixture(scope="module")
@@ -120,16 +124,16 @@ def test_without_shim_prefetch_and_swap_answer_409_noshim(start_agent, env):
     assert c.invoke({"a": 1})[0] == 200  # the connection stays usable
 
 
-def test_without_shim_invoke_answer_is_byte_identical_to_the_old_format(start_agent):
+def test_without_shim_invoke_answers_have_no_extension(start_agent):
     c = start_agent().client()
     c.send_raw(frame("I", b'{"a":1}'))
     data = b""
     body = b'{"echo":{"a":1}}'
-    while len(data) < 16 + len(body):
+    while len(data) < 24 + len(body):
         data += c.replies.recv(4096)
-    n, status, flags, exec_us = RESP_HDR.unpack(data[:16])
-    assert (n, status, flags) == (len(body), 200, 1)  # bit 1 never set without the shim
-    assert data[16:] == body
+    n, status, flags, exec_us, rid = RESP_HDR.unpack(data[:24])
+    assert (n, status, flags, rid) == (len(body), 200, 1, 0)  # bit 1 never set without the shim
+    assert data[24:] == body
 
 
 def test_another_preloaded_library_is_not_mistaken_for_the_shim(gpu_agent):
