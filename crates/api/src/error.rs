@@ -64,6 +64,7 @@ error_codes! {
     QuotaConcurrency => "quota_concurrency",
     QuotaRate => "quota_rate",
     FairShare => "fair_share",
+    NamespaceLimit => "namespace_limit",
     LastOperatorKey => "last_operator_key",
     AuthDisabled => "auth_disabled",
     PrewarmFailed => "prewarm_failed",

@@ -302,6 +302,11 @@ pub struct WorkerConfig {
     pub max_code_unpacked_bytes: u64,
     /// Most files and directories one function's code may hold.
     pub max_code_files: u64,
+    /// Most functions one namespace may register (429 `namespace_limit` over it).
+    pub max_functions_per_namespace: u64,
+    /// Most bytes of unpacked code one namespace's functions may hold on disk (413
+    /// `namespace_limit` over it); an update counts its new size minus its old one.
+    pub max_code_bytes_per_namespace: u64,
     /// When an invocation finds its function's sandboxes all busy, wait for one to free rather
     /// than start a new one if that is expected to be sooner (docs/scheduling.md).
     pub warm_wait: bool,
@@ -328,6 +333,12 @@ pub struct WorkerConfig {
     /// Bytes of finished async results kept in memory; the oldest results are dropped first to
     /// stay under it.
     pub async_max_bytes: usize,
+    /// Most async invocations one namespace may have kept (pending and finished); over it its
+    /// new ones get 429 naming this limit, other namespaces are unaffected.
+    pub async_max_records_per_namespace: usize,
+    /// Bytes of finished async results one namespace may have kept; over it its own oldest
+    /// results are dropped first, never another namespace's.
+    pub async_max_bytes_per_namespace: usize,
     /// Largest handler result passed on; a larger one is answered 502 `result_too_large`.
     pub max_result_bytes: usize,
     /// A request head must arrive within this from its first byte, else the connection closes.
@@ -384,6 +395,10 @@ pub struct WorkerConfig {
     /// The share of the concurrency limit one namespace may hold while functions of other
     /// namespaces are registered here (0 < share <= 1).
     pub namespace_share: f64,
+    /// The share of this worker's sandbox memory budget one namespace's invocations may hold
+    /// at once while functions of other namespaces are registered here (0 < share <= 1): over
+    /// it its call gets 429 `fair_share`, so another namespace's cold start finds memory.
+    pub namespace_memory_share: f64,
     /// The listener's certificate chain (PEM, leaf first): with `tls_key`, the API is served
     /// over TLS only (docs/security.md). Unset: plain HTTP.
     pub tls_cert: Option<PathBuf>,
@@ -429,6 +444,13 @@ impl Default for WorkerConfig {
             async_retry_backoff_ms: 1000,
             async_max_records: 100_000,
             async_max_bytes: 256 * 1024 * 1024,
+            async_max_records_per_namespace: serving::DEFAULT_ASYNC_MAX_RECORDS_PER_NAMESPACE,
+            async_max_bytes_per_namespace: serving::DEFAULT_ASYNC_MAX_BYTES_PER_NAMESPACE,
+            max_functions_per_namespace:
+                hearth_service::registry::DEFAULT_MAX_FUNCTIONS_PER_NAMESPACE,
+            max_code_bytes_per_namespace:
+                hearth_service::registry::DEFAULT_MAX_CODE_BYTES_PER_NAMESPACE,
+            namespace_memory_share: 0.5,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             header_read_timeout_ms: serving::DEFAULT_HEADER_READ_TIMEOUT_MS,
             idle_timeout_ms: serving::DEFAULT_IDLE_TIMEOUT_MS,
@@ -493,6 +515,10 @@ const CONFIG_KEYS: &[&str] = &[
     "async_retry_backoff_ms",
     "async_max_records",
     "async_max_bytes",
+    "async_max_records_per_namespace",
+    "async_max_bytes_per_namespace",
+    "max_functions_per_namespace",
+    "max_code_bytes_per_namespace",
     "max_result_bytes",
     "header_read_timeout_ms",
     "idle_timeout_ms",
@@ -516,6 +542,7 @@ const CONFIG_KEYS: &[&str] = &[
     "quota",
     "quotas",
     "namespace_share",
+    "namespace_memory_share",
     "tls_cert",
     "tls_key",
     "tls_ca",
@@ -556,6 +583,14 @@ impl WorkerConfig {
             self.idle_timeout_ms,
             self.max_connections,
         )?;
+        serving::check_namespace_limits(&serving::NamespaceLimits {
+            async_max_records: self.async_max_records,
+            async_max_bytes: self.async_max_bytes,
+            async_max_records_per_namespace: self.async_max_records_per_namespace,
+            async_max_bytes_per_namespace: self.async_max_bytes_per_namespace,
+            max_functions_per_namespace: self.max_functions_per_namespace,
+            max_code_bytes_per_namespace: self.max_code_bytes_per_namespace,
+        })?;
         config_checks::async_retry_backoff_ms(self.async_retry_backoff_ms)?;
         if self.max_concurrent_creations > 1024 {
             return bad(format!(
@@ -675,14 +710,13 @@ impl WorkerConfig {
                     .into(),
             );
         }
-        if !(self.namespace_share.is_finite()
-            && self.namespace_share > 0.0
-            && self.namespace_share <= 1.0)
-        {
-            return bad(format!(
-                "namespace_share must be in (0, 1], got {}",
-                self.namespace_share
-            ));
+        for (key, share) in [
+            ("namespace_share", self.namespace_share),
+            ("namespace_memory_share", self.namespace_memory_share),
+        ] {
+            if !(share.is_finite() && share > 0.0 && share <= 1.0) {
+                return bad(format!("{key} must be in (0, 1], got {share}"));
+            }
         }
         hearth_service::quota::check_quotas(&self.quota, &self.quotas)
             .map_err(ConfigError::Invalid)?;
@@ -769,12 +803,24 @@ impl WorkerConfig {
         }
     }
 
+    /// The async store's bounds, in all and per namespace.
+    pub fn async_limits(&self) -> hearth_service::store::sqlite::AsyncLimits {
+        hearth_service::store::sqlite::AsyncLimits {
+            max_records: self.async_max_records,
+            max_bytes: self.async_max_bytes,
+            max_records_per_namespace: self.async_max_records_per_namespace,
+            max_bytes_per_namespace: self.async_max_bytes_per_namespace,
+        }
+    }
+
     /// What registrations may bring in as code.
     pub fn code_intake(&self) -> hearth_service::registry::CodeIntake {
         hearth_service::registry::CodeIntake {
             path_roots: self.code_path_roots.clone(),
             max_unpacked_bytes: self.max_code_unpacked_bytes,
             max_files: self.max_code_files,
+            max_functions_per_namespace: self.max_functions_per_namespace,
+            max_code_bytes_per_namespace: self.max_code_bytes_per_namespace,
         }
     }
 
