@@ -919,6 +919,105 @@ mod tests {
         assert!(staged.is_empty(), "refused uploads leave nothing behind");
     }
 
+    /// 2.5 MB of uploads became 1.9 GB on disk: gzip of zeros expands about 1,000 times, and
+    /// each function could unpack to the per-function 250 MiB. A namespace's code now stops
+    /// unpacking at its share, across its functions and across restarts.
+    #[test]
+    fn a_namespaces_code_stops_at_its_share_of_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let intake = CodeIntake {
+            max_code_bytes_per_namespace: 3 << 20,
+            ..CodeIntake::default()
+        };
+        let bomb = |mb: usize| {
+            targz(|b| {
+                let zeros = vec![0u8; mb << 20];
+                let mut h = tar::Header::new_gnu();
+                h.set_size(zeros.len() as u64);
+                h.set_mode(0o644);
+                h.set_cksum();
+                b.append_data(&mut h, "blob.bin", &zeros[..]).unwrap();
+                let main = b"def main(a):\n    return a\n";
+                let mut h = tar::Header::new_gnu();
+                h.set_size(main.len() as u64);
+                h.set_mode(0o644);
+                h.set_cksum();
+                b.append_data(&mut h, "main.py", &main[..]).unwrap();
+            })
+        };
+        let upload = bomb(2);
+        assert!(upload.len() < 64 << 10, "{} bytes", upload.len());
+        {
+            let reg = Registry::open_with(dir.path(), intake.clone()).unwrap();
+            reg.put(
+                FunctionSpec::new("t.one"),
+                Some(CodeSource::Archive(upload.clone())),
+                true,
+            )
+            .unwrap();
+        }
+        // After a restart the first function's 2 MiB still count.
+        let reg = Registry::open_with(dir.path(), intake).unwrap();
+        let err = reg
+            .put(
+                FunctionSpec::new("t.two"),
+                Some(CodeSource::Archive(upload.clone())),
+                true,
+            )
+            .unwrap_err();
+        match &err {
+            RegistryError::NamespaceCode { namespace, max, held } => {
+                assert_eq!((namespace.as_str(), *max), ("t", 3 << 20));
+                assert!(*held >= 2 << 20, "{held}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let api = ApiError::from(err);
+        assert_eq!(api.status, axum::http::StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(api.code, ErrorCode::NamespaceLimit);
+        // Nothing of the refused upload stays on disk.
+        let staged: Vec<_> = std::fs::read_dir(dir.path().join("functions/.incoming"))
+            .unwrap()
+            .collect();
+        assert!(staged.is_empty());
+        // Another namespace has a share of its own; an update of the first counts new - old.
+        reg.put(
+            FunctionSpec::new("u.one"),
+            Some(CodeSource::Archive(upload.clone())),
+            true,
+        )
+        .unwrap();
+        reg.put(FunctionSpec::new("t.one"), Some(CodeSource::Archive(bomb(3))), true)
+            .unwrap_err();
+        reg.put(FunctionSpec::new("t.one"), Some(CodeSource::Archive(upload)), true)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_namespace_has_at_most_its_number_of_functions() {
+        let dir = tempfile::tempdir().unwrap();
+        let intake = CodeIntake {
+            max_functions_per_namespace: 2,
+            ..CodeIntake::default()
+        };
+        let reg = Registry::open_with(dir.path(), intake).unwrap();
+        for n in ["t.a", "t.b", "u.a"] {
+            reg.put(FunctionSpec::new(n), None, false).unwrap();
+        }
+        let err = reg.put(FunctionSpec::new("t.c"), None, false).unwrap_err();
+        assert!(
+            matches!(&err, RegistryError::TooManyFunctions { namespace, max: 2 } if namespace == "t"),
+            "{err:?}"
+        );
+        assert_eq!(ApiError::from(err).status.as_u16(), 429);
+        // Updates are not new functions; what the cluster stored is applied as it is.
+        reg.put(FunctionSpec::new("t.a"), None, false).unwrap();
+        reg.apply_staged(FunctionSpec::new("t.c"), None, 7).unwrap();
+        reg.remove("t.a").unwrap();
+        reg.remove("t.c").unwrap();
+        reg.put(FunctionSpec::new("t.d"), None, false).unwrap();
+    }
+
     /// On a single-threaded runtime, a task spawned beside a registration runs before the
     /// registration completes: the unpacking does not hold the runtime's only thread.
     #[tokio::test(flavor = "current_thread")]
