@@ -966,7 +966,11 @@ mod tests {
             )
             .unwrap_err();
         match &err {
-            RegistryError::NamespaceCode { namespace, max, held } => {
+            RegistryError::NamespaceCode {
+                namespace,
+                max,
+                held,
+            } => {
                 assert_eq!((namespace.as_str(), *max), ("t", 3 << 20));
                 assert!(*held >= 2 << 20, "{held}");
             }
@@ -987,10 +991,18 @@ mod tests {
             true,
         )
         .unwrap();
-        reg.put(FunctionSpec::new("t.one"), Some(CodeSource::Archive(bomb(3))), true)
-            .unwrap_err();
-        reg.put(FunctionSpec::new("t.one"), Some(CodeSource::Archive(upload)), true)
-            .unwrap();
+        reg.put(
+            FunctionSpec::new("t.one"),
+            Some(CodeSource::Archive(bomb(3))),
+            true,
+        )
+        .unwrap_err();
+        reg.put(
+            FunctionSpec::new("t.one"),
+            Some(CodeSource::Archive(upload)),
+            true,
+        )
+        .unwrap();
     }
 
     #[test]
