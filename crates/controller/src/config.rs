@@ -402,6 +402,25 @@ mod tests {
 
     #[test]
     #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn per_namespace_limits_come_from_the_environment_and_are_checked() {
+        figment::Jail::expect_with(|jail| {
+            let c = ControllerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.async_limits().max_records_per_namespace, 25_000);
+            jail.set_env("HEARTH_MAX_FUNCTIONS_PER_NAMESPACE", "3");
+            jail.set_env("HEARTH_ASYNC_MAX_BYTES_PER_NAMESPACE", "1000");
+            let c = ControllerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.code_intake().max_functions_per_namespace, 3);
+            assert_eq!(c.async_limits().max_bytes_per_namespace, 1000);
+            jail.set_env("HEARTH_ASYNC_MAX_RECORDS", "10");
+            jail.set_env("HEARTH_ASYNC_MAX_RECORDS_PER_NAMESPACE", "11");
+            let err = ControllerConfig::load(None).unwrap_err().to_string();
+            assert!(err.contains("async_max_records_per_namespace"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
     fn openwhisk_and_the_pool_step_are_named_in_the_config() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");

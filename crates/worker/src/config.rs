@@ -1123,6 +1123,66 @@ mod tests {
 
     #[test]
     #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn per_namespace_limits_have_fair_defaults_and_are_checked() {
+        figment::Jail::expect_with(|jail| {
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            let l = c.async_limits();
+            assert_eq!(l.max_records_per_namespace * 4, l.max_records);
+            assert_eq!(l.max_bytes_per_namespace * 4, l.max_bytes);
+            assert_eq!(c.code_intake().max_functions_per_namespace, 100);
+            assert_eq!(
+                c.code_intake().max_code_bytes_per_namespace,
+                4 * c.max_code_unpacked_bytes
+            );
+            assert_eq!(c.namespace_memory_share, 0.5);
+            jail.set_env("HEARTH_MAX_FUNCTIONS_PER_NAMESPACE", "7");
+            jail.set_env("HEARTH_NAMESPACE_MEMORY_SHARE", "0.25");
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.code_intake().max_functions_per_namespace, 7);
+            assert_eq!(c.namespace_memory_share, 0.25);
+            for (key, bad, named) in [
+                (
+                    "HEARTH_ASYNC_MAX_RECORDS_PER_NAMESPACE",
+                    "100001",
+                    "async_max_records_per_namespace",
+                ),
+                (
+                    "HEARTH_ASYNC_MAX_BYTES_PER_NAMESPACE",
+                    "0",
+                    "async_max_bytes_per_namespace",
+                ),
+                (
+                    "HEARTH_MAX_FUNCTIONS_PER_NAMESPACE",
+                    "0",
+                    "max_functions_per_namespace",
+                ),
+                (
+                    "HEARTH_MAX_CODE_BYTES_PER_NAMESPACE",
+                    "0",
+                    "max_code_bytes_per_namespace",
+                ),
+                (
+                    "HEARTH_NAMESPACE_MEMORY_SHARE",
+                    "1.5",
+                    "namespace_memory_share",
+                ),
+                (
+                    "HEARTH_NAMESPACE_MEMORY_SHARE",
+                    "0",
+                    "namespace_memory_share",
+                ),
+            ] {
+                jail.set_env(key, bad);
+                let err = WorkerConfig::load(None).unwrap_err().to_string();
+                assert!(err.contains(named), "{key}={bad}: {err}");
+                jail.set_env(key, "1");
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
     fn a_cpuset_is_parsed_from_the_environment_checked_and_sizes_the_worker() {
         figment::Jail::expect_with(|jail| {
             let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
