@@ -151,7 +151,7 @@ impl Controller {
                 // An answer larger than a namespace's share would only evict itself.
                 max_answer_bytes: config
                     .async_max_bytes
-                    .min(config.async_max_bytes_per_namespace),
+                    .min(config.async_limits().max_bytes_per_namespace),
             },
         );
         // The autoscaler's webhook client: the same trust, never the cluster credential.

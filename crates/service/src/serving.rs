@@ -234,24 +234,24 @@ pub fn check_limits(
     Ok(())
 }
 
-/// A quarter of the default `async_max_records`: four tenants filling their shares leave the
-/// store room for a fifth.
-pub const DEFAULT_ASYNC_MAX_RECORDS_PER_NAMESPACE: usize = 25_000;
-/// A quarter of the default `async_max_bytes`.
-pub const DEFAULT_ASYNC_MAX_BYTES_PER_NAMESPACE: usize = 64 * 1024 * 1024;
+/// A namespace's share of the async store when its setting is not given: a quarter of the
+/// shared bound (at least 1), so that tenants filling their shares leave the others room.
+pub fn default_namespace_share(shared: usize) -> usize {
+    (shared / 4).max(1)
+}
 
 /// The per-namespace limits both services have, for [`check_namespace_limits`].
 pub struct NamespaceLimits {
     pub async_max_records: usize,
     pub async_max_bytes: usize,
-    pub async_max_records_per_namespace: usize,
-    pub async_max_bytes_per_namespace: usize,
+    pub async_max_records_per_namespace: Option<usize>,
+    pub async_max_bytes_per_namespace: Option<usize>,
     pub max_functions_per_namespace: u64,
     pub max_code_bytes_per_namespace: u64,
 }
 
-/// Range checks of the per-namespace limits: positive, and a namespace's async share no
-/// larger than the whole store.
+/// Range checks of the per-namespace limits: positive, and a namespace's async share, when
+/// given, no larger than the whole store.
 pub fn check_namespace_limits(
     l: &NamespaceLimits,
 ) -> Result<(), crate::config_loader::ConfigError> {
@@ -259,17 +259,21 @@ pub fn check_namespace_limits(
     if l.async_max_records == 0 {
         return bad("async_max_records must be positive".into());
     }
-    if !(1..=l.async_max_records).contains(&l.async_max_records_per_namespace) {
-        return bad(format!(
-            "async_max_records_per_namespace must be between 1 and async_max_records ({}), got {}",
-            l.async_max_records, l.async_max_records_per_namespace
-        ));
+    if let Some(n) = l.async_max_records_per_namespace {
+        if !(1..=l.async_max_records).contains(&n) {
+            return bad(format!(
+                "async_max_records_per_namespace must be between 1 and async_max_records ({}), got {n}",
+                l.async_max_records
+            ));
+        }
     }
-    if !(1..=l.async_max_bytes).contains(&l.async_max_bytes_per_namespace) {
-        return bad(format!(
-            "async_max_bytes_per_namespace must be between 1 and async_max_bytes ({}), got {}",
-            l.async_max_bytes, l.async_max_bytes_per_namespace
-        ));
+    if let Some(n) = l.async_max_bytes_per_namespace {
+        if !(1..=l.async_max_bytes).contains(&n) {
+            return bad(format!(
+                "async_max_bytes_per_namespace must be between 1 and async_max_bytes ({}), got {n}",
+                l.async_max_bytes
+            ));
+        }
     }
     if !(1..=1_000_000).contains(&l.max_functions_per_namespace) {
         return bad(format!(

@@ -334,11 +334,13 @@ pub struct WorkerConfig {
     /// stay under it.
     pub async_max_bytes: usize,
     /// Most async invocations one namespace may have kept (pending and finished); over it its
-    /// new ones get 429 naming this limit, other namespaces are unaffected.
-    pub async_max_records_per_namespace: usize,
+    /// new ones get 429 naming this limit, other namespaces are unaffected. Unset: a quarter
+    /// of `async_max_records`.
+    pub async_max_records_per_namespace: Option<usize>,
     /// Bytes of finished async results one namespace may have kept; over it its own oldest
-    /// results are dropped first, never another namespace's.
-    pub async_max_bytes_per_namespace: usize,
+    /// results are dropped first, never another namespace's. Unset: a quarter of
+    /// `async_max_bytes`.
+    pub async_max_bytes_per_namespace: Option<usize>,
     /// Largest handler result passed on; a larger one is answered 502 `result_too_large`.
     pub max_result_bytes: usize,
     /// A request head must arrive within this from its first byte, else the connection closes.
@@ -444,8 +446,8 @@ impl Default for WorkerConfig {
             async_retry_backoff_ms: 1000,
             async_max_records: 100_000,
             async_max_bytes: 256 * 1024 * 1024,
-            async_max_records_per_namespace: serving::DEFAULT_ASYNC_MAX_RECORDS_PER_NAMESPACE,
-            async_max_bytes_per_namespace: serving::DEFAULT_ASYNC_MAX_BYTES_PER_NAMESPACE,
+            async_max_records_per_namespace: None,
+            async_max_bytes_per_namespace: None,
             max_functions_per_namespace:
                 hearth_service::registry::DEFAULT_MAX_FUNCTIONS_PER_NAMESPACE,
             max_code_bytes_per_namespace:
@@ -808,8 +810,12 @@ impl WorkerConfig {
         hearth_service::store::sqlite::AsyncLimits {
             max_records: self.async_max_records,
             max_bytes: self.async_max_bytes,
-            max_records_per_namespace: self.async_max_records_per_namespace,
-            max_bytes_per_namespace: self.async_max_bytes_per_namespace,
+            max_records_per_namespace: self
+                .async_max_records_per_namespace
+                .unwrap_or_else(|| serving::default_namespace_share(self.async_max_records)),
+            max_bytes_per_namespace: self
+                .async_max_bytes_per_namespace
+                .unwrap_or_else(|| serving::default_namespace_share(self.async_max_bytes)),
         }
     }
 
@@ -1135,6 +1141,10 @@ mod tests {
                 4 * c.max_code_unpacked_bytes
             );
             assert_eq!(c.namespace_memory_share, 0.5);
+            // A lowered shared bound lowers the default share with it.
+            jail.set_env("HEARTH_ASYNC_MAX_BYTES", "1048576");
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.async_limits().max_bytes_per_namespace, 262_144);
             jail.set_env("HEARTH_MAX_FUNCTIONS_PER_NAMESPACE", "7");
             jail.set_env("HEARTH_NAMESPACE_MEMORY_SHARE", "0.25");
             let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;

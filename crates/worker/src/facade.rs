@@ -223,7 +223,7 @@ impl Worker {
                 // An answer larger than a namespace's share would only evict itself.
                 max_answer_bytes: config
                     .async_max_bytes
-                    .min(config.async_max_bytes_per_namespace),
+                    .min(config.async_limits().max_bytes_per_namespace),
             },
         );
         let worker = Arc::new(Worker {
