@@ -76,8 +76,9 @@ pub struct ControllerConfig {
     /// Most functions one namespace may register (429 `namespace_limit` over it).
     pub max_functions_per_namespace: u64,
     /// Most bytes of unpacked code one namespace's functions may hold on disk (413
-    /// `namespace_limit` over it); an update counts its new size minus its old one.
-    pub max_code_bytes_per_namespace: u64,
+    /// `namespace_limit` over it); an update counts its new size minus its old one. Unset:
+    /// four times `max_code_unpacked_bytes`.
+    pub max_code_bytes_per_namespace: Option<u64>,
     /// How long results of async invocations are kept after they finish.
     pub async_retention_s: u64,
     /// Back-off before the first retry of a failed async invocation; doubles per retry, up to
@@ -159,8 +160,7 @@ impl Default for ControllerConfig {
             async_max_bytes_per_namespace: None,
             max_functions_per_namespace:
                 hearth_service::registry::DEFAULT_MAX_FUNCTIONS_PER_NAMESPACE,
-            max_code_bytes_per_namespace:
-                hearth_service::registry::DEFAULT_MAX_CODE_BYTES_PER_NAMESPACE,
+            max_code_bytes_per_namespace: None,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             header_read_timeout_ms: serving::DEFAULT_HEADER_READ_TIMEOUT_MS,
             idle_timeout_ms: serving::DEFAULT_IDLE_TIMEOUT_MS,
@@ -373,7 +373,10 @@ impl ControllerConfig {
             max_unpacked_bytes: self.max_code_unpacked_bytes,
             max_files: self.max_code_files,
             max_functions_per_namespace: self.max_functions_per_namespace,
-            max_code_bytes_per_namespace: self.max_code_bytes_per_namespace,
+            max_code_bytes_per_namespace: self.max_code_bytes_per_namespace.unwrap_or(
+                hearth_service::registry::NAMESPACE_CODE_FUNCTIONS
+                    .saturating_mul(self.max_code_unpacked_bytes),
+            ),
         }
     }
 }
@@ -417,12 +420,17 @@ mod tests {
             let c = ControllerConfig::load(None).map_err(|e| e.to_string())?;
             assert_eq!(c.code_intake().max_functions_per_namespace, 3);
             assert_eq!(c.async_limits().max_bytes_per_namespace, 1000);
-            jail.set_env("HEARTH_ASYNC_MAX_RECORDS", "10");
-            jail.set_env("HEARTH_ASYNC_MAX_RECORDS_PER_NAMESPACE", "11");
-            let err = ControllerConfig::load(None).unwrap_err().to_string();
-            assert!(err.contains("async_max_records_per_namespace"), "{err}");
             Ok(())
         });
+        // A bad value, checked on the struct (in the environment it would race with the
+        // tests that load without a jail).
+        let c = ControllerConfig {
+            async_max_records: 10,
+            async_max_records_per_namespace: Some(11),
+            ..ControllerConfig::default()
+        };
+        let err = c.check().unwrap_err().to_string();
+        assert!(err.contains("async_max_records_per_namespace"), "{err}");
     }
 
     #[test]

@@ -39,8 +39,11 @@ pub const DEFAULT_MAX_CODE_UNPACKED_BYTES: u64 = 250 * 1024 * 1024;
 pub const DEFAULT_MAX_CODE_FILES: u64 = 10_000;
 /// Functions one namespace may register.
 pub const DEFAULT_MAX_FUNCTIONS_PER_NAMESPACE: u64 = 100;
-/// Unpacked code one namespace may hold on disk: four functions at the per-function limit.
-pub const DEFAULT_MAX_CODE_BYTES_PER_NAMESPACE: u64 = 4 * DEFAULT_MAX_CODE_UNPACKED_BYTES;
+/// Unpacked code one namespace may hold on disk by default: this many functions at the
+/// per-function limit.
+pub const NAMESPACE_CODE_FUNCTIONS: u64 = 4;
+pub const DEFAULT_MAX_CODE_BYTES_PER_NAMESPACE: u64 =
+    NAMESPACE_CODE_FUNCTIONS * DEFAULT_MAX_CODE_UNPACKED_BYTES;
 
 /// What a registration may bring in as code, and how much (operator settings).
 #[derive(Debug, Clone, PartialEq)]

@@ -247,7 +247,7 @@ pub struct NamespaceLimits {
     pub async_max_records_per_namespace: Option<usize>,
     pub async_max_bytes_per_namespace: Option<usize>,
     pub max_functions_per_namespace: u64,
-    pub max_code_bytes_per_namespace: u64,
+    pub max_code_bytes_per_namespace: Option<u64>,
 }
 
 /// Range checks of the per-namespace limits: positive, and a namespace's async share, when
@@ -281,7 +281,7 @@ pub fn check_namespace_limits(
             l.max_functions_per_namespace
         ));
     }
-    if l.max_code_bytes_per_namespace == 0 {
+    if l.max_code_bytes_per_namespace == Some(0) {
         return bad("max_code_bytes_per_namespace must be positive".into());
     }
     Ok(())

@@ -305,8 +305,9 @@ pub struct WorkerConfig {
     /// Most functions one namespace may register (429 `namespace_limit` over it).
     pub max_functions_per_namespace: u64,
     /// Most bytes of unpacked code one namespace's functions may hold on disk (413
-    /// `namespace_limit` over it); an update counts its new size minus its old one.
-    pub max_code_bytes_per_namespace: u64,
+    /// `namespace_limit` over it); an update counts its new size minus its old one. Unset:
+    /// four times `max_code_unpacked_bytes`.
+    pub max_code_bytes_per_namespace: Option<u64>,
     /// When an invocation finds its function's sandboxes all busy, wait for one to free rather
     /// than start a new one if that is expected to be sooner (docs/scheduling.md).
     pub warm_wait: bool,
@@ -450,8 +451,7 @@ impl Default for WorkerConfig {
             async_max_bytes_per_namespace: None,
             max_functions_per_namespace:
                 hearth_service::registry::DEFAULT_MAX_FUNCTIONS_PER_NAMESPACE,
-            max_code_bytes_per_namespace:
-                hearth_service::registry::DEFAULT_MAX_CODE_BYTES_PER_NAMESPACE,
+            max_code_bytes_per_namespace: None,
             namespace_memory_share: 0.5,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             header_read_timeout_ms: serving::DEFAULT_HEADER_READ_TIMEOUT_MS,
@@ -826,7 +826,10 @@ impl WorkerConfig {
             max_unpacked_bytes: self.max_code_unpacked_bytes,
             max_files: self.max_code_files,
             max_functions_per_namespace: self.max_functions_per_namespace,
-            max_code_bytes_per_namespace: self.max_code_bytes_per_namespace,
+            max_code_bytes_per_namespace: self.max_code_bytes_per_namespace.unwrap_or(
+                hearth_service::registry::NAMESPACE_CODE_FUNCTIONS
+                    .saturating_mul(self.max_code_unpacked_bytes),
+            ),
         }
     }
 
@@ -1141,54 +1144,49 @@ mod tests {
                 4 * c.max_code_unpacked_bytes
             );
             assert_eq!(c.namespace_memory_share, 0.5);
-            // A lowered shared bound lowers the default share with it.
+            // A lowered (or raised) shared bound moves the default share with it.
             jail.set_env("HEARTH_ASYNC_MAX_BYTES", "1048576");
+            jail.set_env("HEARTH_MAX_CODE_UNPACKED_BYTES", "1000");
             let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
             assert_eq!(c.async_limits().max_bytes_per_namespace, 262_144);
+            assert_eq!(c.code_intake().max_code_bytes_per_namespace, 4000);
             jail.set_env("HEARTH_MAX_FUNCTIONS_PER_NAMESPACE", "7");
             jail.set_env("HEARTH_NAMESPACE_MEMORY_SHARE", "0.25");
             let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
             assert_eq!(c.code_intake().max_functions_per_namespace, 7);
             assert_eq!(c.namespace_memory_share, 0.25);
-            for (key, bad, named) in [
-                (
-                    "HEARTH_ASYNC_MAX_RECORDS_PER_NAMESPACE",
-                    "100001",
-                    "async_max_records_per_namespace",
-                ),
-                (
-                    "HEARTH_ASYNC_MAX_BYTES_PER_NAMESPACE",
-                    "0",
-                    "async_max_bytes_per_namespace",
-                ),
-                (
-                    "HEARTH_MAX_FUNCTIONS_PER_NAMESPACE",
-                    "0",
-                    "max_functions_per_namespace",
-                ),
-                (
-                    "HEARTH_MAX_CODE_BYTES_PER_NAMESPACE",
-                    "0",
-                    "max_code_bytes_per_namespace",
-                ),
-                (
-                    "HEARTH_NAMESPACE_MEMORY_SHARE",
-                    "1.5",
-                    "namespace_memory_share",
-                ),
-                (
-                    "HEARTH_NAMESPACE_MEMORY_SHARE",
-                    "0",
-                    "namespace_memory_share",
-                ),
-            ] {
-                jail.set_env(key, bad);
-                let err = WorkerConfig::load(None).unwrap_err().to_string();
-                assert!(err.contains(named), "{key}={bad}: {err}");
-                jail.set_env(key, "1");
-            }
             Ok(())
         });
+        // Bad values, checked on the struct (setting them in the environment would race
+        // with this module's tests that load without a jail).
+        type Set = fn(&mut WorkerConfig);
+        let cases: [(Set, &str); 6] = [
+            (
+                |c| c.async_max_records_per_namespace = Some(100_001),
+                "async_max_records_per_namespace",
+            ),
+            (
+                |c| c.async_max_bytes_per_namespace = Some(0),
+                "async_max_bytes_per_namespace",
+            ),
+            (
+                |c| c.max_functions_per_namespace = 0,
+                "max_functions_per_namespace",
+            ),
+            (
+                |c| c.max_code_bytes_per_namespace = Some(0),
+                "max_code_bytes_per_namespace",
+            ),
+            (|c| c.namespace_memory_share = 1.5, "namespace_memory_share"),
+            (|c| c.namespace_memory_share = 0.0, "namespace_memory_share"),
+        ];
+        for (set, named) in cases {
+            let mut c = WorkerConfig::default();
+            assert!(c.check().is_ok());
+            set(&mut c);
+            let err = c.check().unwrap_err().to_string();
+            assert!(err.contains(named), "{named}: {err}");
+        }
     }
 
     #[test]
