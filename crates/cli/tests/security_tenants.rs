@@ -8,6 +8,7 @@ mod common;
 use common::cluster::{join, sim_fn, wait_members, wait_until};
 use common::{wait_invocation, Server};
 use hearth_cli::client::Response;
+use hearth_service::store::local_etcd::{etcd_for_tests, LocalEtcd};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -285,4 +286,71 @@ fn a_controller_bounds_functions_per_namespace() {
     let r = put(&c, &a, "f3", &sim_fn(1, 0));
     assert_namespace_limit(&r, 429, "max_functions_per_namespace");
     assert_eq!(put(&c, &b, "f1", &sim_fn(1, 0)).status, 201);
+}
+
+/// A sim worker and a controller sharing a real etcd (`--store`), when etcd is installed.
+fn etcd_cluster(env: &[(&str, &str)]) -> Option<(LocalEtcd, Server, Server)> {
+    if !etcd_for_tests() {
+        return None;
+    }
+    let mut e = LocalEtcd::start(1).expect("start etcd");
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(e.wait_ready())
+        .expect("etcd ready");
+    let url = e.store_url();
+    let mut settings = vec![
+        ("HEARTH_STATUS_INTERVAL_MS", "100"),
+        ("HEARTH_LEASE_TTL_MS", "1000"),
+    ];
+    settings.extend_from_slice(env);
+    let c = Server::run_hearth_in_tmp(
+        &["controller", "--store", &url, "--balance", "ch"],
+        &settings,
+    );
+    let key = c.cluster_key_file();
+    let w = Server::start(
+        "sim",
+        &[
+            ("HEARTH_STORE", url.as_str()),
+            ("HEARTH_CLUSTER_KEY_FILE", key.to_str().unwrap()),
+            ("HEARTH_LEASE_TTL_MS", "1000"),
+        ],
+    );
+    wait_members(&c, &[w.worker_id()]);
+    Some((e, c, w))
+}
+
+/// In a cluster the idempotency keys live in etcd, hashed with the function: now with the
+/// calling key as well.
+#[test]
+fn an_idempotency_key_is_scoped_to_the_calling_key_in_an_etcd_cluster() {
+    let Some((_etcd, c, _w)) = etcd_cluster(&[]) else {
+        return;
+    };
+    let admin = c.new_key("team-a", "admin");
+    idempotency_keys_belong_to_the_calling_key(&c, &admin);
+}
+
+/// A controller with a store checks a namespace's function count before the store takes the
+/// function: the refused one is in neither its registry nor the cluster's.
+#[test]
+fn a_cluster_controller_bounds_functions_before_its_store_takes_them() {
+    let Some((_etcd, c, _w)) = etcd_cluster(&[("HEARTH_MAX_FUNCTIONS_PER_NAMESPACE", "2")]) else {
+        return;
+    };
+    let a = c.new_key("team-a", "admin");
+    for n in ["f1", "f2"] {
+        assert_eq!(put(&c, &a, n, &sim_fn(1, 0)).status, 201);
+    }
+    let r = put(&c, &a, "f3", &sim_fn(1, 0));
+    assert_namespace_limit(&r, 429, "max_functions_per_namespace");
+    let r = put(&c, &a, "big", &with_code(1_000));
+    assert_namespace_limit(&r, 429, "max_functions_per_namespace");
+    std::thread::sleep(Duration::from_millis(300));
+    let listed = c.client_with(&a).get("/v1/functions").unwrap().json();
+    assert_eq!(listed["functions"].as_array().unwrap().len(), 2, "{listed}");
+    assert_eq!(put(&c, &a, "f1", &sim_fn(2, 0)).status, 200);
 }
