@@ -215,6 +215,9 @@ pub struct Registry {
     functions: DashMap<String, Registered>,
     /// Bytes of unpacked code of each function with code, for the namespaces' disk share.
     code_bytes: DashMap<String, u64>,
+    /// Code of deleted or replaced versions still on disk (a sandbox may still run it): its
+    /// namespace and bytes, counted against the namespace until it is removed.
+    retired: DashMap<PathBuf, (String, u64)>,
     /// Versions are decided and committed one registration at a time; unpacking is not.
     commit: Mutex<()>,
 }
@@ -306,6 +309,7 @@ impl Registry {
             intake,
             functions,
             code_bytes,
+            retired: DashMap::new(),
             commit: Mutex::new(()),
         };
         reg.remove_unreferenced_code();
@@ -431,6 +435,12 @@ impl Registry {
             .iter()
             .filter(|r| mine(r.key()))
             .map(|r| *r.value())
+            .chain(
+                self.retired
+                    .iter()
+                    .filter(|r| r.value().0 == ns)
+                    .map(|r| r.value().1),
+            )
             .fold(0u64, u64::saturating_add);
         (functions, bytes)
     }
@@ -516,6 +526,12 @@ impl Registry {
             spec: Arc::new(spec),
             code_dir,
         };
+        if let (Some(old), false) = (
+            previous.as_ref().and_then(|p| p.code_dir.clone()),
+            kept_code,
+        ) {
+            self.retire_code(&reg.spec.name, old);
+        }
         match (new_bytes, &reg.code_dir) {
             (Some(b), _) => {
                 self.code_bytes.insert(reg.spec.name.clone(), b);
@@ -569,8 +585,20 @@ impl Registry {
         self.db
             .lock()
             .execute("DELETE FROM functions WHERE name = ?1", params![name])?;
+        let removed = self.functions.remove(name).map(|(_, r)| r);
+        if let Some(dir) = removed.as_ref().and_then(|r| r.code_dir.clone()) {
+            self.retire_code(name, dir);
+        }
         self.code_bytes.remove(name);
-        Ok(self.functions.remove(name).map(|(_, r)| r))
+        Ok(removed)
+    }
+
+    /// Counts `name`'s old code directory against its namespace until
+    /// [`Self::remove_code_dir`] removes it.
+    fn retire_code(&self, name: &str, dir: PathBuf) {
+        let bytes = self.code_bytes.get(name).map_or(0, |b| *b);
+        let ns = hearth_api::namespace::namespace_of(name).to_string();
+        self.retired.insert(dir, (ns, bytes));
     }
 
     /// Deletes a code directory that no registered function refers to. The files are removed
@@ -583,6 +611,7 @@ impl Registry {
         if in_use || !dir.starts_with(&self.code_root) {
             return;
         }
+        self.retired.remove(dir);
         let dir = dir.to_path_buf();
         let remove = move || {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
@@ -1000,6 +1029,32 @@ mod tests {
             true,
         )
         .unwrap_err();
+        // Old code still on disk (a sandbox runs it) counts until it is removed.
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open_with(
+            dir.path(),
+            CodeIntake {
+                max_code_bytes_per_namespace: 5 << 20,
+                ..CodeIntake::default()
+            },
+        )
+        .unwrap();
+        let put = |name: &str| {
+            reg.put(
+                FunctionSpec::new(name),
+                Some(CodeSource::Archive(upload.clone())),
+                true,
+            )
+        };
+        put("t.one").unwrap();
+        let (_, old) = put("t.one").unwrap();
+        let old = old.unwrap().code_dir.unwrap();
+        assert!(matches!(
+            put("t.two").unwrap_err(),
+            RegistryError::NamespaceCode { .. }
+        ));
+        reg.remove_code_dir(&old);
+        put("t.two").unwrap();
         reg.put(
             FunctionSpec::new("t.one"),
             Some(CodeSource::Archive(upload)),
