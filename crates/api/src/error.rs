@@ -65,6 +65,7 @@ error_codes! {
     QuotaRate => "quota_rate",
     QuotaKeys => "quota_keys",
     FairShare => "fair_share",
+    NamespaceLimit => "namespace_limit",
     LastOperatorKey => "last_operator_key",
     AuthDisabled => "auth_disabled",
     PrewarmFailed => "prewarm_failed",

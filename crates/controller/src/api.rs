@@ -197,6 +197,7 @@ pub fn invoke_error(e: InvokeError) -> ApiError {
             ApiError::overloaded(message)
         }
         InvokeError::AsyncStore(_) => unavailable(ErrorCode::Internal),
+        InvokeError::AsyncNamespaceFull(e) => hearth_service::async_api::store_error(e),
         InvokeError::WorkerUnavailable { .. } => unavailable(ErrorCode::WorkerUnavailable),
         InvokeError::WorkerFailed { worker, .. } => {
             let mut e = ApiError::new(StatusCode::BAD_GATEWAY, ErrorCode::WorkerFailed, message)

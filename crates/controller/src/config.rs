@@ -73,6 +73,12 @@ pub struct ControllerConfig {
     pub max_code_unpacked_bytes: u64,
     /// Most files and directories one function's code may hold.
     pub max_code_files: u64,
+    /// Most functions one namespace may register (429 `namespace_limit` over it).
+    pub max_functions_per_namespace: u64,
+    /// Most bytes of unpacked code one namespace's functions may hold on disk (413
+    /// `namespace_limit` over it); an update counts its new size minus its old one. Unset:
+    /// four times `max_code_unpacked_bytes`.
+    pub max_code_bytes_per_namespace: Option<u64>,
     /// How long results of async invocations are kept after they finish.
     pub async_retention_s: u64,
     /// Back-off before the first retry of a failed async invocation; doubles per retry, up to
@@ -83,6 +89,14 @@ pub struct ControllerConfig {
     /// Bytes of finished async results kept in memory; the oldest results are dropped first to
     /// stay under it.
     pub async_max_bytes: usize,
+    /// Most async invocations one namespace may have kept (pending and finished); over it its
+    /// new ones get 429 naming this limit, other namespaces are unaffected. Unset: a quarter
+    /// of `async_max_records`.
+    pub async_max_records_per_namespace: Option<usize>,
+    /// Bytes of finished async results one namespace may have kept; over it its own oldest
+    /// results are dropped first, never another namespace's. Unset: a quarter of
+    /// `async_max_bytes`.
+    pub async_max_bytes_per_namespace: Option<usize>,
     /// Largest handler result passed on; a larger one is answered 502 `result_too_large`.
     pub max_result_bytes: usize,
     /// A request head must arrive within this from its first byte, else the connection closes.
@@ -146,6 +160,11 @@ impl Default for ControllerConfig {
             async_retry_backoff_ms: 1000,
             async_max_records: 100_000,
             async_max_bytes: 256 * 1024 * 1024,
+            async_max_records_per_namespace: None,
+            async_max_bytes_per_namespace: None,
+            max_functions_per_namespace:
+                hearth_service::registry::DEFAULT_MAX_FUNCTIONS_PER_NAMESPACE,
+            max_code_bytes_per_namespace: None,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             header_read_timeout_ms: serving::DEFAULT_HEADER_READ_TIMEOUT_MS,
             idle_timeout_ms: serving::DEFAULT_IDLE_TIMEOUT_MS,
@@ -191,6 +210,10 @@ const CONFIG_KEYS: &[&str] = &[
     "async_retry_backoff_ms",
     "async_max_records",
     "async_max_bytes",
+    "async_max_records_per_namespace",
+    "async_max_bytes_per_namespace",
+    "max_functions_per_namespace",
+    "max_code_bytes_per_namespace",
     "max_result_bytes",
     "header_read_timeout_ms",
     "idle_timeout_ms",
@@ -266,6 +289,14 @@ impl ControllerConfig {
             self.idle_timeout_ms,
             self.max_connections,
         )?;
+        serving::check_namespace_limits(&serving::NamespaceLimits {
+            async_max_records: self.async_max_records,
+            async_max_bytes: self.async_max_bytes,
+            async_max_records_per_namespace: self.async_max_records_per_namespace,
+            async_max_bytes_per_namespace: self.async_max_bytes_per_namespace,
+            max_functions_per_namespace: self.max_functions_per_namespace,
+            max_code_bytes_per_namespace: self.max_code_bytes_per_namespace,
+        })?;
         config_checks::async_retry_backoff_ms(self.async_retry_backoff_ms)?;
         for w in &self.workers {
             config_checks::http_url("workers", w)?;
@@ -330,12 +361,31 @@ impl ControllerConfig {
 }
 
 impl ControllerConfig {
+    /// The async store's bounds, in all and per namespace.
+    pub fn async_limits(&self) -> hearth_service::store::sqlite::AsyncLimits {
+        hearth_service::store::sqlite::AsyncLimits {
+            max_records: self.async_max_records,
+            max_bytes: self.async_max_bytes,
+            max_records_per_namespace: self
+                .async_max_records_per_namespace
+                .unwrap_or_else(|| serving::default_namespace_share(self.async_max_records)),
+            max_bytes_per_namespace: self
+                .async_max_bytes_per_namespace
+                .unwrap_or_else(|| serving::default_namespace_share(self.async_max_bytes)),
+        }
+    }
+
     /// What registrations may bring in as code.
     pub fn code_intake(&self) -> hearth_service::registry::CodeIntake {
         hearth_service::registry::CodeIntake {
             path_roots: self.code_path_roots.clone(),
             max_unpacked_bytes: self.max_code_unpacked_bytes,
             max_files: self.max_code_files,
+            max_functions_per_namespace: self.max_functions_per_namespace,
+            max_code_bytes_per_namespace: self.max_code_bytes_per_namespace.unwrap_or(
+                hearth_service::registry::NAMESPACE_CODE_FUNCTIONS
+                    .saturating_mul(self.max_code_unpacked_bytes),
+            ),
         }
     }
 }
@@ -366,6 +416,30 @@ mod tests {
             assert_eq!(c.workers, vec!["http://127.0.0.1:9001".to_string()]);
             Ok(())
         });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn per_namespace_limits_come_from_the_environment_and_are_checked() {
+        figment::Jail::expect_with(|jail| {
+            let c = ControllerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.async_limits().max_records_per_namespace, 25_000);
+            jail.set_env("HEARTH_MAX_FUNCTIONS_PER_NAMESPACE", "3");
+            jail.set_env("HEARTH_ASYNC_MAX_BYTES_PER_NAMESPACE", "1000");
+            let c = ControllerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.code_intake().max_functions_per_namespace, 3);
+            assert_eq!(c.async_limits().max_bytes_per_namespace, 1000);
+            Ok(())
+        });
+        // A bad value, checked on the struct (in the environment it would race with the
+        // tests that load without a jail).
+        let c = ControllerConfig {
+            async_max_records: 10,
+            async_max_records_per_namespace: Some(11),
+            ..ControllerConfig::default()
+        };
+        let err = c.check().unwrap_err().to_string();
+        assert!(err.contains("async_max_records_per_namespace"), "{err}");
     }
 
     #[test]

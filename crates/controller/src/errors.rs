@@ -41,6 +41,9 @@ pub enum InvokeError {
     Overloaded { load: f64, b_max: f64 },
     #[error("too many async invocations are pending or kept; retry later")]
     AsyncStoreFull,
+    /// The calling namespace holds its share of the async store (429 `namespace_limit`).
+    #[error("{0}")]
+    AsyncNamespaceFull(hearth_service::store::StoreError),
     /// The async store could not record the invocation: nothing was accepted.
     #[error("{0}")]
     AsyncStore(String),
@@ -160,6 +163,9 @@ impl From<hearth_service::store::StoreError> for InvokeError {
     fn from(e: hearth_service::store::StoreError) -> Self {
         match e {
             hearth_service::store::StoreError::Full(_) => InvokeError::AsyncStoreFull,
+            e @ hearth_service::store::StoreError::NamespaceFull { .. } => {
+                InvokeError::AsyncNamespaceFull(e)
+            }
             e => InvokeError::AsyncStore(e.to_string()),
         }
     }

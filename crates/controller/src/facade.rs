@@ -133,10 +133,9 @@ impl Controller {
             hearth_service::serving::load_client_tls("tls_ca", config.tls_ca.as_deref()).await?;
         let (store, cluster): (Arc<dyn AsyncStore>, Option<Arc<dyn ClusterState>>) = match etcd {
             None => (
-                Arc::new(SqliteAsyncStore::open(
+                Arc::new(SqliteAsyncStore::open_with(
                     &data_dir,
-                    config.async_max_records,
-                    config.async_max_bytes,
+                    config.async_limits(),
                 )?),
                 None,
             ),
@@ -153,7 +152,10 @@ impl Controller {
                 // Workers that push status have all reported by then.
                 first_scan_after: Duration::from_millis(2 * config.status_interval_ms),
                 retention: Duration::from_secs(config.async_retention_s),
-                max_answer_bytes: config.async_max_bytes,
+                // An answer larger than a namespace's share would only evict itself.
+                max_answer_bytes: config
+                    .async_max_bytes
+                    .min(config.async_limits().max_bytes_per_namespace),
             },
         );
         // The autoscaler's webhook client: the same trust, never the cluster credential.
@@ -401,6 +403,10 @@ impl Controller {
                 ),
             ));
         }
+        // The namespace's limits are checked before the cluster stores it: every controller
+        // then applies it as stored.
+        self.registry
+            .check_namespace(&name, staged.as_ref().map(|(s, _)| s.bytes()))?;
         let mut stored_spec =
             serde_json::to_value(&spec).map_err(|e| RegisterError::Packing(e.to_string()))?;
         if let Some(obj) = stored_spec.as_object_mut() {
@@ -546,7 +552,7 @@ impl Controller {
                 Some(src) => Some(registry.stage_code(&spec, src)?),
                 None => None,
             };
-            registry.put_staged(spec, staged, false, Some(version))
+            registry.apply_staged(spec, staged, version)
         })
         .await??;
         if let Some(r) = code_ref {

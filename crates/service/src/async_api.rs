@@ -206,6 +206,24 @@ pub fn kept_response(status: u16, body: Bytes) -> Response {
 pub fn store_error(e: StoreError) -> ApiError {
     match e {
         StoreError::Full(_) => ApiError::overloaded(e.to_string()),
+        StoreError::NamespaceFull {
+            ref namespace,
+            setting,
+            max,
+            ..
+        } => {
+            let namespace = namespace.clone();
+            let mut err = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::NamespaceLimit,
+                e.to_string(),
+            )
+            .with("namespace", json!(namespace))
+            .with("setting", json!(setting))
+            .with("limit", json!(max));
+            err.retry_after_s = Some(1);
+            err
+        }
         StoreError::Unavailable(_) => {
             let mut e = ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

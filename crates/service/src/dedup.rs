@@ -2,7 +2,9 @@
 //! worker, or a controller that took over another's async invocation, sends the same id again:
 //! while the first run is going the repeat waits for its answer, and after it ends the repeat
 //! gets the same answer, for `ttl` and within a bound in bytes. Ids are only honoured from the
-//! cluster's own peers (the HTTP edge checks), and keyed by function as well.
+//! cluster's own peers (the HTTP edge checks), and keyed by function as well (`function/id`).
+//! Over the bound in bytes, the oldest answers of the namespace holding the most go first, so
+//! that one tenant's large answers cannot push out another's (issue 31 item 5).
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -23,9 +25,15 @@ enum Entry {
 #[derive(Default)]
 struct Inner {
     entries: HashMap<String, Entry>,
-    /// Finished ids, oldest first.
-    done: VecDeque<(Instant, String)>,
+    /// Finished ids per namespace, oldest first, and the bytes they hold.
+    done: HashMap<String, (VecDeque<(Instant, String)>, usize)>,
     bytes: usize,
+}
+
+/// The namespace of a `function/id` key.
+fn namespace_of_key(key: &str) -> &str {
+    let function = key.split_once('/').map_or(key, |(f, _)| f);
+    hearth_api::namespace::namespace_of(function)
 }
 
 /// The de-duplication table.
@@ -86,9 +94,22 @@ impl Dedup {
                     inner
                         .entries
                         .insert(key.clone(), Entry::Done(Arc::clone(&kept)));
-                    inner.done.push_back((Instant::now(), key));
+                    let ns = namespace_of_key(&key).to_string();
+                    let queue = inner.done.entry(ns).or_default();
+                    queue.0.push_back((Instant::now(), key));
+                    queue.1 += bytes;
                     while inner.bytes > self.max_bytes {
-                        let Some((_, old)) = inner.done.pop_front() else {
+                        // The largest holder gives way.
+                        let largest = inner
+                            .done
+                            .iter()
+                            .max_by_key(|(_, (_, b))| *b)
+                            .map(|(ns, _)| ns.clone());
+                        let Some(old) = largest
+                            .and_then(|ns| inner.done.get_mut(&ns))
+                            .and_then(|(q, _)| q.pop_front())
+                            .map(|(_, k)| k)
+                        else {
                             break;
                         };
                         Self::forget(&mut inner, &old);
@@ -109,21 +130,36 @@ impl Dedup {
         }
     }
 
+    /// Forgets a finished key already taken off its namespace's queue.
     fn forget(inner: &mut Inner, key: &str) {
         if let Some(Entry::Done(kept)) = inner.entries.get(key) {
-            inner.bytes = inner.bytes.saturating_sub(kept.1.len() + key.len());
+            let bytes = kept.1.len() + key.len();
+            inner.bytes = inner.bytes.saturating_sub(bytes);
             inner.entries.remove(key);
+            let ns = namespace_of_key(key);
+            if let Some((queue, held)) = inner.done.get_mut(ns) {
+                *held = held.saturating_sub(bytes);
+                if queue.is_empty() {
+                    inner.done.remove(ns);
+                }
+            }
         }
     }
 
     fn expire(&self, inner: &mut Inner, now: Instant) {
-        while let Some((t, _)) = inner.done.front() {
-            if now.saturating_duration_since(*t) < self.ttl {
-                break;
+        let mut gone = Vec::new();
+        for (queue, _) in inner.done.values_mut() {
+            while let Some((t, _)) = queue.front() {
+                if now.saturating_duration_since(*t) < self.ttl {
+                    break;
+                }
+                if let Some((_, key)) = queue.pop_front() {
+                    gone.push(key);
+                }
             }
-            if let Some((_, key)) = inner.done.pop_front() {
-                Self::forget(inner, &key);
-            }
+        }
+        for key in gone {
+            Self::forget(inner, &key);
         }
     }
 
@@ -173,6 +209,34 @@ mod tests {
         d.run_once("f/2".into(), run(Arc::clone(&runs), go_rx))
             .await;
         assert_eq!(runs.load(Ordering::SeqCst), 2, "another id runs");
+    }
+
+    #[tokio::test]
+    async fn one_namespaces_large_answers_do_not_push_out_anothers() {
+        let d = Dedup::new(Duration::from_secs(60), 1000);
+        d.run_once("team-b.f/1".into(), async {
+            (200, Bytes::from(vec![b'b'; 100]))
+        })
+        .await;
+        for i in 0..10 {
+            d.run_once(format!("team-a.f/{i}"), async {
+                (200, Bytes::from(vec![b'a'; 300]))
+            })
+            .await;
+        }
+        let inner = d.inner.lock();
+        assert!(inner.bytes <= 1000, "{}", inner.bytes);
+        assert!(
+            matches!(inner.entries.get("team-b.f/1"), Some(Entry::Done(_))),
+            "B's answer was pushed out by A's"
+        );
+        assert!(matches!(
+            inner.entries.get("team-a.f/9"),
+            Some(Entry::Done(_))
+        ));
+        assert!(!inner.entries.contains_key("team-a.f/0"));
+        let held: usize = inner.done.values().map(|(_, b)| *b).sum();
+        assert_eq!(held, inner.bytes);
     }
 
     #[tokio::test]

@@ -29,8 +29,13 @@ pub(crate) fn create_dir(path: &Path) -> std::io::Result<()> {
 pub(crate) struct Budget {
     files_left: u64,
     bytes_left: u64,
+    /// Bytes the upload may use in all (its own limit or its namespace's room).
+    bytes_allowed: u64,
     max_files: u64,
     max_bytes: u64,
+    /// Set when the namespace's room, not the function's limit, bounds the bytes:
+    /// (namespace, its limit, what it holds besides this function).
+    namespace: Option<(String, u64, u64)>,
 }
 
 impl Budget {
@@ -38,9 +43,28 @@ impl Budget {
         Budget {
             files_left: intake.max_files,
             bytes_left: intake.max_unpacked_bytes,
+            bytes_allowed: intake.max_unpacked_bytes,
             max_files: intake.max_files,
             max_bytes: intake.max_unpacked_bytes,
+            namespace: None,
         }
+    }
+
+    /// Bounds the bytes also by what is left of `namespace`'s limit of `max` bytes when it
+    /// holds `held` bytes in its other functions.
+    pub(crate) fn within_namespace(mut self, namespace: &str, max: u64, held: u64) -> Self {
+        let room = max.saturating_sub(held);
+        if room < self.bytes_left {
+            self.bytes_left = room;
+            self.bytes_allowed = room;
+            self.namespace = Some((namespace.to_string(), max, held));
+        }
+        self
+    }
+
+    /// Bytes of content taken so far.
+    pub(crate) fn used_bytes(&self) -> u64 {
+        self.bytes_allowed - self.bytes_left
     }
 
     /// One more file or directory.
@@ -56,9 +80,16 @@ impl Budget {
     }
 
     fn over_bytes(&self) -> RegistryError {
-        RegistryError::TooLarge {
-            limit: CodeLimit::UnpackedBytes,
-            max: self.max_bytes,
+        match &self.namespace {
+            Some((namespace, max, held)) => RegistryError::NamespaceCode {
+                namespace: namespace.clone(),
+                max: *max,
+                held: *held,
+            },
+            None => RegistryError::TooLarge {
+                limit: CodeLimit::UnpackedBytes,
+                max: self.max_bytes,
+            },
         }
     }
 

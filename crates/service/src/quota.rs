@@ -1,6 +1,6 @@
 //! Per-namespace quotas: how many invocations a namespace may have in flight and how fast it may
-//! start new ones, plus the worker's fair share (no namespace holds all of a worker's slots while
-//! another namespace has functions there). Over a limit the caller gets 429 with `Retry-After`
+//! start new ones, plus the worker's fair share (no namespace holds all of a worker's slots, nor
+//! all of its sandbox memory, while another namespace has functions there). Over a limit the caller gets 429 with `Retry-After`
 //! at once, before anything is queued, so one tenant's flood or long sleeps cost another nothing.
 
 use crate::error::ApiError;
@@ -10,7 +10,7 @@ use hearth_api::ErrorCode;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -70,6 +70,8 @@ struct Bucket {
 
 struct NamespaceState {
     in_flight: AtomicU32,
+    /// MiB of sandbox memory its admitted invocations use.
+    memory_mb: AtomicU64,
     bucket: Mutex<Bucket>,
 }
 
@@ -88,6 +90,17 @@ pub enum QuotaError {
     },
     #[error("namespace {namespace:?} already holds {limit} of this worker's invocation slots, its fair share while other namespaces have functions here")]
     FairShare { namespace: String, limit: u32 },
+    #[error(
+        "namespace {namespace:?} already holds {held_mb} MiB of this worker's sandbox memory; \
+         another {needed_mb} MiB would pass its share of {limit_mb} MiB \
+         (namespace_memory_share) while other namespaces have functions here"
+    )]
+    MemoryShare {
+        namespace: String,
+        held_mb: u64,
+        needed_mb: u64,
+        limit_mb: u64,
+    },
 }
 
 impl QuotaError {
@@ -96,7 +109,9 @@ impl QuotaError {
         let (code, retry) = match self {
             QuotaError::Concurrency { .. } => (ErrorCode::QuotaConcurrency, 1),
             QuotaError::Rate { retry_after_s, .. } => (ErrorCode::QuotaRate, *retry_after_s),
-            QuotaError::FairShare { .. } => (ErrorCode::FairShare, 1),
+            QuotaError::FairShare { .. } | QuotaError::MemoryShare { .. } => {
+                (ErrorCode::FairShare, 1)
+            }
         };
         let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, code, self.to_string());
         e.retry_after_s = Some(retry);
@@ -104,13 +119,28 @@ impl QuotaError {
     }
 }
 
-/// Holds one in-flight slot of a namespace until dropped.
-pub struct QuotaGuard(Arc<NamespaceState>);
+/// Holds one in-flight slot of a namespace, and the memory its invocation uses, until dropped.
+pub struct QuotaGuard {
+    state: Arc<NamespaceState>,
+    memory_mb: u64,
+}
 
 impl Drop for QuotaGuard {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.state.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.state
+            .memory_mb
+            .fetch_sub(self.memory_mb, Ordering::AcqRel);
     }
+}
+
+/// What one invocation claims of a worker's sandbox memory, for the namespaces' memory share.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryClaim {
+    /// The function's `memory_mb`.
+    pub mb: u64,
+    /// The most MiB the namespace's invocations may use at once here (None: no bound).
+    pub share_mb: Option<u64>,
 }
 
 /// The quotas of one service.
@@ -141,6 +171,7 @@ impl Quotas {
         Arc::clone(&self.state.entry(ns.to_string()).or_insert_with(|| {
             Arc::new(NamespaceState {
                 in_flight: AtomicU32::new(0),
+                memory_mb: AtomicU64::new(0),
                 bucket: Mutex::new(Bucket {
                     tokens: burst,
                     at: now,
@@ -157,6 +188,19 @@ impl Quotas {
         share: Option<u32>,
         now: Instant,
     ) -> Result<QuotaGuard, QuotaError> {
+        self.admit_call(ns, share, MemoryClaim::default(), now)
+    }
+
+    /// [`Self::admit`] of an invocation that uses `memory` of a worker's sandbox memory: over
+    /// the namespace's memory share it is refused, unless the namespace holds none (a function
+    /// larger than the share still runs, one call at a time).
+    pub fn admit_call(
+        &self,
+        ns: &str,
+        share: Option<u32>,
+        memory: MemoryClaim,
+        now: Instant,
+    ) -> Result<QuotaGuard, QuotaError> {
         let limits = *self.limits(ns);
         let st = self.state(ns, now);
         let quota_cap = if limits.concurrency == 0 {
@@ -166,7 +210,12 @@ impl Quotas {
         };
         let cap = quota_cap.min(share.unwrap_or(u32::MAX));
         let before = st.in_flight.fetch_add(1, Ordering::AcqRel);
-        let guard = QuotaGuard(Arc::clone(&st));
+        let held_mb = st.memory_mb.fetch_add(memory.mb, Ordering::AcqRel);
+        // Dropped on every refusal below, which gives back the slot and the memory.
+        let guard = QuotaGuard {
+            state: Arc::clone(&st),
+            memory_mb: memory.mb,
+        };
         if before >= cap {
             return Err(if share.is_some_and(|s| s < quota_cap) {
                 QuotaError::FairShare {
@@ -179,6 +228,16 @@ impl Quotas {
                     limit: cap,
                 }
             });
+        }
+        if let Some(limit_mb) = memory.share_mb {
+            if held_mb > 0 && held_mb.saturating_add(memory.mb) > limit_mb {
+                return Err(QuotaError::MemoryShare {
+                    namespace: ns.to_string(),
+                    held_mb,
+                    needed_mb: memory.mb,
+                    limit_mb,
+                });
+            }
         }
         if limits.rate_per_s > 0.0 {
             let mut b = st.bucket.lock();
@@ -204,6 +263,13 @@ impl Quotas {
             .get(ns)
             .map_or(0, |s| s.in_flight.load(Ordering::Acquire))
     }
+}
+
+/// The share of a worker's sandbox memory budget one namespace's invocations may hold while
+/// `namespaces` have functions on it: `share` of it, at least 1 MiB; none while a single
+/// namespace is there.
+pub fn memory_share(budget_mb: u64, namespaces: usize, share: f64) -> Option<u64> {
+    (namespaces >= 2).then(|| ((budget_mb as f64 * share).ceil() as u64).max(1))
 }
 
 /// The fair share of a worker's `slots` one namespace may hold while `namespaces` have functions
@@ -261,6 +327,37 @@ mod tests {
             e => panic!("{e:?}"),
         }
         assert!(q.admit("a", None, t0 + Duration::from_millis(500)).is_ok());
+    }
+
+    #[test]
+    fn the_memory_share_caps_one_namespace_but_never_its_first_call() {
+        let q = Quotas::new(QuotaLimits::default(), BTreeMap::new());
+        let now = Instant::now();
+        assert_eq!(memory_share(1000, 1, 0.5), None);
+        let share_mb = memory_share(1000, 2, 0.5);
+        assert_eq!(share_mb, Some(500));
+        let big = MemoryClaim { mb: 400, share_mb };
+        let first = q.admit_call("a", None, big, now).unwrap();
+        match q.admit_call("a", None, big, now) {
+            Err(e @ QuotaError::MemoryShare { .. }) => {
+                assert_eq!(e.api_error().code, ErrorCode::FairShare);
+                assert!(e.to_string().contains("namespace_memory_share"), "{e}");
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        // Another namespace is not held back by A's memory.
+        let b = q.admit_call("b", None, big, now).unwrap();
+        // A smaller call that fits A's share still runs; the refusal gave its memory back.
+        let small = q
+            .admit_call("a", None, MemoryClaim { mb: 100, share_mb }, now)
+            .unwrap();
+        drop((first, small, b));
+        // A function larger than the share runs one call at a time.
+        let huge = MemoryClaim { mb: 900, share_mb };
+        let one = q.admit_call("a", None, huge, now).unwrap();
+        assert!(q.admit_call("a", None, huge, now).is_err());
+        drop(one);
+        assert!(q.admit_call("a", None, huge, now).is_ok());
     }
 
     #[test]

@@ -37,6 +37,13 @@ pub enum CodeSource {
 /// Lambda's limit on unzipped code.
 pub const DEFAULT_MAX_CODE_UNPACKED_BYTES: u64 = 250 * 1024 * 1024;
 pub const DEFAULT_MAX_CODE_FILES: u64 = 10_000;
+/// Functions one namespace may register.
+pub const DEFAULT_MAX_FUNCTIONS_PER_NAMESPACE: u64 = 100;
+/// Unpacked code one namespace may hold on disk by default: this many functions at the
+/// per-function limit.
+pub const NAMESPACE_CODE_FUNCTIONS: u64 = 4;
+pub const DEFAULT_MAX_CODE_BYTES_PER_NAMESPACE: u64 =
+    NAMESPACE_CODE_FUNCTIONS * DEFAULT_MAX_CODE_UNPACKED_BYTES;
 
 /// What a registration may bring in as code, and how much (operator settings).
 #[derive(Debug, Clone, PartialEq)]
@@ -47,6 +54,10 @@ pub struct CodeIntake {
     pub max_unpacked_bytes: u64,
     /// Most files and directories one function's code may hold.
     pub max_files: u64,
+    /// Most functions one namespace may register.
+    pub max_functions_per_namespace: u64,
+    /// Most bytes of unpacked code one namespace's functions may hold together.
+    pub max_code_bytes_per_namespace: u64,
 }
 
 impl Default for CodeIntake {
@@ -55,6 +66,8 @@ impl Default for CodeIntake {
             path_roots: Vec::new(),
             max_unpacked_bytes: DEFAULT_MAX_CODE_UNPACKED_BYTES,
             max_files: DEFAULT_MAX_CODE_FILES,
+            max_functions_per_namespace: DEFAULT_MAX_FUNCTIONS_PER_NAMESPACE,
+            max_code_bytes_per_namespace: DEFAULT_MAX_CODE_BYTES_PER_NAMESPACE,
         }
     }
 }
@@ -100,6 +113,22 @@ pub enum RegistryError {
     /// The code is over a limit (413); reading stopped there.
     #[error("{}", too_large_message(*.limit, *.max))]
     TooLarge { limit: CodeLimit, max: u64 },
+    /// The namespace has as many functions as it may (429).
+    #[error(
+        "namespace {namespace:?} already has {max} functions, its limit \
+         (max_functions_per_namespace)"
+    )]
+    TooManyFunctions { namespace: String, max: u64 },
+    /// The namespace's code would take more than its share of the disk (413).
+    #[error(
+        "the code would take namespace {namespace:?} over its limit of {max} bytes of \
+         unpacked code (max_code_bytes_per_namespace; it holds {held} bytes)"
+    )]
+    NamespaceCode {
+        namespace: String,
+        max: u64,
+        held: u64,
+    },
     #[error("storage: {0}")]
     Storage(String),
 }
@@ -141,6 +170,13 @@ impl From<std::io::Error> for RegistryError {
 /// The answer both services give for a registry error: 400, 413 `code_too_large`, or 500.
 impl From<RegistryError> for ApiError {
     fn from(e: RegistryError) -> Self {
+        let message = e.to_string();
+        let namespace_limit = |status, namespace: String, setting: &str, max: u64| {
+            ApiError::new(status, ErrorCode::NamespaceLimit, message.clone())
+                .with("namespace", namespace.into())
+                .with("setting", setting.into())
+                .with("limit", max.into())
+        };
         match e {
             RegistryError::BadCode(m) => ApiError::bad_request(m),
             RegistryError::TooLarge { limit, max } => ApiError::new(
@@ -150,6 +186,18 @@ impl From<RegistryError> for ApiError {
             )
             .with("setting", limit.setting().into())
             .with("limit", max.into()),
+            RegistryError::TooManyFunctions { namespace, max } => namespace_limit(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                namespace,
+                "max_functions_per_namespace",
+                max,
+            ),
+            RegistryError::NamespaceCode { namespace, max, .. } => namespace_limit(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                namespace,
+                "max_code_bytes_per_namespace",
+                max,
+            ),
             RegistryError::Storage(m) => ApiError::internal(m),
         }
     }
@@ -165,6 +213,11 @@ pub struct Registry {
     data_dir: PathBuf,
     intake: CodeIntake,
     functions: DashMap<String, Registered>,
+    /// Bytes of unpacked code of each function with code, for the namespaces' disk share.
+    code_bytes: DashMap<String, u64>,
+    /// Code of deleted or replaced versions still on disk (a sandbox may still run it): its
+    /// namespace and bytes, counted against the namespace until it is removed.
+    retired: DashMap<PathBuf, (String, u64)>,
     /// Versions are decided and committed one registration at a time; unpacking is not.
     commit: Mutex<()>,
 }
@@ -217,6 +270,7 @@ impl Registry {
             }
         }
         let functions = DashMap::new();
+        let code_bytes = DashMap::new();
         {
             let mut stmt = db.prepare("SELECT name, spec, code_dir FROM functions")?;
             let rows = stmt.query_map([], |r| {
@@ -230,6 +284,9 @@ impl Registry {
                 let (name, spec, code_dir) = row?;
                 match serde_json::from_str::<FunctionSpec>(&spec) {
                     Ok(spec) => {
+                        if let Some(dir) = &code_dir {
+                            code_bytes.insert(name.clone(), dir_bytes(Path::new(dir)));
+                        }
                         functions.insert(
                             name,
                             Registered {
@@ -251,6 +308,8 @@ impl Registry {
             data_dir,
             intake,
             functions,
+            code_bytes,
+            retired: DashMap::new(),
             commit: Mutex::new(()),
         };
         reg.remove_unreferenced_code();
@@ -260,6 +319,12 @@ impl Registry {
     /// The function, if registered (the invocation path's lookup).
     pub fn get(&self, name: &str) -> Option<Registered> {
         self.functions.get(name).map(|r| r.clone())
+    }
+
+    /// The function's `memory_mb`, if registered (without copying its record: the invocation
+    /// path's admission reads it).
+    pub fn memory_mb(&self, name: &str) -> Option<u64> {
+        self.functions.get(name).map(|r| r.spec.memory_mb)
     }
 
     /// All functions, by name.
@@ -336,7 +401,7 @@ impl Registry {
     }
 
     /// Registers `spec` with code already staged (or the previous code), at `version` (None:
-    /// the previous one + 1); blocking.
+    /// the previous one + 1), within its namespace's limits; blocking.
     pub fn put_staged(
         &self,
         spec: FunctionSpec,
@@ -344,7 +409,85 @@ impl Registry {
         require_code: bool,
         version: Option<u64>,
     ) -> Result<(Registered, Option<Registered>), RegistryError> {
+        self.commit_staged(spec, staged, require_code, version, true)
+    }
+
+    /// [`Self::put_staged`] for what the cluster's store already holds: the controller that
+    /// stored it checked the namespace's limits, and refusing it here would leave this copy
+    /// of the registry behind the cluster's.
+    pub fn apply_staged(
+        &self,
+        spec: FunctionSpec,
+        staged: Option<Staged>,
+        version: u64,
+    ) -> Result<(Registered, Option<Registered>), RegistryError> {
+        self.commit_staged(spec, staged, false, Some(version), false)
+    }
+
+    /// What the namespace of function key `name` holds now, leaving out `name` itself: its
+    /// other functions and their bytes of code.
+    fn namespace_held(&self, name: &str) -> (u64, u64) {
+        let ns = hearth_api::namespace::namespace_of(name);
+        let mine = |k: &str| k != name && hearth_api::namespace::namespace_of(k) == ns;
+        let functions = self.functions.iter().filter(|r| mine(r.key())).count() as u64;
+        let bytes = self
+            .code_bytes
+            .iter()
+            .filter(|r| mine(r.key()))
+            .map(|r| *r.value())
+            .chain(
+                self.retired
+                    .iter()
+                    .filter(|r| r.value().0 == ns)
+                    .map(|r| r.value().1),
+            )
+            .fold(0u64, u64::saturating_add);
+        (functions, bytes)
+    }
+
+    /// Refuses a registration of `name` that would take its namespace over its limits: a new
+    /// function beyond `max_functions_per_namespace`, or code of `new_code_bytes` (None: the
+    /// code is kept) beyond `max_code_bytes_per_namespace` together with the namespace's other
+    /// functions' code (an update replaces the function's old code, so it counts new minus old).
+    pub fn check_namespace(
+        &self,
+        name: &str,
+        new_code_bytes: Option<u64>,
+    ) -> Result<(), RegistryError> {
+        let namespace = || hearth_api::namespace::namespace_of(name).to_string();
+        let (functions, held) = self.namespace_held(name);
+        if !self.functions.contains_key(name)
+            && functions >= self.intake.max_functions_per_namespace
+        {
+            return Err(RegistryError::TooManyFunctions {
+                namespace: namespace(),
+                max: self.intake.max_functions_per_namespace,
+            });
+        }
+        let max = self.intake.max_code_bytes_per_namespace;
+        if new_code_bytes.is_some_and(|b| held.saturating_add(b) > max) {
+            return Err(RegistryError::NamespaceCode {
+                namespace: namespace(),
+                max,
+                held,
+            });
+        }
+        Ok(())
+    }
+
+    fn commit_staged(
+        &self,
+        spec: FunctionSpec,
+        staged: Option<Staged>,
+        require_code: bool,
+        version: Option<u64>,
+        enforce: bool,
+    ) -> Result<(Registered, Option<Registered>), RegistryError> {
         let _one_at_a_time = self.commit.lock();
+        if enforce {
+            self.check_namespace(&spec.name, staged.as_ref().map(|s| s.bytes))?;
+        }
+        let new_bytes = staged.as_ref().map(|s| s.bytes);
         let mut spec = spec;
         let previous = self.get(&spec.name);
         spec.version =
@@ -383,6 +526,21 @@ impl Registry {
             spec: Arc::new(spec),
             code_dir,
         };
+        if let (Some(old), false) = (
+            previous.as_ref().and_then(|p| p.code_dir.clone()),
+            kept_code,
+        ) {
+            self.retire_code(&reg.spec.name, old);
+        }
+        match (new_bytes, &reg.code_dir) {
+            (Some(b), _) => {
+                self.code_bytes.insert(reg.spec.name.clone(), b);
+            }
+            (None, None) => {
+                self.code_bytes.remove(&reg.spec.name);
+            }
+            (None, Some(_)) => {}
+        }
         self.functions.insert(reg.spec.name.clone(), reg.clone());
         Ok((reg, previous))
     }
@@ -394,9 +552,20 @@ impl Registry {
             .incoming
             .join(format!("{}-{:016x}", spec.name, rand::random::<u64>()));
         create_dir(&dir)?;
-        let staged = Staged { dir: Some(dir) };
-        let dir = staged.path();
-        let mut budget = Budget::new(&self.intake);
+        let mut staged = Staged {
+            dir: Some(dir),
+            bytes: 0,
+        };
+        let dir = staged.path().to_path_buf();
+        let dir = dir.as_path();
+        // Unpacking stops as soon as the namespace's share of the disk is used up, not only
+        // the function's own limit: 250 KiB of gzip can expand to the per-function 250 MiB.
+        let (_, held) = self.namespace_held(&spec.name);
+        let mut budget = Budget::new(&self.intake).within_namespace(
+            hearth_api::namespace::namespace_of(&spec.name),
+            self.intake.max_code_bytes_per_namespace,
+            held,
+        );
         match src {
             CodeSource::Path(path) => {
                 copy_from_roots(path, &self.intake, &self.data_dir, dir, &mut budget)?
@@ -406,6 +575,7 @@ impl Registry {
         }
         make_readable(dir)?;
         check_module(spec, dir)?;
+        staged.bytes = budget.used_bytes();
         Ok(staged)
     }
 
@@ -415,7 +585,20 @@ impl Registry {
         self.db
             .lock()
             .execute("DELETE FROM functions WHERE name = ?1", params![name])?;
-        Ok(self.functions.remove(name).map(|(_, r)| r))
+        let removed = self.functions.remove(name).map(|(_, r)| r);
+        if let Some(dir) = removed.as_ref().and_then(|r| r.code_dir.clone()) {
+            self.retire_code(name, dir);
+        }
+        self.code_bytes.remove(name);
+        Ok(removed)
+    }
+
+    /// Counts `name`'s old code directory against its namespace until
+    /// [`Self::remove_code_dir`] removes it.
+    fn retire_code(&self, name: &str, dir: PathBuf) {
+        let bytes = self.code_bytes.get(name).map_or(0, |b| *b);
+        let ns = hearth_api::namespace::namespace_of(name).to_string();
+        self.retired.insert(dir, (ns, bytes));
     }
 
     /// Deletes a code directory that no registered function refers to. The files are removed
@@ -428,6 +611,7 @@ impl Registry {
         if in_use || !dir.starts_with(&self.code_root) {
             return;
         }
+        self.retired.remove(dir);
         let dir = dir.to_path_buf();
         let remove = move || {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
@@ -468,9 +652,16 @@ impl Registry {
 /// Code unpacked in the staging area; removed unless committed.
 pub struct Staged {
     dir: Option<PathBuf>,
+    /// Bytes of file content unpacked.
+    bytes: u64,
 }
 
 impl Staged {
+    /// Bytes of file content the staged code holds.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// Where the staged code is (to pack it, for example).
     pub fn path(&self) -> &Path {
         self.dir.as_deref().unwrap_or(Path::new(""))
@@ -507,6 +698,27 @@ impl Drop for Staged {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
+}
+
+/// Bytes of regular files under `dir`, symlinks not followed (code unpacked by intake has none).
+fn dir_bytes(dir: &Path) -> u64 {
+    let mut total = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(t) if t.is_file() => {
+                    total = total.saturating_add(e.metadata().map_or(0, |m| m.len()));
+                }
+                _ => {}
+            }
+        }
+    }
+    total
 }
 
 fn unix_now() -> i64 {
@@ -737,6 +949,143 @@ mod tests {
             .unwrap()
             .collect();
         assert!(staged.is_empty(), "refused uploads leave nothing behind");
+    }
+
+    /// 2.5 MB of uploads became 1.9 GB on disk: gzip of zeros expands about 1,000 times, and
+    /// each function could unpack to the per-function 250 MiB. A namespace's code now stops
+    /// unpacking at its share, across its functions and across restarts.
+    #[test]
+    fn a_namespaces_code_stops_at_its_share_of_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let intake = CodeIntake {
+            max_code_bytes_per_namespace: 3 << 20,
+            ..CodeIntake::default()
+        };
+        let bomb = |mb: usize| {
+            targz(|b| {
+                let zeros = vec![0u8; mb << 20];
+                let mut h = tar::Header::new_gnu();
+                h.set_size(zeros.len() as u64);
+                h.set_mode(0o644);
+                h.set_cksum();
+                b.append_data(&mut h, "blob.bin", &zeros[..]).unwrap();
+                let main = b"def main(a):\n    return a\n";
+                let mut h = tar::Header::new_gnu();
+                h.set_size(main.len() as u64);
+                h.set_mode(0o644);
+                h.set_cksum();
+                b.append_data(&mut h, "main.py", &main[..]).unwrap();
+            })
+        };
+        let upload = bomb(2);
+        assert!(upload.len() < 64 << 10, "{} bytes", upload.len());
+        {
+            let reg = Registry::open_with(dir.path(), intake.clone()).unwrap();
+            reg.put(
+                FunctionSpec::new("t.one"),
+                Some(CodeSource::Archive(upload.clone())),
+                true,
+            )
+            .unwrap();
+        }
+        // After a restart the first function's 2 MiB still count.
+        let reg = Registry::open_with(dir.path(), intake).unwrap();
+        let err = reg
+            .put(
+                FunctionSpec::new("t.two"),
+                Some(CodeSource::Archive(upload.clone())),
+                true,
+            )
+            .unwrap_err();
+        match &err {
+            RegistryError::NamespaceCode {
+                namespace,
+                max,
+                held,
+            } => {
+                assert_eq!((namespace.as_str(), *max), ("t", 3 << 20));
+                assert!(*held >= 2 << 20, "{held}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let api = ApiError::from(err);
+        assert_eq!(api.status, axum::http::StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(api.code, ErrorCode::NamespaceLimit);
+        // Nothing of the refused upload stays on disk.
+        let staged: Vec<_> = std::fs::read_dir(dir.path().join("functions/.incoming"))
+            .unwrap()
+            .collect();
+        assert!(staged.is_empty());
+        // Another namespace has a share of its own; an update of the first counts new - old.
+        reg.put(
+            FunctionSpec::new("u.one"),
+            Some(CodeSource::Archive(upload.clone())),
+            true,
+        )
+        .unwrap();
+        reg.put(
+            FunctionSpec::new("t.one"),
+            Some(CodeSource::Archive(bomb(3))),
+            true,
+        )
+        .unwrap_err();
+        // Old code still on disk (a sandbox runs it) counts until it is removed.
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open_with(
+            dir.path(),
+            CodeIntake {
+                max_code_bytes_per_namespace: 5 << 20,
+                ..CodeIntake::default()
+            },
+        )
+        .unwrap();
+        let put = |name: &str| {
+            reg.put(
+                FunctionSpec::new(name),
+                Some(CodeSource::Archive(upload.clone())),
+                true,
+            )
+        };
+        put("t.one").unwrap();
+        let (_, old) = put("t.one").unwrap();
+        let old = old.unwrap().code_dir.unwrap();
+        assert!(matches!(
+            put("t.two").unwrap_err(),
+            RegistryError::NamespaceCode { .. }
+        ));
+        reg.remove_code_dir(&old);
+        put("t.two").unwrap();
+        reg.put(
+            FunctionSpec::new("t.one"),
+            Some(CodeSource::Archive(upload)),
+            true,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_namespace_has_at_most_its_number_of_functions() {
+        let dir = tempfile::tempdir().unwrap();
+        let intake = CodeIntake {
+            max_functions_per_namespace: 2,
+            ..CodeIntake::default()
+        };
+        let reg = Registry::open_with(dir.path(), intake).unwrap();
+        for n in ["t.a", "t.b", "u.a"] {
+            reg.put(FunctionSpec::new(n), None, false).unwrap();
+        }
+        let err = reg.put(FunctionSpec::new("t.c"), None, false).unwrap_err();
+        assert!(
+            matches!(&err, RegistryError::TooManyFunctions { namespace, max: 2 } if namespace == "t"),
+            "{err:?}"
+        );
+        assert_eq!(ApiError::from(err).status.as_u16(), 429);
+        // Updates are not new functions; what the cluster stored is applied as it is.
+        reg.put(FunctionSpec::new("t.a"), None, false).unwrap();
+        reg.apply_staged(FunctionSpec::new("t.c"), None, 7).unwrap();
+        reg.remove("t.a").unwrap();
+        reg.remove("t.c").unwrap();
+        reg.put(FunctionSpec::new("t.d"), None, false).unwrap();
     }
 
     /// On a single-threaded runtime, a task spawned beside a registration runs before the

@@ -234,6 +234,59 @@ pub fn check_limits(
     Ok(())
 }
 
+/// A namespace's share of the async store when its setting is not given: a quarter of the
+/// shared bound (at least 1), so that tenants filling their shares leave the others room.
+pub fn default_namespace_share(shared: usize) -> usize {
+    (shared / 4).max(1)
+}
+
+/// The per-namespace limits both services have, for [`check_namespace_limits`].
+pub struct NamespaceLimits {
+    pub async_max_records: usize,
+    pub async_max_bytes: usize,
+    pub async_max_records_per_namespace: Option<usize>,
+    pub async_max_bytes_per_namespace: Option<usize>,
+    pub max_functions_per_namespace: u64,
+    pub max_code_bytes_per_namespace: Option<u64>,
+}
+
+/// Range checks of the per-namespace limits: positive, and a namespace's async share, when
+/// given, no larger than the whole store.
+pub fn check_namespace_limits(
+    l: &NamespaceLimits,
+) -> Result<(), crate::config_loader::ConfigError> {
+    let bad = |m: String| Err(crate::config_loader::ConfigError::Invalid(m));
+    if l.async_max_records == 0 {
+        return bad("async_max_records must be positive".into());
+    }
+    if let Some(n) = l.async_max_records_per_namespace {
+        if !(1..=l.async_max_records).contains(&n) {
+            return bad(format!(
+                "async_max_records_per_namespace must be between 1 and async_max_records ({}), got {n}",
+                l.async_max_records
+            ));
+        }
+    }
+    if let Some(n) = l.async_max_bytes_per_namespace {
+        if !(1..=l.async_max_bytes).contains(&n) {
+            return bad(format!(
+                "async_max_bytes_per_namespace must be between 1 and async_max_bytes ({}), got {n}",
+                l.async_max_bytes
+            ));
+        }
+    }
+    if !(1..=1_000_000).contains(&l.max_functions_per_namespace) {
+        return bad(format!(
+            "max_functions_per_namespace must be between 1 and 1000000, got {}",
+            l.max_functions_per_namespace
+        ));
+    }
+    if l.max_code_bytes_per_namespace == Some(0) {
+        return bad("max_code_bytes_per_namespace must be positive".into());
+    }
+    Ok(())
+}
+
 pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;

@@ -225,9 +225,7 @@ async fn invoke(
             elapsed_us: headers.elapsed_us(&p)?,
             drop_late: headers.drop_late()?.unwrap_or(false),
         };
-        let slot = w
-            .admit_namespace(namespace_of(&name))
-            .map_err(|e| e.api_error())?;
+        let slot = w.admit_call(&name).map_err(|e| e.api_error())?;
         if let Some(id) = id {
             // A controller's invocation: a repeat of the id runs once.
             let kept = w.invoke_once(name, &id, args, call).await;
@@ -268,6 +266,7 @@ pub fn api_error(e: InvokeError) -> ApiError {
             e
         }
         InvokeError::NoMemory { .. } | InvokeError::AsyncStoreFull => ApiError::overloaded(message),
+        InvokeError::AsyncNamespaceFull(e) => async_api::store_error(e),
         InvokeError::AsyncStore(_) => {
             let mut e = ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

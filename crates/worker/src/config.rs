@@ -302,6 +302,12 @@ pub struct WorkerConfig {
     pub max_code_unpacked_bytes: u64,
     /// Most files and directories one function's code may hold.
     pub max_code_files: u64,
+    /// Most functions one namespace may register (429 `namespace_limit` over it).
+    pub max_functions_per_namespace: u64,
+    /// Most bytes of unpacked code one namespace's functions may hold on disk (413
+    /// `namespace_limit` over it); an update counts its new size minus its old one. Unset:
+    /// four times `max_code_unpacked_bytes`.
+    pub max_code_bytes_per_namespace: Option<u64>,
     /// When an invocation finds its function's sandboxes all busy, wait for one to free rather
     /// than start a new one if that is expected to be sooner (docs/scheduling.md).
     pub warm_wait: bool,
@@ -328,6 +334,14 @@ pub struct WorkerConfig {
     /// Bytes of finished async results kept in memory; the oldest results are dropped first to
     /// stay under it.
     pub async_max_bytes: usize,
+    /// Most async invocations one namespace may have kept (pending and finished); over it its
+    /// new ones get 429 naming this limit, other namespaces are unaffected. Unset: a quarter
+    /// of `async_max_records`.
+    pub async_max_records_per_namespace: Option<usize>,
+    /// Bytes of finished async results one namespace may have kept; over it its own oldest
+    /// results are dropped first, never another namespace's. Unset: a quarter of
+    /// `async_max_bytes`.
+    pub async_max_bytes_per_namespace: Option<usize>,
     /// Largest handler result passed on; a larger one is answered 502 `result_too_large`.
     pub max_result_bytes: usize,
     /// A request head must arrive within this from its first byte, else the connection closes.
@@ -387,6 +401,10 @@ pub struct WorkerConfig {
     /// The share of the concurrency limit one namespace may hold while functions of other
     /// namespaces are registered here (0 < share <= 1).
     pub namespace_share: f64,
+    /// The share of this worker's sandbox memory budget one namespace's invocations may hold
+    /// at once while functions of other namespaces are registered here (0 < share <= 1): over
+    /// it its call gets 429 `fair_share`, so another namespace's cold start finds memory.
+    pub namespace_memory_share: f64,
     /// The listener's certificate chain (PEM, leaf first): with `tls_key`, the API is served
     /// over TLS only (docs/security.md). Unset: plain HTTP.
     pub tls_cert: Option<PathBuf>,
@@ -432,6 +450,12 @@ impl Default for WorkerConfig {
             async_retry_backoff_ms: 1000,
             async_max_records: 100_000,
             async_max_bytes: 256 * 1024 * 1024,
+            async_max_records_per_namespace: None,
+            async_max_bytes_per_namespace: None,
+            max_functions_per_namespace:
+                hearth_service::registry::DEFAULT_MAX_FUNCTIONS_PER_NAMESPACE,
+            max_code_bytes_per_namespace: None,
+            namespace_memory_share: 0.5,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             header_read_timeout_ms: serving::DEFAULT_HEADER_READ_TIMEOUT_MS,
             idle_timeout_ms: serving::DEFAULT_IDLE_TIMEOUT_MS,
@@ -496,6 +520,10 @@ const CONFIG_KEYS: &[&str] = &[
     "async_retry_backoff_ms",
     "async_max_records",
     "async_max_bytes",
+    "async_max_records_per_namespace",
+    "async_max_bytes_per_namespace",
+    "max_functions_per_namespace",
+    "max_code_bytes_per_namespace",
     "max_result_bytes",
     "header_read_timeout_ms",
     "idle_timeout_ms",
@@ -519,6 +547,7 @@ const CONFIG_KEYS: &[&str] = &[
     "quota",
     "quotas",
     "namespace_share",
+    "namespace_memory_share",
     "tls_cert",
     "tls_key",
     "tls_ca",
@@ -559,6 +588,14 @@ impl WorkerConfig {
             self.idle_timeout_ms,
             self.max_connections,
         )?;
+        serving::check_namespace_limits(&serving::NamespaceLimits {
+            async_max_records: self.async_max_records,
+            async_max_bytes: self.async_max_bytes,
+            async_max_records_per_namespace: self.async_max_records_per_namespace,
+            async_max_bytes_per_namespace: self.async_max_bytes_per_namespace,
+            max_functions_per_namespace: self.max_functions_per_namespace,
+            max_code_bytes_per_namespace: self.max_code_bytes_per_namespace,
+        })?;
         config_checks::async_retry_backoff_ms(self.async_retry_backoff_ms)?;
         if self.max_concurrent_creations > 1024 {
             return bad(format!(
@@ -678,14 +715,13 @@ impl WorkerConfig {
                     .into(),
             );
         }
-        if !(self.namespace_share.is_finite()
-            && self.namespace_share > 0.0
-            && self.namespace_share <= 1.0)
-        {
-            return bad(format!(
-                "namespace_share must be in (0, 1], got {}",
-                self.namespace_share
-            ));
+        for (key, share) in [
+            ("namespace_share", self.namespace_share),
+            ("namespace_memory_share", self.namespace_memory_share),
+        ] {
+            if !(share.is_finite() && share > 0.0 && share <= 1.0) {
+                return bad(format!("{key} must be in (0, 1], got {share}"));
+            }
         }
         hearth_service::quota::check_quotas(&self.quota, &self.quotas)
             .map_err(ConfigError::Invalid)?;
@@ -772,12 +808,31 @@ impl WorkerConfig {
         }
     }
 
+    /// The async store's bounds, in all and per namespace.
+    pub fn async_limits(&self) -> hearth_service::store::sqlite::AsyncLimits {
+        hearth_service::store::sqlite::AsyncLimits {
+            max_records: self.async_max_records,
+            max_bytes: self.async_max_bytes,
+            max_records_per_namespace: self
+                .async_max_records_per_namespace
+                .unwrap_or_else(|| serving::default_namespace_share(self.async_max_records)),
+            max_bytes_per_namespace: self
+                .async_max_bytes_per_namespace
+                .unwrap_or_else(|| serving::default_namespace_share(self.async_max_bytes)),
+        }
+    }
+
     /// What registrations may bring in as code.
     pub fn code_intake(&self) -> hearth_service::registry::CodeIntake {
         hearth_service::registry::CodeIntake {
             path_roots: self.code_path_roots.clone(),
             max_unpacked_bytes: self.max_code_unpacked_bytes,
             max_files: self.max_code_files,
+            max_functions_per_namespace: self.max_functions_per_namespace,
+            max_code_bytes_per_namespace: self.max_code_bytes_per_namespace.unwrap_or(
+                hearth_service::registry::NAMESPACE_CODE_FUNCTIONS
+                    .saturating_mul(self.max_code_unpacked_bytes),
+            ),
         }
     }
 
@@ -1076,6 +1131,65 @@ mod tests {
             assert!(err.contains("max_code_files"), "{err}");
             Ok(())
         });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn per_namespace_limits_have_fair_defaults_and_are_checked() {
+        figment::Jail::expect_with(|jail| {
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            let l = c.async_limits();
+            assert_eq!(l.max_records_per_namespace * 4, l.max_records);
+            assert_eq!(l.max_bytes_per_namespace * 4, l.max_bytes);
+            assert_eq!(c.code_intake().max_functions_per_namespace, 100);
+            assert_eq!(
+                c.code_intake().max_code_bytes_per_namespace,
+                4 * c.max_code_unpacked_bytes
+            );
+            assert_eq!(c.namespace_memory_share, 0.5);
+            // A lowered (or raised) shared bound moves the default share with it.
+            jail.set_env("HEARTH_ASYNC_MAX_BYTES", "1048576");
+            jail.set_env("HEARTH_MAX_CODE_UNPACKED_BYTES", "1000");
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.async_limits().max_bytes_per_namespace, 262_144);
+            assert_eq!(c.code_intake().max_code_bytes_per_namespace, 4000);
+            jail.set_env("HEARTH_MAX_FUNCTIONS_PER_NAMESPACE", "7");
+            jail.set_env("HEARTH_NAMESPACE_MEMORY_SHARE", "0.25");
+            let c = WorkerConfig::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.code_intake().max_functions_per_namespace, 7);
+            assert_eq!(c.namespace_memory_share, 0.25);
+            Ok(())
+        });
+        // Bad values, checked on the struct (setting them in the environment would race
+        // with this module's tests that load without a jail).
+        type Set = fn(&mut WorkerConfig);
+        let cases: [(Set, &str); 6] = [
+            (
+                |c| c.async_max_records_per_namespace = Some(100_001),
+                "async_max_records_per_namespace",
+            ),
+            (
+                |c| c.async_max_bytes_per_namespace = Some(0),
+                "async_max_bytes_per_namespace",
+            ),
+            (
+                |c| c.max_functions_per_namespace = 0,
+                "max_functions_per_namespace",
+            ),
+            (
+                |c| c.max_code_bytes_per_namespace = Some(0),
+                "max_code_bytes_per_namespace",
+            ),
+            (|c| c.namespace_memory_share = 1.5, "namespace_memory_share"),
+            (|c| c.namespace_memory_share = 0.0, "namespace_memory_share"),
+        ];
+        for (set, named) in cases {
+            let mut c = WorkerConfig::default();
+            assert!(c.check().is_ok());
+            set(&mut c);
+            let err = c.check().unwrap_err().to_string();
+            assert!(err.contains(named), "{named}: {err}");
+        }
     }
 
     #[test]

@@ -103,6 +103,9 @@ pub struct Driver {
     /// still coming into being (runc would finish one after the cleanup, and it would outlive
     /// the worker).
     in_creation: Arc<InCreation>,
+    /// The memory budget in force, readable without the engine's lock (every invocation's
+    /// admission reads it for the namespaces' memory share).
+    budget_mb: std::sync::atomic::AtomicU64,
 }
 
 /// Counts creations under way; wakes a waiter when the last one ends.
@@ -165,13 +168,15 @@ impl Driver {
         elastic: Option<ElasticController>,
     ) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let engine = WorkerEngine::new(config);
+        let budget_mb = engine.pool().config().memory_budget_mb;
         let driver = Arc::new(Driver {
             epoch: Instant::now(),
             backend,
             registry,
             metrics,
             state: Mutex::new(EngineState {
-                engine: WorkerEngine::new(config),
+                engine,
                 parked: HashMap::new(),
                 waiters: HashMap::new(),
                 armed: Micros::MAX,
@@ -183,6 +188,7 @@ impl Driver {
             code_users: DashMap::new(),
             creations: creation_cap.map(|n| tokio::sync::Semaphore::new(n.max(1))),
             in_creation: Arc::default(),
+            budget_mb: std::sync::atomic::AtomicU64::new(budget_mb),
         });
         tokio::spawn(lifecycle(Arc::clone(&driver), rx));
         tokio::spawn(timers(Arc::downgrade(&driver), Arc::clone(&driver.timer)));
@@ -599,6 +605,8 @@ impl Driver {
             return;
         };
         let applied = st.engine.set_memory_budget(now, decision.to_mb);
+        self.budget_mb
+            .store(applied, std::sync::atomic::Ordering::Relaxed);
         self.metrics.memory_budget_mb.set(applied as i64);
         tracing::info!(
             from_mb = decision.from_mb,
@@ -611,7 +619,7 @@ impl Driver {
 
     /// The memory budget in force (elastic provisioning may have changed it).
     pub fn memory_budget_mb(&self) -> u64 {
-        self.state.lock().engine.pool().config().memory_budget_mb
+        self.budget_mb.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The timer task's step: feeds a load sample if one is due, fires the engine's timers, and

@@ -33,7 +33,7 @@ use hearth_service::auth::{Auth, AuthError, AuthSettings, WorkerSecret};
 use hearth_service::dedup::Dedup;
 use hearth_service::delivery::{Accepted, Attempted, Delivery, DeliverySettings, Runner};
 use hearth_service::in_flight::InFlightTracker;
-use hearth_service::quota::{QuotaError, QuotaGuard, Quotas};
+use hearth_service::quota::{MemoryClaim, QuotaError, QuotaGuard, Quotas};
 use hearth_service::registry::{CodeSource, Registered, Registry, RegistryError};
 use hearth_service::serving::open_data_dir;
 use hearth_service::store::sqlite::SqliteAsyncStore;
@@ -209,10 +209,9 @@ impl Worker {
             Duration::from_millis(config.low_latency_quiet_ms),
         );
         let config_quota = (config.quota, config.quotas.clone());
-        let store = Arc::new(SqliteAsyncStore::open(
+        let store = Arc::new(SqliteAsyncStore::open_with(
             &data_dir,
-            config.async_max_records,
-            config.async_max_bytes,
+            config.async_limits(),
         )?);
         let runner = Arc::new(WorkerRunner(std::sync::OnceLock::new()));
         let delivery = Delivery::new(
@@ -223,7 +222,10 @@ impl Worker {
                 orphan_scan: None,
                 first_scan_after: Duration::ZERO,
                 retention: Duration::from_secs(config.async_retention_s),
-                max_answer_bytes: config.async_max_bytes,
+                // An answer larger than a namespace's share would only evict itself.
+                max_answer_bytes: config
+                    .async_max_bytes
+                    .min(config.async_limits().max_bytes_per_namespace),
             },
         );
         let worker = Arc::new(Worker {
@@ -260,15 +262,36 @@ impl Worker {
         &self.auth
     }
 
-    /// Admits one invocation of namespace `ns` against its quota and its fair share of this
-    /// worker's slots; the slot is held until the guard drops.
-    pub fn admit_namespace(&self, ns: &str) -> Result<QuotaGuard, QuotaError> {
+    /// Admits one invocation of `function` against its namespace's quota and its fair share of
+    /// this worker's slots and sandbox memory (so that one tenant's big calls cannot make
+    /// another's cold start wait for memory); the slot and the memory are held until the guard
+    /// drops.
+    pub fn admit_call(&self, function: &str) -> Result<QuotaGuard, QuotaError> {
+        let namespaces = self.namespaces.load(Ordering::Relaxed);
         let share = hearth_service::quota::fair_share(
             self.config.slots(),
-            self.namespaces.load(Ordering::Relaxed),
+            namespaces,
             self.config.namespace_share,
         );
-        self.quotas.admit(ns, share, Instant::now())
+        // Counted always, so that the share holds from the moment a second namespace comes.
+        let memory = MemoryClaim {
+            mb: self.registry.memory_mb(function).unwrap_or(0),
+            share_mb: (namespaces >= 2)
+                .then(|| {
+                    hearth_service::quota::memory_share(
+                        self.driver.memory_budget_mb(),
+                        namespaces,
+                        self.config.namespace_memory_share,
+                    )
+                })
+                .flatten(),
+        };
+        self.quotas.admit_call(
+            hearth_api::namespace::namespace_of(function),
+            share,
+            memory,
+            Instant::now(),
+        )
     }
 
     /// Counts the namespaces that have functions here (after every registry change).

@@ -7,7 +7,7 @@
 //! | `{p}/inv/{id}` | [`StoredInvocation`] JSON | none while unfinished; the retention lease once final |
 //! | `{p}/pending/{id}` | `""` while unfinished | none |
 //! | `{p}/claims/{id}` | the claiming store's session id | that store's session lease |
-//! | `{p}/idem/{sha256(function "\0" key)}` | the invocation id | none while unfinished; the retention lease once final |
+//! | `{p}/idem/{sha256(function "\0" owner "\0" key)}` | the invocation id | none while unfinished; the retention lease once final |
 //! | `{p}/functions/{key}` | [`FunctionRecord`] JSON without `version` (read: the key's mod revision) | none |
 //! | `{p}/code/{sha256}/{index:04}` | chunk `index` of the code archive (≤ [`CODE_CHUNK_BYTES`]) | none |
 //! | `{p}/code/{sha256}/meta` | `{"bytes":N,"chunks":M}`, written after every chunk | none |
@@ -680,9 +680,13 @@ impl EtcdStore {
         format!("{}/{area}/{name}", self.prefix)
     }
 
-    fn idem_key(&self, function: &str, idempotency_key: &str) -> String {
+    /// Scoped to the function and the calling key (`owner`): another key's repeat of the same
+    /// `Idempotency-Key` is a call of its own (issue 31 item 10).
+    fn idem_key(&self, function: &str, owner: &str, idempotency_key: &str) -> String {
         let mut h = Sha256::new();
         h.update(function.as_bytes());
+        h.update([0u8]);
+        h.update(owner.as_bytes());
         h.update([0u8]);
         h.update(idempotency_key.as_bytes());
         self.key("idem", &format!("{:x}", h.finalize()))
@@ -1115,7 +1119,7 @@ impl AsyncStore for EtcdStore {
         let idem_key = inv
             .idempotency_key
             .as_deref()
-            .map(|k| self.idem_key(&inv.function, k));
+            .map(|k| self.idem_key(&inv.function, &inv.owner, k));
         // Set when the idempotency key names a record that is gone: (its mod revision, id).
         let mut take_over: Option<(i64, String)> = None;
         for _ in 0..4 {
@@ -1238,7 +1242,7 @@ impl AsyncStore for EtcdStore {
                 TxnOp::delete(self.key("claims", id), None),
             ];
             if let Some(k) = inv.idempotency_key.as_deref() {
-                let ik = self.idem_key(&inv.function, k);
+                let ik = self.idem_key(&inv.function, &inv.owner, k);
                 then.push(TxnOp::txn(
                     Txn::new()
                         .when([Compare::value(ik.clone(), CompareOp::Equal, id)])
@@ -1381,7 +1385,7 @@ impl AsyncStore for EtcdStore {
         for (inv, rev) in old {
             let mut then = vec![TxnOp::delete(self.key("inv", &inv.id), None)];
             if let Some(k) = inv.idempotency_key.as_deref() {
-                let ik = self.idem_key(&inv.function, k);
+                let ik = self.idem_key(&inv.function, &inv.owner, k);
                 then.push(TxnOp::txn(
                     Txn::new()
                         .when([Compare::value(

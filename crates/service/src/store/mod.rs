@@ -42,6 +42,18 @@ pub enum StoreError {
     /// The store holds as many invocations as it may.
     #[error("the async store is full ({0} records)")]
     Full(usize),
+    /// The calling namespace holds its share of the store (`setting`): other namespaces are
+    /// unaffected, and the caller's own finished results make room as they expire.
+    #[error(
+        "namespace {namespace:?} holds its limit of {max} async {what} ({setting}); \
+         retry once some of its results expire"
+    )]
+    NamespaceFull {
+        namespace: String,
+        what: &'static str,
+        setting: &'static str,
+        max: usize,
+    },
     /// A bad `--store` URL or store setting.
     #[error("bad state store setting: {0}")]
     Config(String),
@@ -87,6 +99,16 @@ pub const MAX_FAILURES_KEPT: usize = 8;
 pub const MAX_FAILURE_CHARS: usize = 512;
 
 impl StoredInvocation {
+    /// What the store matches a repeated `Idempotency-Key` by, besides the function: the key
+    /// scoped to the caller's key id (`owner`), so that another key of the same namespace
+    /// sending the same `Idempotency-Key` gets a call of its own, never the first key's answer
+    /// (issue 31 item 10). Length-prefixed, so no two (owner, key) pairs give the same string.
+    pub fn idempotency_scope(&self) -> Option<String> {
+        self.idempotency_key
+            .as_deref()
+            .map(|k| format!("{}:{}:{k}", self.owner.len(), self.owner))
+    }
+
     /// Appends a failure reason within the bounds.
     pub fn note_failure(&mut self, why: &str) {
         let why: String = why.chars().take(MAX_FAILURE_CHARS).collect();
@@ -102,7 +124,8 @@ impl StoredInvocation {
 pub enum Created {
     /// The invocation is stored (and claimed by the caller).
     New,
-    /// Its idempotency key was already used for this function: the first call's record.
+    /// Its idempotency key was already used for this function by the same calling key: the
+    /// first call's record.
     Existing(Box<StoredInvocation>),
 }
 
@@ -110,7 +133,7 @@ pub enum Created {
 #[async_trait]
 pub trait AsyncStore: Send + Sync + 'static {
     /// Stores a new invocation durably, claimed by this process, unless its idempotency key
-    /// (scoped to its function) was used before: then nothing is written and the first call's
+    /// (scoped to its function and its owner, the calling key) was used before: then nothing is written and the first call's
     /// record comes back.
     async fn create(&self, inv: &StoredInvocation) -> Result<Created, StoreError>;
 
