@@ -12,7 +12,7 @@ use crate::config::ControllerConfig;
 use crate::errors::StartError;
 use crate::facade::Controller;
 use hearth_api::FunctionSpec;
-use hearth_service::auth::{write_private, Auth, ClusterKey, KeyRecord};
+use hearth_service::auth::{Auth, ClusterKey, KeyRecord};
 use hearth_service::registry::CodeSource;
 use hearth_service::store::{Change, FunctionRecord, MemberRecord};
 use hearth_service::store::{ClusterState, Doc, StoreError};
@@ -144,47 +144,42 @@ pub(crate) async fn follow_workers(
 /// The kind of shared document the cluster's settings are.
 const CONFIG_KIND: &str = "config";
 
-/// The cluster's key: the first controller's (from its `cluster_key_file`, or made in its data
-/// directory), stored in the cluster; a later controller adopts it into its data directory.
-/// A `cluster_key_file` that differs from the cluster's is refused rather than silently
-/// splitting the cluster.
+/// The id of the cluster setting that holds the SHA-256 fingerprint of the cluster key.
+pub(crate) const KEY_FINGERPRINT_ID: &str = "cluster-key-sha256";
+/// Where versions before issue 31 kept the cluster key itself, in clear: deleted on sight.
+const LEGACY_KEY_ID: &str = "cluster-key";
+
+/// Checks this controller's cluster key against the cluster's: every controller is given the
+/// same `cluster.key` file by the operator, and etcd keeps only its fingerprint (the first
+/// controller's). A controller with another key refuses to start: it would split the cluster
+/// and could not open the records the others sealed. A key left in etcd by an older version
+/// is deleted.
 pub(crate) async fn settle_cluster_key(
     cluster: &dyn ClusterState,
-    config: &ControllerConfig,
-) -> Result<Option<ClusterKey>, StartError> {
-    let local = match &config.cluster_key_file {
-        Some(path) => ClusterKey::read(path)?,
-        None if config.auth => ClusterKey::read_or_create(&config.cluster_key_path())?,
-        None => return Ok(None),
-    };
+    local: &ClusterKey,
+) -> Result<(), StartError> {
+    let mine = hearth_service::store::seal::key_fingerprint(local.token());
     let stored = cluster
-        .put_doc_if_absent(
-            CONFIG_KIND,
-            "cluster-key",
-            &json!({ "token": local.token() }),
-        )
+        .put_doc_if_absent(CONFIG_KIND, KEY_FINGERPRINT_ID, &json!({ "sha256": mine }))
         .await?;
-    let Some(token) = stored["token"].as_str() else {
+    let Some(theirs) = stored["sha256"].as_str() else {
         return Err(StartError::Store(StoreError::Corrupt {
-            what: "cluster key",
-            why: "no token".into(),
+            what: "cluster key fingerprint",
+            why: "no sha256".into(),
         }));
     };
-    if token == local.token() {
-        return Ok(Some(local));
-    }
-    if config.cluster_key_file.is_some() {
+    if theirs != mine {
         return Err(StartError::Store(StoreError::Config(
-            "cluster_key_file differs from the key the cluster's store holds (another cluster's \
-             key, or a stale copy)"
+            "this controller's cluster key differs from the cluster's (the fingerprint in etcd \
+             is another key's): give every controller the same cluster.key file \
+             (cluster_key_file)"
                 .into(),
         )));
     }
-    let path = config.cluster_key_path();
-    write_private(&path, &format!("{token}\n"))
-        .map_err(|e| StartError::DataDir(path.clone(), e))?;
-    tracing::info!(path = %path.display(), "adopted the cluster's key");
-    Ok(Some(ClusterKey::read(&path)?))
+    if cluster.delete_doc(CONFIG_KIND, LEGACY_KEY_ID).await? {
+        tracing::warn!("deleted the cluster key an older version had stored in etcd in clear");
+    }
+    Ok(())
 }
 
 /// The balancing policy and its parameters: the first controller's, so that every controller
