@@ -319,6 +319,26 @@ impl LocalEtcd {
         self.admin_client().await
     }
 
+    /// Every key under `prefix` and its value as etcd stores it, read with the admin
+    /// credentials (tests look for what must not be there in clear).
+    pub async fn dump(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, LocalEtcdError> {
+        let mut c = self.admin_client().await?;
+        let got = c
+            .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| LocalEtcdError::Auth(e.to_string()))?;
+        Ok(got
+            .kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(kv.key()).into_owned(),
+                    kv.value().to_vec(),
+                )
+            })
+            .collect())
+    }
+
     /// How many members the cluster has (running or not).
     pub fn len(&self) -> usize {
         self.members.len()

@@ -394,19 +394,9 @@ impl StoreAccess {
     /// only for `etcds://` (which needs `store_ca`), cert and key together, a user with its
     /// password file, and a plain remote etcd only with `store_insecure`.
     pub fn check(&self, url: &StoreUrl) -> Result<(), StoreError> {
+        // Without etcd they are unused (a `--store` flag may still name one after the file
+        // and the environment were checked).
         let StoreUrl::Etcd(endpoints) = url else {
-            if self.ca.is_some()
-                || self.cert.is_some()
-                || self.key.is_some()
-                || self.user.is_some()
-                || self.password_file.is_some()
-            {
-                return Err(StoreError::Config(
-                    "store_ca, store_cert, store_key, store_user and store_password_file need \
-                     an etcd store"
-                        .into(),
-                ));
-            }
             return Ok(());
         };
         let tls = endpoints.iter().any(|e| e.starts_with("https://"));
