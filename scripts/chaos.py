@@ -33,6 +33,8 @@ import tempfile
 import threading
 import time
 
+import chaos_etcd
+
 SYNC_TIMEOUT_S = 10.0  # the function's timeout (2 s) + the controller's grace (2 s) + slack
 
 
@@ -113,7 +115,8 @@ class Cluster:
         env = dict(os.environ)
         env.pop("HEARTH_API_KEY", None)
         self.env = env
-        # etcd, 3 members
+        # etcd, 3 members, secured as deploy/ sets it up: TLS, client certificates, users
+        self.pki = chaos_etcd.secure_setup(root)
         names = [f"e{i}" for i in range(3)]
         cports = [free_port() for _ in names]
         pports = [free_port() for _ in names]
@@ -122,16 +125,19 @@ class Cluster:
         for n, cp, pp in zip(names, cports, pports):
             d = os.path.join(root, n)
             argv = ["etcd", "--name", n, "--data-dir", d,
-                    "--listen-client-urls", f"http://127.0.0.1:{cp}",
-                    "--advertise-client-urls", f"http://127.0.0.1:{cp}",
+                    "--listen-client-urls", f"https://127.0.0.1:{cp}",
+                    "--advertise-client-urls", f"https://127.0.0.1:{cp}",
                     "--listen-peer-urls", f"http://127.0.0.1:{pp}",
                     "--initial-advertise-peer-urls", f"http://127.0.0.1:{pp}",
                     "--initial-cluster", initial, "--initial-cluster-state", "new",
                     "--initial-cluster-token", f"chaos-{os.getpid()}",
-                    "--heartbeat-interval", "50", "--election-timeout", "500"]
+                    "--heartbeat-interval", "50", "--election-timeout", "500"
+                    ] + chaos_etcd.etcd_args(self.pki)
             self.etcd.append(self.spawn(f"etcd-{n}", argv, {}))
-        self.store = "etcd://" + ",".join(f"127.0.0.1:{p}" for p in cports)
+        self.store = "etcds://" + ",".join(f"127.0.0.1:{p}" for p in cports)
+        self.etcd_endpoints = ",".join(f"https://127.0.0.1:{p}" for p in cports)
         self.etcd_ready()
+        chaos_etcd.create_users(self, [f"chaos-w{i}" for i in range(3)])
         # A call on a frozen worker ends at the function's timeout (2 s) + forward_grace_ms.
         common = {"HEARTH_LEASE_TTL_MS": "1000", "HEARTH_STATUS_INTERVAL_MS": "100",
                   "HEARTH_FORWARD_GRACE_MS": "2000",
@@ -143,12 +149,13 @@ class Cluster:
             d = os.path.join(root, f"controller{i}")
             argv = [hearth, "controller", "--store", self.store, "--balance", "ch-bl",
                     "--listen", f"127.0.0.1:{port}", "--data-dir", d]
-            p = self.spawn(f"controller{i}", argv, common)
+            p = self.spawn(f"controller{i}", argv,
+                           dict(common, **chaos_etcd.controller_env(self.pki)))
             p.url, p.data_dir = f"http://127.0.0.1:{port}", d
             self.controllers.append(p)
             wait_for(f"controller{i}", lambda p=p: self.healthy(p.url), 30)
         self.key = open(os.path.join(self.controllers[0].data_dir, "admin.key")).read().strip()
-        cluster_key = os.path.join(self.controllers[0].data_dir, "cluster.key")
+        cluster_key = self.pki.cluster_key
         self.workers = []
         for i in range(3):
             port = free_port()
@@ -157,7 +164,8 @@ class Cluster:
                     "--listen", f"127.0.0.1:{port}", "--data-dir", d]
             p = self.spawn(f"worker{i}", argv,
                            dict(common, HEARTH_CLUSTER_KEY_FILE=cluster_key,
-                                HEARTH_WORKER_ID=f"chaos-w{i}"))
+                                HEARTH_WORKER_ID=f"chaos-w{i}",
+                                **chaos_etcd.worker_env(self.pki, f"chaos-w{i}")))
             p.url, p.id = f"http://127.0.0.1:{port}", f"chaos-w{i}"
             self.workers.append(p)
         for w in self.workers:
@@ -171,9 +179,11 @@ class Cluster:
         return p
 
     def etcd_ready(self):
-        eps = self.store[len("etcd://"):]
+        eps, pki = self.etcd_endpoints, self.pki
         wait_for("etcd", lambda: subprocess.run(
-            ["etcdctl", "--endpoints", eps, "put", "/chaos/ready", "1"],
+            ["etcdctl", "--endpoints", eps, "--cacert", pki.path("ca.pem"),
+             "--cert", pki.path("client.pem"), "--key", pki.path("client-key.pem"),
+             "put", "/chaos/ready", "1"],
             env=dict(self.env, ETCDCTL_API="3"), capture_output=True, timeout=5).returncode == 0, 30)
 
     @staticmethod
@@ -420,6 +430,7 @@ def main():
             print(f"  {ph}: {msg[:200]}")
         total_async = len(load.accepted)
         print(f"accepted async: {total_async}, sync calls: {len(load.sync)}")
+        chaos_etcd.run(cluster, broken)
     finally:
         if cluster:
             cluster.close()
