@@ -535,4 +535,12 @@ fn a_plain_etcd_off_loopback_is_refused_unless_acknowledged() {
         ],
     );
     assert!(err.contains("store_insecure"), "{err}");
+    // Acknowledged, it passes the check, says so loudly, and then fails only for want of an
+    // etcd at that address.
+    let err = refused(
+        &["controller", "--store", "etcd://192.0.2.10:2379"],
+        &[("HEARTH_STORE_INSECURE", "1")],
+    );
+    assert!(err.contains("INSECURE") && err.contains("unavailable"), "{err}");
+    assert!(!err.contains("refusing a plain"), "{err}");
 }

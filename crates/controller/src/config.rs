@@ -49,6 +49,7 @@ pub struct ControllerConfig {
     pub store_user: Option<String>,
     pub store_password_file: Option<PathBuf>,
     /// Accept a plain `etcd://` store on a non-loopback address (a loud warning at start).
+    #[serde(deserialize_with = "hearth_service::config_loader::flag")]
     pub store_insecure: bool,
     /// Time to live of this controller's etcd session (its claims on async invocations): when
     /// it dies, another controller takes them over within this (whole seconds, at least 1 s).

@@ -374,6 +374,7 @@ pub struct WorkerConfig {
     pub store_user: Option<String>,
     pub store_password_file: Option<PathBuf>,
     /// Accept a plain `etcd://` store on a non-loopback address (a loud warning at start).
+    #[serde(deserialize_with = "hearth_service::config_loader::flag")]
     pub store_insecure: bool,
     /// The membership lease's time to live (whole seconds in etcd, at least 1 s): a worker that
     /// stops renewing it (killed, frozen) leaves the cluster within this.

@@ -435,9 +435,10 @@ impl StoreAccess {
         if url.is_plain_remote() && !self.insecure {
             return Err(StoreError::Config(
                 "refusing a plain etcd:// store on a non-loopback address: anyone who reaches \
-                 it reads every function's env and code and can add operator keys. Use \
-                 etcds:// with store_ca (and a user or client certificate), or set \
-                 store_insecure = true (HEARTH_STORE_INSECURE=1) to accept the risk"
+                 it reads function code and members, publishes fake workers and deletes or \
+                 replays records. Use etcds:// with store_ca (and a user or client \
+                 certificate), or set store_insecure = true (HEARTH_STORE_INSECURE=1) to \
+                 accept the risk"
                     .into(),
             ));
         }
@@ -450,8 +451,9 @@ impl StoreAccess {
         if url.is_plain_remote() {
             tracing::error!(
                 "INSECURE: the etcd store is plain etcd:// on the network (store_insecure is \
-                 set): its traffic, function code, async arguments and answers can be read \
-                 and its records written by anyone who reaches it"
+                 set): anyone who reaches it reads function code and members, publishes fake \
+                 workers and deletes or replays records (env, async records and keys stay \
+                 sealed)"
             );
         } else if url.is_plain_etcd() {
             tracing::warn!(
