@@ -541,6 +541,9 @@ fn a_plain_etcd_off_loopback_is_refused_unless_acknowledged() {
         &["controller", "--store", "etcd://192.0.2.10:2379"],
         &[("HEARTH_STORE_INSECURE", "1")],
     );
-    assert!(err.contains("INSECURE") && err.contains("unavailable"), "{err}");
+    assert!(
+        err.contains("INSECURE") && err.contains("unavailable"),
+        "{err}"
+    );
     assert!(!err.contains("refusing a plain"), "{err}");
 }

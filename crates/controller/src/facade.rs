@@ -121,6 +121,14 @@ impl Controller {
                     key.token(),
                 ))?;
                 crate::cluster_sync::settle_cluster_key(etcd.as_ref(), &key).await?;
+                // An upgraded cluster's records, written in clear before sealing existed.
+                let sealed = etcd.seal_clear_records().await?;
+                if sealed > 0 {
+                    tracing::warn!(
+                        records = sealed,
+                        "sealed records an older version wrote in clear"
+                    );
+                }
                 (config.auth || config.cluster_key_file.is_some()).then_some(key)
             }
             None if config.auth => Some(ClusterKey::read_or_create(&config.cluster_key_path())?),

@@ -1129,3 +1129,87 @@ async fn records_sealed_with_another_cluster_key_are_an_error_naming_the_cause()
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_an_older_version_wrote_in_clear_are_sealed_at_upgrade() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    // An older controller: everything in clear.
+    let old = store(&etcd).await.with_retention(Duration::from_secs(60));
+    old.put_function("f", &env_spec("old-secret"), Some(b"code"))
+        .await
+        .unwrap();
+    let running = inv("f", Some("k"));
+    old.create(&running).await.unwrap();
+    let mut finished = inv("f", None);
+    old.create(&finished).await.unwrap();
+    finished.state = AsyncState::Succeeded;
+    finished.answer = Some("old-answer".into());
+    finished.finished_unix_ms = Some(unix_ms());
+    assert!(old.finish(&finished).await.unwrap());
+    old.put_doc("keys", "k1", &serde_json::json!({"role": "admin"}))
+        .await
+        .unwrap();
+    old.put_doc("config", "balance", &serde_json::json!({"balance": "ch"}))
+        .await
+        .unwrap();
+    let lease_before = raw(&etcd)
+        .await
+        .get(format!("/hearth/inv/{}", finished.id), None)
+        .await
+        .unwrap()
+        .kvs()[0]
+        .lease();
+    assert_ne!(lease_before, 0);
+
+    // The upgraded controller seals them, and reads them back.
+    let new = store(&etcd).await;
+    new.seal_with(Sealer::from_cluster_key(
+        "hearth_cluster_upgrade_key_0123456789",
+    ))
+    .unwrap();
+    assert_eq!(new.seal_clear_records().await.unwrap(), 4);
+    assert_eq!(new.seal_clear_records().await.unwrap(), 0, "once");
+    let mut c = raw(&etcd).await;
+    let all = c
+        .get(
+            "/hearth/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    for kv in all.kvs() {
+        let v = String::from_utf8_lossy(kv.value());
+        assert!(
+            !v.contains("old-secret") && !v.contains("old-answer"),
+            "{:?}",
+            kv.key_str()
+        );
+    }
+    let sealed_inv = c
+        .get(format!("/hearth/inv/{}", finished.id), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        sealed_inv.kvs()[0].lease(),
+        lease_before,
+        "its retention lease is kept"
+    );
+    let cfg = c.get("/hearth/docs/config/balance", None).await.unwrap();
+    assert!(
+        cfg.kvs()[0].value().starts_with(b"{"),
+        "the settings stay in clear"
+    );
+    assert_eq!(new.get(&running.id).await.unwrap().unwrap(), running);
+    assert_eq!(new.get(&finished.id).await.unwrap().unwrap(), finished);
+    let mut f = new.watch_functions();
+    match next(&mut f).await {
+        Change::Snapshot(fs) => assert_eq!(fs[0].spec["env"]["DB_PASSWORD"], "old-secret"),
+        other => panic!("{other:?}"),
+    }
+    let mut docs = new.watch_docs("keys");
+    match next(&mut docs).await {
+        Change::Snapshot(d) => assert_eq!(d[0].value["role"], "admin"),
+        other => panic!("{other:?}"),
+    }
+}

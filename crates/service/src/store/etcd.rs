@@ -762,6 +762,56 @@ impl EtcdStore {
         self.sealing.get().is_some()
     }
 
+    /// Seals the records an older version wrote in clear (function records, invocation
+    /// records, shared documents other than the cluster's settings), each in a transaction
+    /// guarded by its mod revision and under its lease; how many it sealed. Run by a
+    /// controller at start, after [`EtcdStore::seal_with`]: without it an upgraded cluster
+    /// would skip its own functions and keys as "not sealed". It trusts what is in clear
+    /// at that moment, so run it (upgrade) while etcd is reachable only by the cluster.
+    pub async fn seal_clear_records(&self) -> Result<usize, StoreError> {
+        let Some(sealer) = self.sealing.get() else {
+            return Err(StoreError::Config("the store has no sealing key".into()));
+        };
+        let unavailable = |e: CallError| e.store("sealing records written in clear");
+        let clear_docs = format!("{}/docs/{CLEAR_DOC_KIND}/", self.prefix);
+        let mut sealed = 0;
+        for part in ["functions", "inv", "docs"] {
+            let mut clear = Vec::new();
+            self.conn
+                .scan(&self.key(part, ""), false, MAX_SCAN, |kv| {
+                    let settings = kv.key().starts_with(clear_docs.as_bytes());
+                    if !settings && !seal::is_sealed(kv.value()) {
+                        clear.push(kv);
+                    }
+                    true
+                })
+                .await
+                .map_err(unavailable)?;
+            for kv in clear {
+                let Ok(key) = std::str::from_utf8(kv.key()) else {
+                    continue;
+                };
+                let value = sealer.seal(key, kv.value())?;
+                let opts = (kv.lease() != 0).then(|| PutOptions::new().with_lease(kv.lease()));
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(
+                        key,
+                        CompareOp::Equal,
+                        kv.mod_revision(),
+                    )])
+                    .and_then([TxnOp::put(key, value, opts)]);
+                match self.conn.txn(txn).await {
+                    Ok(done) if done.value.succeeded() => sealed += 1,
+                    // Changed meanwhile (then written sealed) or its lease just ended.
+                    Ok(_) => {}
+                    Err(e) if e.lease_not_found() => {}
+                    Err(e) => return Err(unavailable(e)),
+                }
+            }
+        }
+        Ok(sealed)
+    }
+
     /// Keeps finished records (and their idempotency keys) for `retention` (at least 1 s)
     /// instead of [`DEFAULT_RETENTION`]; records finished from now on get it.
     pub fn with_retention(self: Arc<Self>, retention: Duration) -> Arc<Self> {
