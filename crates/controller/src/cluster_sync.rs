@@ -159,6 +159,23 @@ pub(crate) async fn settle_cluster_key(
     local: &ClusterKey,
 ) -> Result<(), StartError> {
     let mine = hearth_service::store::seal::key_fingerprint(local.token());
+    // An older version's cluster: its key, in clear, is the one this controller must have.
+    let mut settings = cluster.watch_docs(CONFIG_KIND);
+    let snapshot = tokio::time::timeout(std::time::Duration::from_secs(10), settings.recv()).await;
+    drop(settings);
+    if let Ok(Some(Change::Snapshot(docs))) = snapshot {
+        let legacy = docs.iter().find(|d| d.id == LEGACY_KEY_ID);
+        if let Some(token) = legacy.and_then(|d| d.value["token"].as_str()) {
+            if hearth_service::store::seal::key_fingerprint(token) != mine {
+                return Err(StartError::Store(StoreError::Config(
+                    "this controller's cluster key differs from the key an older version \
+                     stored in etcd: give every controller that cluster.key \
+                     (cluster_key_file)"
+                        .into(),
+                )));
+            }
+        }
+    }
     let stored = cluster
         .put_doc_if_absent(CONFIG_KIND, KEY_FINGERPRINT_ID, &json!({ "sha256": mine }))
         .await?;
@@ -270,5 +287,66 @@ pub(crate) async fn follow_keys(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hearth_service::store::etcd::EtcdStore;
+    use hearth_service::store::local_etcd::{etcd_for_tests, LocalEtcd};
+
+    fn key(dir: &std::path::Path, name: &str, token: &str) -> ClusterKey {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("{token}\n")).unwrap();
+        ClusterKey::read(&path).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_cluster_key_is_checked_against_its_fingerprint_and_never_stored() {
+        if !etcd_for_tests() {
+            return;
+        }
+        let mut etcd = LocalEtcd::start(1).unwrap();
+        etcd.wait_ready().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ours = key(dir.path(), "a", "hc_the_clusters_own_key_0123456789abcdef");
+        let other = key(dir.path(), "b", "hc_another_clusters_key_0123456789abcdef");
+
+        // An older version's cluster kept the key in clear: another key is refused, the
+        // same one is accepted and the clear copy deleted.
+        let store = EtcdStore::connect(&etcd.http_endpoints(), "/hearth", 1000)
+            .await
+            .unwrap();
+        store
+            .put_doc(
+                CONFIG_KIND,
+                LEGACY_KEY_ID,
+                &json!({ "token": ours.token() }),
+            )
+            .await
+            .unwrap();
+        let e = settle_cluster_key(store.as_ref(), &other)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("older version"), "{e}");
+        settle_cluster_key(store.as_ref(), &ours).await.unwrap();
+        settle_cluster_key(store.as_ref(), &ours).await.unwrap();
+        let e = settle_cluster_key(store.as_ref(), &other)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("differs from the cluster's"), "{e}");
+        assert!(!e.to_string().contains(other.token()));
+
+        let dump = etcd.dump("/hearth/").await.unwrap();
+        let keys: Vec<&str> = dump.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["/hearth/docs/config/cluster-key-sha256"]);
+        let value = String::from_utf8_lossy(&dump[0].1);
+        assert!(!value.contains(ours.token()), "{value}");
+        assert!(
+            value.contains(&hearth_service::store::seal::key_fingerprint(ours.token())),
+            "{value}"
+        );
+        store.close().await;
     }
 }

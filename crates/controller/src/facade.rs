@@ -86,8 +86,9 @@ impl Controller {
         let data_dir = open_data_dir(&config.data_dir)
             .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
         let registry = Arc::new(Registry::open_with(&data_dir, config.code_intake())?);
-        // In a cluster, the store comes first: the cluster's key and balancing settings are
-        // the first controller's, adopted by every later one.
+        // In a cluster, the store comes first: the balancing settings are the first
+        // controller's, adopted by every later one, and the cluster key (every controller's
+        // own file) must match the fingerprint the first one stored.
         let mut config = config;
         let store_url = StoreUrl::parse(&config.store)?;
         let etcd = match &store_url {
