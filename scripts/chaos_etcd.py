@@ -284,7 +284,8 @@ def run(cluster, broken):
             broken.append(f"etcd holds the cluster key in clear at {k}")
         if canary in v:
             broken.append(f"etcd holds an env value or async argument in clear at {k}")
-        if any(k.startswith(PREFIX + p) for p in ("functions/", "inv/", "docs/keys/")):
+        secret = any(k.startswith(PREFIX + p) for p in ("functions/", "inv/", "docs/keys/"))
+        if secret or (k.startswith(PREFIX + "code/") and not k.endswith("/meta")):
             if v.startswith(SEALED):
                 sealed += 1
             else:

@@ -910,7 +910,11 @@ async fn a_secured_etcd_refuses_strangers_and_keeps_workers_to_their_own_key() {
         ))
         .unwrap();
     controller
-        .put_function("f", &env_spec("hunter2-in-env"), Some(b"code"))
+        .put_function(
+            "f",
+            &env_spec("hunter2-in-env"),
+            Some(b"code with API-TOKEN-31"),
+        )
         .await
         .unwrap();
     let i = inv("f", Some("idem"));
@@ -1048,6 +1052,7 @@ async fn a_secured_etcd_refuses_strangers_and_keeps_workers_to_their_own_key() {
             !v.contains("DB_PASSWORD"),
             "{k} holds the env name in clear"
         );
+        assert!(!v.contains("API-TOKEN-31"), "{k} holds the code in clear");
         assert!(
             !v.contains(r#""n":1"#) && !v.contains("eyJuIjoxfQ"),
             "{k} holds the arguments"
@@ -1056,17 +1061,27 @@ async fn a_secured_etcd_refuses_strangers_and_keeps_workers_to_their_own_key() {
         if k.starts_with("/hearth/functions/")
             || k.starts_with("/hearth/inv/")
             || k.starts_with("/hearth/docs/keys/")
+            || (k.starts_with("/hearth/code/") && !k.ends_with("/meta"))
         {
             assert!(v.starts_with("hearth-sealed-v1:"), "{k} is not sealed");
             seen += 1;
         }
     }
-    assert_eq!(seen, 3, "the function, the invocation and the key record");
+    assert_eq!(
+        seen, 4,
+        "the function, its code, the invocation and the key record"
+    );
     // ...and the controller reads them back.
     assert_eq!(controller.get(&i.id).await.unwrap().unwrap(), i);
     let mut functions = controller.watch_functions();
     match next(&mut functions).await {
-        Change::Snapshot(f) => assert_eq!(f[0].spec["env"]["DB_PASSWORD"], "hunter2-in-env"),
+        Change::Snapshot(f) => {
+            assert_eq!(f[0].spec["env"]["DB_PASSWORD"], "hunter2-in-env");
+            assert_eq!(
+                controller.code(f[0].code.as_ref().unwrap()).await.unwrap(),
+                b"code with API-TOKEN-31"
+            );
+        }
         other => panic!("{other:?}"),
     }
     controller.close().await;
@@ -1136,8 +1151,11 @@ async fn records_an_older_version_wrote_in_clear_are_sealed_at_upgrade() {
     let etcd = cluster(1).await;
     // An older controller: everything in clear.
     let old = store(&etcd).await.with_retention(Duration::from_secs(60));
-    old.put_function("f", &env_spec("old-secret"), Some(b"code"))
+    let old_code = old
+        .put_function("f", &env_spec("old-secret"), Some(b"code"))
         .await
+        .unwrap()
+        .code
         .unwrap();
     let running = inv("f", Some("k"));
     old.create(&running).await.unwrap();
@@ -1168,7 +1186,11 @@ async fn records_an_older_version_wrote_in_clear_are_sealed_at_upgrade() {
         "hearth_cluster_upgrade_key_0123456789",
     ))
     .unwrap();
-    assert_eq!(new.seal_clear_records().await.unwrap(), 4);
+    // The function, its code chunk, two invocations, the key record.
+    // Code an older version wrote in clear is read as it is (its SHA-256 checks it)...
+    assert_eq!(new.code(&old_code).await.unwrap(), b"code");
+    // ...and sealed with the rest: the function, its code chunk, two invocations, a key.
+    assert_eq!(new.seal_clear_records().await.unwrap(), 5);
     assert_eq!(new.seal_clear_records().await.unwrap(), 0, "once");
     let mut c = raw(&etcd).await;
     let all = c
@@ -1204,7 +1226,13 @@ async fn records_an_older_version_wrote_in_clear_are_sealed_at_upgrade() {
     assert_eq!(new.get(&finished.id).await.unwrap().unwrap(), finished);
     let mut f = new.watch_functions();
     match next(&mut f).await {
-        Change::Snapshot(fs) => assert_eq!(fs[0].spec["env"]["DB_PASSWORD"], "old-secret"),
+        Change::Snapshot(fs) => {
+            assert_eq!(fs[0].spec["env"]["DB_PASSWORD"], "old-secret");
+            assert_eq!(
+                new.code(fs[0].code.as_ref().unwrap()).await.unwrap(),
+                b"code"
+            );
+        }
         other => panic!("{other:?}"),
     }
     let mut docs = new.watch_docs("keys");

@@ -2,17 +2,21 @@
 //!
 //! # Key layout (under the prefix `{p}`, e.g. `/hearth`)
 //!
+//! Values marked *sealed* are sealed with the cluster's key once the store has one
+//! ([`EtcdStore::seal_with`], [`super::seal`]); the others hold nothing secret.
+//!
 //! | key | value | lease |
 //! |-----|-------|-------|
-//! | `{p}/inv/{id}` | [`StoredInvocation`] JSON | none while unfinished; the retention lease once final |
+//! | `{p}/inv/{id}` | [`StoredInvocation`] JSON, sealed | none while unfinished; the retention lease once final |
 //! | `{p}/pending/{id}` | `""` while unfinished | none |
 //! | `{p}/claims/{id}` | the claiming store's session id | that store's session lease |
 //! | `{p}/idem/{sha256(function "\0" key)}` | the invocation id | none while unfinished; the retention lease once final |
-//! | `{p}/functions/{key}` | [`FunctionRecord`] JSON without `version` (read: the key's mod revision) | none |
-//! | `{p}/code/{sha256}/{index:04}` | chunk `index` of the code archive (≤ [`CODE_CHUNK_BYTES`]) | none |
+//! | `{p}/functions/{key}` | [`FunctionRecord`] JSON without `version` (read: the key's mod revision), sealed | none |
+//! | `{p}/code/{sha256}/{index:04}` | chunk `index` of the code archive (≤ [`CODE_CHUNK_BYTES`]), sealed (an older version's in clear are read too: the SHA-256 checks them) | none |
 //! | `{p}/code/{sha256}/meta` | `{"bytes":N,"chunks":M}`, written after every chunk | none |
 //! | `{p}/members/workers/{name}` | [`MemberRecord`] JSON | the member's lease |
 //! | `{p}/members/controllers/{name}` | [`MemberRecord`] JSON | the member's lease |
+//! | `{p}/docs/{kind}/{id}` | a shared document's JSON, sealed unless `kind` is `config` (the cluster's settings, the cluster key's fingerprint) | none |
 //!
 //! # Invocations
 //!
@@ -762,8 +766,30 @@ impl EtcdStore {
         self.sealing.get().is_some()
     }
 
+    /// A code chunk as it is written under `key`: sealed (off the async threads: a chunk is
+    /// up to [`CODE_CHUNK_BYTES`]) when the store has a sealer.
+    async fn seal_chunk(&self, key: &str, chunk: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let Some(sealer) = self.sealing.get().cloned() else {
+            return Ok(chunk.to_vec());
+        };
+        let (key, chunk) = (key.to_string(), chunk.to_vec());
+        tokio::task::spawn_blocking(move || sealer.seal(&key, &chunk))
+            .await
+            .map_err(|_| StoreError::Unavailable("sealing code: the task failed".into()))?
+    }
+
+    /// The plain bytes of a sealed code chunk. Code chunks are the one kind of value also
+    /// read in clear (an older version's): their SHA-256 is checked either way.
+    async fn open_chunk(&self, kv: KeyValue) -> Result<Vec<u8>, StoreError> {
+        let sealing = self.sealing.clone();
+        tokio::task::spawn_blocking(move || open_value(&sealing, "code chunk", &kv))
+            .await
+            .map_err(|_| StoreError::Unavailable("opening code: the task failed".into()))?
+    }
+
     /// Seals the records an older version wrote in clear (function records, invocation
-    /// records, shared documents other than the cluster's settings), each in a transaction
+    /// records, shared documents other than the cluster's settings, code chunks), each in a
+    /// transaction
     /// guarded by its mod revision and under its lease; how many it sealed. Run by a
     /// controller at start, after [`EtcdStore::seal_with`]: without it an upgraded cluster
     /// would skip its own functions and keys as "not sealed". It trusts what is in clear
@@ -775,11 +801,13 @@ impl EtcdStore {
         let unavailable = |e: CallError| e.store("sealing records written in clear");
         let clear_docs = format!("{}/docs/{CLEAR_DOC_KIND}/", self.prefix);
         let mut sealed = 0;
-        for part in ["functions", "inv", "docs"] {
+        for part in ["functions", "inv", "docs", "code"] {
             let mut clear = Vec::new();
             self.conn
                 .scan(&self.key(part, ""), false, MAX_SCAN, |kv| {
-                    let settings = kv.key().starts_with(clear_docs.as_bytes());
+                    // The cluster's settings and code's bookkeeping stay in clear.
+                    let settings = kv.key().starts_with(clear_docs.as_bytes())
+                        || (part == "code" && kv.key().ends_with(b"/meta"));
                     if !settings && !seal::is_sealed(kv.value()) {
                         clear.push(kv);
                     }
@@ -791,7 +819,11 @@ impl EtcdStore {
                 let Ok(key) = std::str::from_utf8(kv.key()) else {
                     continue;
                 };
-                let value = sealer.seal(key, kv.value())?;
+                let value = if part == "code" {
+                    self.seal_chunk(key, kv.value()).await?
+                } else {
+                    sealer.seal(key, kv.value())?
+                };
                 let opts = (kv.lease() != 0).then(|| PutOptions::new().with_lease(kv.lease()));
                 let txn = Txn::new()
                     .when([Compare::mod_revision(
@@ -943,8 +975,9 @@ impl EtcdStore {
             _ => {
                 for (i, chunk) in code.chunks(CODE_CHUNK_BYTES).enumerate() {
                     let key = self.code_key(sha, i as u64);
+                    let chunk = self.seal_chunk(&key, chunk).await?;
                     call(&self.conn.kv, |mut kv| {
-                        let key = key.clone();
+                        let (key, chunk) = (key.clone(), chunk.clone());
                         async move { kv.put(key, chunk, None).await }
                     })
                     .await
@@ -1792,7 +1825,12 @@ impl ClusterState for EtcdStore {
                     what: "code archive",
                     why: format!("chunk {i} is missing"),
                 })?;
-            out.extend_from_slice(kv.value());
+            if seal::is_sealed(kv.value()) {
+                out.extend_from_slice(&self.open_chunk(kv).await?);
+            } else {
+                // Written by an older version: the SHA-256 below checks it all the same.
+                out.extend_from_slice(kv.value());
+            }
             if out.len() > bytes {
                 break;
             }

@@ -435,8 +435,8 @@ impl StoreAccess {
         if url.is_plain_remote() && !self.insecure {
             return Err(StoreError::Config(
                 "refusing a plain etcd:// store on a non-loopback address: anyone who reaches \
-                 it reads function code and members, publishes fake workers and deletes or \
-                 replays records. Use etcds:// with store_ca (and a user or client \
+                 it reads the members, publishes fake workers and deletes or replays \
+                 records. Use etcds:// with store_ca (and a user or client \
                  certificate), or set store_insecure = true (HEARTH_STORE_INSECURE=1) to \
                  accept the risk"
                     .into(),
@@ -451,8 +451,8 @@ impl StoreAccess {
         if url.is_plain_remote() {
             tracing::error!(
                 "INSECURE: the etcd store is plain etcd:// on the network (store_insecure is \
-                 set): anyone who reaches it reads function code and members, publishes fake \
-                 workers and deletes or replays records (env, async records and keys stay \
+                 set): anyone who reaches it reads the members, publishes fake workers and \
+                 deletes or replays records (functions, code, async records and keys stay \
                  sealed)"
             );
         } else if url.is_plain_etcd() {
