@@ -34,6 +34,7 @@ import threading
 import time
 
 import chaos_compromised
+import chaos_etcd
 
 SYNC_TIMEOUT_S = 10.0  # the function's timeout (2 s) + the controller's grace (2 s) + slack
 
@@ -115,7 +116,8 @@ class Cluster:
         env = dict(os.environ)
         env.pop("HEARTH_API_KEY", None)
         self.env = env
-        # etcd, 3 members
+        # etcd, 3 members, secured as deploy/ sets it up: TLS, client certificates, users
+        self.pki = chaos_etcd.secure_setup(root)
         names = [f"e{i}" for i in range(3)]
         cports = [free_port() for _ in names]
         pports = [free_port() for _ in names]
@@ -124,16 +126,19 @@ class Cluster:
         for n, cp, pp in zip(names, cports, pports):
             d = os.path.join(root, n)
             argv = ["etcd", "--name", n, "--data-dir", d,
-                    "--listen-client-urls", f"http://127.0.0.1:{cp}",
-                    "--advertise-client-urls", f"http://127.0.0.1:{cp}",
+                    "--listen-client-urls", f"https://127.0.0.1:{cp}",
+                    "--advertise-client-urls", f"https://127.0.0.1:{cp}",
                     "--listen-peer-urls", f"http://127.0.0.1:{pp}",
                     "--initial-advertise-peer-urls", f"http://127.0.0.1:{pp}",
                     "--initial-cluster", initial, "--initial-cluster-state", "new",
                     "--initial-cluster-token", f"chaos-{os.getpid()}",
-                    "--heartbeat-interval", "50", "--election-timeout", "500"]
+                    "--heartbeat-interval", "50", "--election-timeout", "500"
+                    ] + chaos_etcd.etcd_args(self.pki)
             self.etcd.append(self.spawn(f"etcd-{n}", argv, {}))
-        self.store = "etcd://" + ",".join(f"127.0.0.1:{p}" for p in cports)
+        self.store = "etcds://" + ",".join(f"127.0.0.1:{p}" for p in cports)
+        self.etcd_endpoints = ",".join(f"https://127.0.0.1:{p}" for p in cports)
         self.etcd_ready()
+        chaos_etcd.create_users(self, [f"chaos-w{i}" for i in range(3)])
         # A call on a frozen worker ends at the function's timeout (2 s) + forward_grace_ms.
         common = {"HEARTH_LEASE_TTL_MS": "1000", "HEARTH_STATUS_INTERVAL_MS": "100",
                   "HEARTH_FORWARD_GRACE_MS": "2000",
@@ -145,7 +150,8 @@ class Cluster:
             d = os.path.join(root, f"controller{i}")
             argv = [hearth, "controller", "--store", self.store, "--balance", "ch-bl",
                     "--listen", f"127.0.0.1:{port}", "--data-dir", d]
-            p = self.spawn(f"controller{i}", argv, common)
+            p = self.spawn(f"controller{i}", argv,
+                           dict(common, **chaos_etcd.controller_env(self.pki)))
             p.url, p.data_dir = f"http://127.0.0.1:{port}", d
             self.controllers.append(p)
             wait_for(f"controller{i}", lambda p=p: self.healthy(p.url), 30)
@@ -166,7 +172,8 @@ class Cluster:
             with os.fdopen(fd, "w") as f:
                 f.write(v["file"])
             p = self.spawn(f"worker{i}", argv,
-                           dict(common, HEARTH_CLUSTER_KEY_FILE=cred, HEARTH_WORKER_ID=wid))
+                           dict(common, HEARTH_CLUSTER_KEY_FILE=cred, HEARTH_WORKER_ID=wid,
+                                **chaos_etcd.worker_env(self.pki, wid)))
             p.url, p.id, p.data_dir, p.credential = f"http://127.0.0.1:{port}", wid, d, cred
             self.workers.append(p)
         for w in self.workers:
@@ -180,9 +187,11 @@ class Cluster:
         return p
 
     def etcd_ready(self):
-        eps = self.store[len("etcd://"):]
+        eps, pki = self.etcd_endpoints, self.pki
         wait_for("etcd", lambda: subprocess.run(
-            ["etcdctl", "--endpoints", eps, "put", "/chaos/ready", "1"],
+            ["etcdctl", "--endpoints", eps, "--cacert", pki.path("ca.pem"),
+             "--cert", pki.path("client.pem"), "--key", pki.path("client-key.pem"),
+             "put", "/chaos/ready", "1"],
             env=dict(self.env, ETCDCTL_API="3"), capture_output=True, timeout=5).returncode == 0, 30)
 
     @staticmethod
@@ -430,6 +439,7 @@ def main():
         total_async = len(load.accepted)
         print(f"accepted async: {total_async}, sync calls: {len(load.sync)}")
         broken += chaos_compromised.run(cluster, request, wait_for)
+        chaos_etcd.run(cluster, broken)
     finally:
         if cluster:
             cluster.close()

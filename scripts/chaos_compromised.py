@@ -23,7 +23,7 @@ def _tokens(worker):
 def run(cluster, request, wait_for):
     me, other = cluster.workers[0], cluster.workers[1]
     hw, hx = _tokens(me)
-    master = open(os.path.join(cluster.controllers[0].data_dir, "cluster.key")).read().strip()
+    master = open(cluster.pki.cluster_key).read().strip()
     local_admin = open(os.path.join(me.data_dir, "admin.key")).read().strip()
     spec = json.dumps({"runtime": "python3", "sim_warm_ms": 1, "memory_mb": 64}).encode()
     report = json.dumps({"worker": other.id, "url": "http://127.0.0.1:9", "incarnation": "evil",

@@ -15,6 +15,8 @@ command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
 # client's gRPC code is generated at build time).
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || need_apt+=(etcd-client)
+# openssl: the chaos suite's etcd certificates, deploy/etcd/make-certs.sh.
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)  # bench/burst.sh cross-checks with a third-party load tool
 # The font of `hearth report`'s plots.

@@ -26,8 +26,8 @@ pub struct ControllerArgs {
     /// openwhisk.
     #[arg(long)]
     pub balance: Option<BalanceKind>,
-    /// The cluster's state store: sqlite (this controller alone) or etcd://HOST:PORT[,…]
-    /// (several controllers serve one cluster).
+    /// The cluster's state store: sqlite (this controller alone) or etcds://HOST:PORT[,…]
+    /// (etcd over TLS; etcd:// on loopback): several controllers serve one cluster.
     #[arg(long)]
     pub store: Option<String>,
 }

@@ -152,7 +152,8 @@ struct ServerArgs {
     /// Join this controller (http://HOST:PORT) and push status to it.
     #[arg(long)]
     controller: Option<String>,
-    /// Join a cluster through its state store (etcd://HOST:PORT[,…]): every controller of the
+    /// Join a cluster through its state store (etcds://HOST:PORT[,…] over TLS, or etcd:// on
+    /// loopback; the store_* settings give its CA and credentials): every controller of the
     /// cluster finds this worker there.
     #[arg(long)]
     store: Option<String>,

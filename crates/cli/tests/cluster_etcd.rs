@@ -42,6 +42,16 @@ fn controller(e: &LocalEtcd) -> Server {
     )
 }
 
+/// Another controller of `first`'s cluster: given the same cluster.key, as the operator
+/// gives every controller (etcd keeps only its fingerprint).
+fn controller_joining(e: &LocalEtcd, first: &Server) -> Server {
+    let url = e.store_url();
+    let key = first.cluster_key_file();
+    let mut env = SETTINGS.to_vec();
+    env.push(("HEARTH_CLUSTER_KEY_FILE", key.to_str().unwrap()));
+    Server::run_hearth_in_tmp(&["controller", "--store", &url, "--balance", "ch"], &env)
+}
+
 /// A sim worker that joins through the store with a credential the first controller made.
 fn worker(e: &LocalEtcd, first: &Server) -> Server {
     let id = common::cluster::fresh_worker_id();
@@ -62,7 +72,7 @@ fn worker(e: &LocalEtcd, first: &Server) -> Server {
 fn two_controllers_serve_one_cluster_with_shared_functions_keys_and_results() {
     let Some(e) = etcd(1) else { return };
     let c1 = controller(&e);
-    let c2 = controller(&e);
+    let c2 = controller_joining(&e, &c1);
     let w1 = worker(&e, &c1);
     let w2 = worker(&e, &c1);
     let ids = [w1.worker_id(), w2.worker_id()];
@@ -104,12 +114,9 @@ fn two_controllers_serve_one_cluster_with_shared_functions_keys_and_results() {
         .get("/v1/status")
         .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(c2.data_dir.join("cluster.key").exists());
-    assert_eq!(
-        std::fs::read_to_string(c2.data_dir.join("cluster.key")).unwrap(),
-        std::fs::read_to_string(c1.cluster_key_file()).unwrap(),
-        "the second controller adopted the cluster's key"
-    );
+    // The cluster key is not in etcd (only its fingerprint): nothing to adopt from there.
+    assert!(!c2.data_dir.join("cluster.key").exists());
+    assert_key_not_in_etcd(&e, &c1);
 
     // An async invocation accepted by one is read on the other, by its owner.
     let r = c1
@@ -166,7 +173,7 @@ fn two_controllers_serve_one_cluster_with_shared_functions_keys_and_results() {
 fn a_killed_controllers_async_invocations_are_taken_over_and_run_once() {
     let Some(e) = etcd(1) else { return };
     let mut c1 = controller(&e);
-    let c2 = controller(&e);
+    let c2 = controller_joining(&e, &c1);
     let w = worker(&e, &c1);
     wait_members(&c1, &[w.worker_id()]);
     wait_members(&c2, &[w.worker_id()]);
@@ -201,7 +208,7 @@ fn a_killed_controllers_async_invocations_are_taken_over_and_run_once() {
 fn a_killed_worker_leaves_every_controller_within_its_lease() {
     let Some(e) = etcd(1) else { return };
     let c1 = controller(&e);
-    let c2 = controller(&e);
+    let c2 = controller_joining(&e, &c1);
     let mut w1 = worker(&e, &c1);
     let w2 = worker(&e, &c1);
     let ids = [w1.worker_id(), w2.worker_id()];
@@ -250,4 +257,296 @@ fn the_cluster_keeps_working_while_one_of_three_etcd_members_is_down() {
         e.restart(member).unwrap();
         wait_ready(&mut e);
     }
+}
+
+// ---- etcd secured (issue 31) ----
+
+/// Every value under /hearth, read with `e`'s admin credentials.
+fn etcd_values(e: &LocalEtcd) -> Vec<(String, String)> {
+    block_on(e.dump("/hearth/"))
+        .expect("read etcd")
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+        .collect()
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// The cluster key of `c` is nowhere in etcd; its SHA-256 fingerprint is.
+fn assert_key_not_in_etcd(e: &LocalEtcd, c: &Server) {
+    let token = std::fs::read_to_string(c.cluster_key_file()).unwrap();
+    let token = token.trim();
+    let values = etcd_values(e);
+    for (k, v) in &values {
+        assert!(!v.contains(token), "{k} holds the cluster key");
+    }
+    let fp = hearth_service::store::seal::key_fingerprint(token);
+    let (_, stored) = values
+        .iter()
+        .find(|(k, _)| k == "/hearth/docs/config/cluster-key-sha256")
+        .expect("the fingerprint is stored");
+    assert!(stored.contains(&fp), "{stored}");
+    assert!(
+        !values
+            .iter()
+            .any(|(k, _)| k == "/hearth/docs/config/cluster-key"),
+        "the key's old place is empty"
+    );
+}
+
+/// Runs `hearth ARGS` with `env` and expects it to exit by itself with an error within 30 s;
+/// returns its stderr.
+fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"));
+    cmd.args(args)
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(tmp.path().join("d"))
+        .env("HEARTH_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+            assert!(
+                !status.success(),
+                "hearth should have refused to start: {err}"
+            );
+            return err;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("hearth {args:?} did not refuse to start within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A private CA, etcd's certificate for 127.0.0.1, a client certificate, and password files
+/// (0600) in a temporary directory.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let dir = tempfile::Builder::new()
+            .prefix("hearth-etcd-pki-")
+            .tempdir()
+            .unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(
+            DnType::CommonName,
+            format!("Hearth etcd CA {}", std::process::id()),
+        );
+        let ca_key = KeyPair::generate().unwrap();
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let w = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        w("ca.pem", &ca_cert.pem());
+        for (name, sans) in [
+            ("server", vec!["127.0.0.1".to_string()]),
+            ("client", vec![]),
+        ] {
+            let mut p = CertificateParams::new(sans).unwrap();
+            p.distinguished_name
+                .push(DnType::CommonName, format!("hearth {name}"));
+            let key = KeyPair::generate().unwrap();
+            let cert = p.signed_by(&key, &ca_cert, &ca_key).unwrap();
+            w(&format!("{name}.pem"), &cert.pem());
+            w(&format!("{name}-key.pem"), &key.serialize_pem());
+            // Keys are private: the services refuse one that others may read.
+            std::fs::set_permissions(
+                dir.path().join(format!("{name}-key.pem")),
+                std::os::unix::fs::PermissionsExt::from_mode(0o600),
+            )
+            .unwrap();
+        }
+        Pki { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).to_str().unwrap().to_string()
+    }
+
+    fn password_file(&self, user: &str, password: &str) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let p = self.dir.path().join(format!("{user}.password"));
+        std::fs::write(&p, format!("{password}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        p.to_str().unwrap().to_string()
+    }
+
+    /// The `HEARTH_STORE_*` settings of `user`.
+    fn settings(&self, user: &str, password: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("HEARTH_STORE_CA", self.path("ca.pem")),
+            ("HEARTH_STORE_CERT", self.path("client.pem")),
+            ("HEARTH_STORE_KEY", self.path("client-key.pem")),
+            ("HEARTH_STORE_USER", user.to_string()),
+            (
+                "HEARTH_STORE_PASSWORD_FILE",
+                self.password_file(user, password),
+            ),
+        ]
+    }
+}
+
+fn borrow<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    v.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+#[test]
+fn a_cluster_runs_through_a_secured_etcd_that_keeps_its_secrets_sealed() {
+    if !etcd_for_tests() {
+        return;
+    }
+    let pki = Pki::new();
+    let mut e = LocalEtcd::start_with(
+        1,
+        Some(hearth_service::store::local_etcd::LocalEtcdTls {
+            ca: pki.path("ca.pem").into(),
+            cert: pki.path("server.pem").into(),
+            key: pki.path("server-key.pem").into(),
+            client_cert_auth: true,
+        }),
+    )
+    .unwrap();
+    e.set_admin_identity(
+        std::fs::read(pki.path("client.pem")).unwrap(),
+        std::fs::read(pki.path("client-key.pem")).unwrap(),
+    );
+    wait_ready(&mut e);
+    block_on(async {
+        e.enable_auth("root-pw-0123").await.unwrap();
+        e.add_user("controller", "ctl-pw-4567", &[("/hearth/", true, true)])
+            .await
+            .unwrap();
+        e.add_user(
+            "worker-w1",
+            "wrk-pw-89ab",
+            &[("/hearth/members/workers/w1", false, true)],
+        )
+        .await
+        .unwrap();
+    });
+    let url = e.store_url();
+    assert!(url.starts_with("etcds://"), "{url}");
+
+    // The controller works through it with its certificate and user.
+    let ctl = pki.settings("controller", "ctl-pw-4567");
+    let mut env = SETTINGS
+        .iter()
+        .map(|(k, v)| (*k, v.to_string()))
+        .collect::<Vec<_>>();
+    env.extend(ctl.iter().cloned());
+    let c1 = Server::run_hearth_in_tmp(
+        &["controller", "--store", &url, "--balance", "ch"],
+        &borrow(&env),
+    );
+    // A worker joins with its own etcd user, allowed its own member key only, and its own
+    // worker credential.
+    let key = common::cluster::credential_for(&c1, "w1").unwrap();
+    let mut wenv = pki.settings("worker-w1", "wrk-pw-89ab");
+    wenv.extend([
+        ("HEARTH_STORE", url.clone()),
+        ("HEARTH_WORKER_ID", "w1".to_string()),
+        ("HEARTH_CLUSTER_KEY_FILE", key.to_str().unwrap().to_string()),
+        ("HEARTH_LEASE_TTL_MS", "1000".to_string()),
+    ]);
+    let w = Server::start("sim", &borrow(&wenv));
+    wait_members(&c1, &["w1".to_string()]);
+    let mut spec = sim_fn(5, 0);
+    spec["env"] = serde_json::json!({"API_TOKEN": "tok-in-env-31"});
+    let r = c1.put_fn("f", spec);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = c1.invoke("f", "{}");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["worker"], "w1");
+    let r = c1
+        .client()
+        .post(
+            "/v1/functions/f/invoke?async=true",
+            br#"{"card":"4111-secret-arg"}"#,
+        )
+        .unwrap();
+    assert_eq!(r.status, 202, "{}", r.text());
+    let v = wait_invocation(&c1, r.json()["id"].as_str().unwrap());
+    assert_eq!(v["status"], "succeeded", "{v}");
+
+    // What etcd holds: no env value, arguments or cluster key in clear.
+    for (k, v) in etcd_values(&e) {
+        assert!(!v.contains("tok-in-env-31"), "{k} holds the env value");
+        assert!(!v.contains("4111-secret-arg"), "{k} holds the arguments");
+    }
+    assert_key_not_in_etcd(&e, &c1);
+    // No password in the logs.
+    for s in [&c1, &w] {
+        let log = s.log_text();
+        assert!(
+            !log.contains("ctl-pw-4567") && !log.contains("wrk-pw-89ab"),
+            "{log}"
+        );
+    }
+
+    // A second controller with a different cluster.key refuses to start.
+    let other = tempfile::tempdir().unwrap();
+    let other_key = other.path().join("cluster.key");
+    std::fs::write(&other_key, "hearth_cluster_another_key_0123456789abcdef\n").unwrap();
+    let mut env2 = env.clone();
+    env2.push((
+        "HEARTH_CLUSTER_KEY_FILE",
+        other_key.to_str().unwrap().to_string(),
+    ));
+    let err = refused(&["controller", "--store", &url], &borrow(&env2));
+    assert!(err.contains("differs from the cluster's"), "{err}");
+    assert!(!err.contains("hearth_cluster_another_key"), "{err}");
+    // ...and one without credentials cannot even reach the store.
+    let err = refused(
+        &["controller", "--store", &url],
+        &[("HEARTH_STORE_CA", &pki.path("ca.pem"))],
+    );
+    assert!(err.contains("store") || err.contains("etcd"), "{err}");
+    // The first one still serves.
+    assert_eq!(c1.invoke("f", "{}").status, 200);
+}
+
+#[test]
+fn a_plain_etcd_off_loopback_is_refused_unless_acknowledged() {
+    let err = refused(&["controller", "--store", "etcd://192.0.2.10:2379"], &[]);
+    assert!(err.contains("store_insecure"), "{err}");
+    let err = refused(
+        &["worker", "--backend", "sim"],
+        &[
+            ("HEARTH_STORE", "etcd://192.0.2.10:2379"),
+            ("HEARTH_AUTH", "false"),
+        ],
+    );
+    assert!(err.contains("store_insecure"), "{err}");
+    // Acknowledged, it passes the check, says so loudly, and then fails only for want of an
+    // etcd at that address.
+    let err = refused(
+        &["controller", "--store", "etcd://192.0.2.10:2379"],
+        &[("HEARTH_STORE_INSECURE", "1")],
+    );
+    assert!(
+        err.contains("INSECURE") && err.contains("unavailable"),
+        "{err}"
+    );
+    assert!(!err.contains("refusing a plain"), "{err}");
 }

@@ -12,7 +12,7 @@ use crate::config::ControllerConfig;
 use crate::errors::StartError;
 use crate::facade::Controller;
 use hearth_api::FunctionSpec;
-use hearth_service::auth::{write_private, Auth, ClusterKey, KeyRecord};
+use hearth_service::auth::{Auth, ClusterKey, KeyRecord};
 use hearth_service::registry::CodeSource;
 use hearth_service::store::{Change, FunctionRecord, MemberRecord};
 use hearth_service::store::{ClusterState, Doc, StoreError};
@@ -144,47 +144,59 @@ pub(crate) async fn follow_workers(
 /// The kind of shared document the cluster's settings are.
 const CONFIG_KIND: &str = "config";
 
-/// The cluster's key: the first controller's (from its `cluster_key_file`, or made in its data
-/// directory), stored in the cluster; a later controller adopts it into its data directory.
-/// A `cluster_key_file` that differs from the cluster's is refused rather than silently
-/// splitting the cluster.
+/// The id of the cluster setting that holds the SHA-256 fingerprint of the cluster key.
+pub(crate) const KEY_FINGERPRINT_ID: &str = "cluster-key-sha256";
+/// Where versions before issue 31 kept the cluster key itself, in clear: deleted on sight.
+const LEGACY_KEY_ID: &str = "cluster-key";
+
+/// Checks this controller's cluster key against the cluster's: every controller is given the
+/// same `cluster.key` file by the operator, and etcd keeps only its fingerprint (the first
+/// controller's). A controller with another key refuses to start: it would split the cluster
+/// and could not open the records the others sealed. A key left in etcd by an older version
+/// is deleted.
 pub(crate) async fn settle_cluster_key(
     cluster: &dyn ClusterState,
-    config: &ControllerConfig,
-) -> Result<Option<ClusterKey>, StartError> {
-    let local = match &config.cluster_key_file {
-        Some(path) => ClusterKey::read(path)?,
-        None if config.auth => ClusterKey::read_or_create(&config.cluster_key_path())?,
-        None => return Ok(None),
-    };
+    local: &ClusterKey,
+) -> Result<(), StartError> {
+    let mine = hearth_service::store::seal::key_fingerprint(local.token());
+    // An older version's cluster: its key, in clear, is the one this controller must have.
+    let mut settings = cluster.watch_docs(CONFIG_KIND);
+    let snapshot = tokio::time::timeout(std::time::Duration::from_secs(10), settings.recv()).await;
+    drop(settings);
+    if let Ok(Some(Change::Snapshot(docs))) = snapshot {
+        let legacy = docs.iter().find(|d| d.id == LEGACY_KEY_ID);
+        if let Some(token) = legacy.and_then(|d| d.value["token"].as_str()) {
+            if hearth_service::store::seal::key_fingerprint(token) != mine {
+                return Err(StartError::Store(StoreError::Config(
+                    "this controller's cluster key differs from the key an older version \
+                     stored in etcd: give every controller that cluster.key \
+                     (cluster_key_file)"
+                        .into(),
+                )));
+            }
+        }
+    }
     let stored = cluster
-        .put_doc_if_absent(
-            CONFIG_KIND,
-            "cluster-key",
-            &json!({ "token": local.token() }),
-        )
+        .put_doc_if_absent(CONFIG_KIND, KEY_FINGERPRINT_ID, &json!({ "sha256": mine }))
         .await?;
-    let Some(token) = stored["token"].as_str() else {
+    let Some(theirs) = stored["sha256"].as_str() else {
         return Err(StartError::Store(StoreError::Corrupt {
-            what: "cluster key",
-            why: "no token".into(),
+            what: "cluster key fingerprint",
+            why: "no sha256".into(),
         }));
     };
-    if token == local.token() {
-        return Ok(Some(local));
-    }
-    if config.cluster_key_file.is_some() {
+    if theirs != mine {
         return Err(StartError::Store(StoreError::Config(
-            "cluster_key_file differs from the key the cluster's store holds (another cluster's \
-             key, or a stale copy)"
+            "this controller's cluster key differs from the cluster's (the fingerprint in etcd \
+             is another key's): give every controller the same cluster.key file \
+             (cluster_key_file)"
                 .into(),
         )));
     }
-    let path = config.cluster_key_path();
-    write_private(&path, &format!("{token}\n"))
-        .map_err(|e| StartError::DataDir(path.clone(), e))?;
-    tracing::info!(path = %path.display(), "adopted the cluster's key");
-    Ok(Some(ClusterKey::read(&path)?))
+    if cluster.delete_doc(CONFIG_KIND, LEGACY_KEY_ID).await? {
+        tracing::warn!("deleted the cluster key an older version had stored in etcd in clear");
+    }
+    Ok(())
 }
 
 /// The balancing policy and its parameters: the first controller's, so that every controller
@@ -275,5 +287,66 @@ pub(crate) async fn follow_keys(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hearth_service::store::etcd::EtcdStore;
+    use hearth_service::store::local_etcd::{etcd_for_tests, LocalEtcd};
+
+    fn key(dir: &std::path::Path, name: &str, token: &str) -> ClusterKey {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("{token}\n")).unwrap();
+        ClusterKey::read(&path).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_cluster_key_is_checked_against_its_fingerprint_and_never_stored() {
+        if !etcd_for_tests() {
+            return;
+        }
+        let mut etcd = LocalEtcd::start(1).unwrap();
+        etcd.wait_ready().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ours = key(dir.path(), "a", "hc_the_clusters_own_key_0123456789abcdef");
+        let other = key(dir.path(), "b", "hc_another_clusters_key_0123456789abcdef");
+
+        // An older version's cluster kept the key in clear: another key is refused, the
+        // same one is accepted and the clear copy deleted.
+        let store = EtcdStore::connect(&etcd.http_endpoints(), "/hearth", 1000)
+            .await
+            .unwrap();
+        store
+            .put_doc(
+                CONFIG_KIND,
+                LEGACY_KEY_ID,
+                &json!({ "token": ours.token() }),
+            )
+            .await
+            .unwrap();
+        let e = settle_cluster_key(store.as_ref(), &other)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("older version"), "{e}");
+        settle_cluster_key(store.as_ref(), &ours).await.unwrap();
+        settle_cluster_key(store.as_ref(), &ours).await.unwrap();
+        let e = settle_cluster_key(store.as_ref(), &other)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("differs from the cluster's"), "{e}");
+        assert!(!e.to_string().contains(other.token()));
+
+        let dump = etcd.dump("/hearth/").await.unwrap();
+        let keys: Vec<&str> = dump.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["/hearth/docs/config/cluster-key-sha256"]);
+        let value = String::from_utf8_lossy(&dump[0].1);
+        assert!(!value.contains(ours.token()), "{value}");
+        assert!(
+            value.contains(&hearth_service::store::seal::key_fingerprint(ours.token())),
+            "{value}"
+        );
+        store.close().await;
     }
 }

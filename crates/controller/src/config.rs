@@ -37,8 +37,20 @@ pub struct ControllerConfig {
     /// those that join by pushing.
     pub workers: Vec<String>,
     /// Where the cluster's state lives: `sqlite` (this controller's data directory; one
-    /// controller) or `etcd://HOST:PORT[,…]` (several controllers serve one cluster).
+    /// controller), `etcds://HOST:PORT[,…]` (etcd over TLS: several controllers serve one
+    /// cluster) or `etcd://HOST:PORT[,…]` (plain: loopback, or with `store_insecure`).
     pub store: String,
+    /// PEM CA that signed etcd's server certificate (needed by `etcds://`).
+    pub store_ca: Option<PathBuf>,
+    /// PEM client certificate and key for an etcd run with `--client-cert-auth`.
+    pub store_cert: Option<PathBuf>,
+    pub store_key: Option<PathBuf>,
+    /// This controller's etcd user; its password is in `store_password_file` (0600).
+    pub store_user: Option<String>,
+    pub store_password_file: Option<PathBuf>,
+    /// Accept a plain `etcd://` store on a non-loopback address (a loud warning at start).
+    #[serde(deserialize_with = "hearth_service::config_loader::flag")]
+    pub store_insecure: bool,
     /// Time to live of this controller's etcd session (its claims on async invocations): when
     /// it dies, another controller takes them over within this (whole seconds, at least 1 s).
     pub lease_ttl_ms: u64,
@@ -145,6 +157,12 @@ impl Default for ControllerConfig {
             runtime_threads: 0,
             status_timeout_ms: 3000,
             store: "sqlite".into(),
+            store_ca: None,
+            store_cert: None,
+            store_key: None,
+            store_user: None,
+            store_password_file: None,
+            store_insecure: false,
             lease_ttl_ms: 2000,
             advertise_url: None,
             probe_interval_ms: 250,
@@ -195,6 +213,12 @@ const CONFIG_KEYS: &[&str] = &[
     "runtime_threads",
     "status_timeout_ms",
     "store",
+    "store_ca",
+    "store_cert",
+    "store_key",
+    "store_user",
+    "store_password_file",
+    "store_insecure",
     "lease_ttl_ms",
     "advertise_url",
     "probe_interval_ms",
@@ -303,7 +327,7 @@ impl ControllerConfig {
         }
         config_checks::status_interval_ms(self.status_interval_ms)?;
         config_checks::runtime_threads(self.runtime_threads)?;
-        config_checks::store(&self.store, self.lease_ttl_ms)?;
+        config_checks::store(&self.store, self.lease_ttl_ms, &self.store_access())?;
         if let Some(u) = &self.advertise_url {
             config_checks::http_url("advertise_url", u)?;
         }
@@ -350,6 +374,18 @@ impl ControllerConfig {
         self.balance_params
             .check()
             .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
+    /// The `store_*` settings together.
+    pub fn store_access(&self) -> hearth_service::store::StoreAccess {
+        hearth_service::store::StoreAccess {
+            ca: self.store_ca.clone(),
+            cert: self.store_cert.clone(),
+            key: self.store_key.clone(),
+            user: self.store_user.clone(),
+            password_file: self.store_password_file.clone(),
+            insecure: self.store_insecure,
+        }
     }
 
     /// Where the cluster credential is.

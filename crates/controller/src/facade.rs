@@ -87,23 +87,52 @@ impl Controller {
         let data_dir = open_data_dir(&config.data_dir)
             .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
         let registry = Arc::new(Registry::open_with(&data_dir, config.code_intake())?);
-        // In a cluster, the store comes first: the cluster's key and balancing settings are
-        // the first controller's, adopted by every later one.
+        // In a cluster, the store comes first: the balancing settings are the first
+        // controller's, adopted by every later one, and the cluster key (every controller's
+        // own file) must match the fingerprint the first one stored.
         let mut config = config;
-        let etcd = match StoreUrl::parse(&config.store)? {
+        let store_url = StoreUrl::parse(&config.store)?;
+        let etcd = match &store_url {
             StoreUrl::Sqlite => None,
-            StoreUrl::Etcd(endpoints) => Some(
-                hearth_service::store::etcd::EtcdStore::connect(
-                    &endpoints,
-                    STORE_PREFIX,
-                    config.lease_ttl_ms,
+            StoreUrl::Etcd(endpoints) => {
+                let access = config.store_access();
+                access.check(&store_url)?;
+                access.warn_at_start(&store_url);
+                let credentials = access.load().await?;
+                Some(
+                    hearth_service::store::etcd::EtcdStore::connect_with(
+                        endpoints,
+                        STORE_PREFIX,
+                        config.lease_ttl_ms,
+                        &credentials,
+                    )
+                    .await?
+                    .with_retention(Duration::from_secs(config.async_retention_s)),
                 )
-                .await?
-                .with_retention(Duration::from_secs(config.async_retention_s)),
-            ),
+            }
         };
         let cluster_key = match &etcd {
-            Some(etcd) => crate::cluster_sync::settle_cluster_key(etcd.as_ref(), &config).await?,
+            Some(etcd) => {
+                // In a cluster the key also seals what etcd holds, so there is always one;
+                // every controller is given the same file (only its fingerprint is in etcd).
+                let key = match &config.cluster_key_file {
+                    Some(path) => ClusterKey::read(path)?,
+                    None => ClusterKey::read_or_create(&config.cluster_key_path())?,
+                };
+                etcd.seal_with(hearth_service::store::seal::Sealer::from_cluster_key(
+                    key.token(),
+                ))?;
+                crate::cluster_sync::settle_cluster_key(etcd.as_ref(), &key).await?;
+                // An upgraded cluster's records, written in clear before sealing existed.
+                let sealed = etcd.seal_clear_records().await?;
+                if sealed > 0 {
+                    tracing::warn!(
+                        records = sealed,
+                        "sealed records an older version wrote in clear"
+                    );
+                }
+                (config.auth || config.cluster_key_file.is_some()).then_some(key)
+            }
             None if config.auth => Some(ClusterKey::read_or_create(&config.cluster_key_path())?),
             None => match &config.cluster_key_file {
                 Some(path) => Some(ClusterKey::read(path)?),

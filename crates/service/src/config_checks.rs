@@ -61,9 +61,19 @@ pub fn status_interval_ms(ms: u64) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// A `store` setting and its lease: a known store URL, a TTL of 1 s to 10 minutes.
-pub fn store(url: &str, lease_ttl_ms: u64) -> Result<(), ConfigError> {
-    crate::store::StoreUrl::parse(url).map_err(|e| ConfigError::Invalid(format!("store: {e}")))?;
+/// A `store` setting, its `store_*` access settings and its lease: a known store URL, TLS
+/// and user settings that fit it, no plain etcd on the network without `store_insecure`, a
+/// TTL of 1 s to 10 minutes.
+pub fn store(
+    url: &str,
+    lease_ttl_ms: u64,
+    access: &crate::store::StoreAccess,
+) -> Result<(), ConfigError> {
+    let parsed = crate::store::StoreUrl::parse(url)
+        .map_err(|e| ConfigError::Invalid(format!("store: {e}")))?;
+    access
+        .check(&parsed)
+        .map_err(|e| ConfigError::Invalid(format!("store: {e}")))?;
     if !(1_000..=600_000).contains(&lease_ttl_ms) {
         return Err(ConfigError::Invalid(format!(
             "lease_ttl_ms must be between 1000 and 600000, got {lease_ttl_ms}"

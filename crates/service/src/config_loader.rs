@@ -4,6 +4,7 @@
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -119,5 +120,50 @@ mod tests {
             err.to_string(),
             "config file /nonexistent/hearth.toml: not found"
         );
+    }
+}
+
+/// Serde for a switch that may come from the environment as `1`/`0` as well as `true`/`false`
+/// (`HEARTH_STORE_INSECURE=1`).
+pub fn flag<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Flag {
+        Bool(bool),
+        Num(u64),
+        Text(String),
+    }
+    match Flag::deserialize(d)? {
+        Flag::Bool(b) => Ok(b),
+        Flag::Num(0) => Ok(false),
+        Flag::Num(1) => Ok(true),
+        Flag::Text(t) if matches!(t.as_str(), "1" | "true") => Ok(true),
+        Flag::Text(t) if matches!(t.as_str(), "0" | "false") => Ok(false),
+        _ => Err(serde::de::Error::custom("expected true, false, 1 or 0")),
+    }
+}
+
+#[cfg(test)]
+mod flag_tests {
+    #[derive(serde::Deserialize)]
+    struct S {
+        #[serde(deserialize_with = "super::flag")]
+        on: bool,
+    }
+
+    #[test]
+    fn flags_take_booleans_and_ones_and_zeros() {
+        for (text, want) in [("true", true), ("false", false), ("1", true), ("0", false)] {
+            let s: S = serde_json::from_str(&format!("{{\"on\":{text}}}")).unwrap();
+            assert_eq!(s.on, want, "{text}");
+            let s: S = serde_json::from_str(&format!("{{\"on\":\"{text}\"}}")).unwrap();
+            assert_eq!(s.on, want, "{text:?}");
+        }
+        for bad in ["2", "\"yes\"", "null"] {
+            assert!(
+                serde_json::from_str::<S>(&format!("{{\"on\":{bad}}}")).is_err(),
+                "{bad}"
+            );
+        }
     }
 }

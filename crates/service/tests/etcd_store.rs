@@ -746,3 +746,498 @@ async fn connecting_to_nothing_fails_in_bounded_time() {
         Err(StoreError::Config(_))
     ));
 }
+
+// ---- etcd secured (issue 31): TLS, client certificates, users, sealed secrets ----
+
+use hearth_service::store::etcd::EtcdCredentials;
+use hearth_service::store::local_etcd::LocalEtcdTls;
+use hearth_service::store::seal::Sealer;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+
+/// A private CA, etcd's server certificate for 127.0.0.1 and a client certificate, as PEM
+/// files; and a client certificate from another CA.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+fn ca(name: &str) -> (rcgen::Certificate, KeyPair) {
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, format!("{name} {}", new_id()));
+    let key = KeyPair::generate().unwrap();
+    (ca.self_signed(&key).unwrap(), key)
+}
+
+fn leaf(sans: &[&str], cn: &str, issuer: &(rcgen::Certificate, KeyPair)) -> (String, String) {
+    let mut p =
+        CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    p.distinguished_name.push(DnType::CommonName, cn);
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, &issuer.0, &issuer.1).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let dir = tempfile::Builder::new()
+            .prefix("hearth-etcd-pki-")
+            .tempdir()
+            .unwrap();
+        let the_ca = ca("Hearth etcd test CA");
+        let other_ca = ca("Another CA");
+        let w = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        w("ca.pem", &the_ca.0.pem());
+        let (c, k) = leaf(&["127.0.0.1", "localhost"], "etcd server", &the_ca);
+        w("server.pem", &c);
+        w("server-key.pem", &k);
+        let (c, k) = leaf(&[], "hearth-client", &the_ca);
+        w("client.pem", &c);
+        w("client-key.pem", &k);
+        let (c, k) = leaf(&[], "hearth-client", &other_ca);
+        w("rogue.pem", &c);
+        w("rogue-key.pem", &k);
+        Pki { dir }
+    }
+
+    fn read(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.dir.path().join(name)).unwrap()
+    }
+
+    fn tls(&self) -> LocalEtcdTls {
+        LocalEtcdTls {
+            ca: self.dir.path().join("ca.pem"),
+            cert: self.dir.path().join("server.pem"),
+            key: self.dir.path().join("server-key.pem"),
+            client_cert_auth: true,
+        }
+    }
+
+    /// Credentials: the CA, a client certificate (`client` or `rogue`) and a user.
+    fn creds(&self, cert: Option<&str>, user: Option<(&str, &str)>) -> EtcdCredentials {
+        EtcdCredentials {
+            ca_pem: Some(self.read("ca.pem")),
+            identity: cert.map(|c| {
+                (
+                    self.read(&format!("{c}.pem")),
+                    self.read(&format!("{c}-key.pem")),
+                )
+            }),
+            user: user.map(|(u, p)| (u.to_string(), p.to_string())),
+        }
+    }
+}
+
+/// etcd over TLS with client certificates and users: `root`, `controller` (read-write on
+/// the cluster's prefix) and `worker-w1` (read-write on its own member key only), the roles
+/// deploy/etcd/setup-auth.sh creates.
+async fn secured() -> (LocalEtcd, Pki) {
+    let pki = Pki::new();
+    let mut etcd = LocalEtcd::start_with(1, Some(pki.tls())).unwrap();
+    etcd.set_admin_identity(pki.read("client.pem"), pki.read("client-key.pem"));
+    etcd.wait_ready().await.unwrap();
+    etcd.enable_auth("root-secret").await.unwrap();
+    etcd.add_user(
+        "controller",
+        "controller-secret",
+        &[("/hearth/", true, true)],
+    )
+    .await
+    .unwrap();
+    etcd.add_user(
+        "worker-w1",
+        "worker-secret",
+        &[("/hearth/members/workers/w1", false, true)],
+    )
+    .await
+    .unwrap();
+    (etcd, pki)
+}
+
+/// A raw client with `creds` (None: it could not even connect).
+async fn raw_with(
+    etcd: &LocalEtcd,
+    creds: &EtcdCredentials,
+) -> Result<etcd_client::Client, String> {
+    let endpoints = etcd.http_endpoints();
+    let opts = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(3));
+    let opts = creds.apply(opts, &endpoints).map_err(|e| e.to_string())?;
+    etcd_client::Client::connect(endpoints, Some(opts))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Whether a raw get of `key` (as a prefix) is refused.
+async fn get_refused(etcd: &LocalEtcd, creds: &EtcdCredentials, key: &str) -> bool {
+    let Ok(mut c) = raw_with(etcd, creds).await else {
+        return true;
+    };
+    c.get(key, Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .is_err()
+}
+
+async fn put_refused(etcd: &LocalEtcd, creds: &EtcdCredentials, key: &str, value: &str) -> bool {
+    let Ok(mut c) = raw_with(etcd, creds).await else {
+        return true;
+    };
+    c.put(key, value, None).await.is_err()
+}
+
+fn env_spec(secret: &str) -> serde_json::Value {
+    serde_json::json!({"runtime": "python3.12", "handler": "main.handler", "env": {"DB_PASSWORD": secret}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secured_etcd_refuses_strangers_and_keeps_workers_to_their_own_key() {
+    need_etcd!();
+    let (etcd, pki) = secured().await;
+
+    // The controller, with its client certificate and user, works through it.
+    let controller = EtcdStore::connect_with(
+        &etcd.http_endpoints(),
+        PREFIX,
+        1000,
+        &pki.creds(Some("client"), Some(("controller", "controller-secret"))),
+    )
+    .await
+    .expect("the controller connects");
+    controller
+        .seal_with(Sealer::from_cluster_key(
+            "hearth_cluster_test_key_0123456789",
+        ))
+        .unwrap();
+    controller
+        .put_function(
+            "f",
+            &env_spec("hunter2-in-env"),
+            Some(b"code with API-TOKEN-31"),
+        )
+        .await
+        .unwrap();
+    let i = inv("f", Some("idem"));
+    assert_eq!(controller.create(&i).await.unwrap(), Created::New);
+    controller
+        .put_doc(
+            "keys",
+            "k1",
+            &serde_json::json!({"role": "admin", "namespace": "*"}),
+        )
+        .await
+        .unwrap();
+
+    // Strangers: no client certificate (refused at the TLS handshake), another CA's
+    // certificate, plain HTTP to the TLS port, a certificate but no user, a wrong password.
+    let strangers = [
+        ("no certificate", pki.creds(None, None)),
+        ("another CA's certificate", pki.creds(Some("rogue"), None)),
+        ("a certificate but no user", pki.creds(Some("client"), None)),
+        (
+            "a wrong password",
+            pki.creds(Some("client"), Some(("controller", "guess"))),
+        ),
+        (
+            "the right password without a certificate",
+            pki.creds(None, Some(("controller", "controller-secret"))),
+        ),
+    ];
+    // (The same checks pass for the controller's own credentials: the refusals are theirs.)
+    let controller_creds = pki.creds(Some("client"), Some(("controller", "controller-secret")));
+    assert!(!get_refused(&etcd, &controller_creds, "/hearth/").await);
+    assert!(!put_refused(&etcd, &controller_creds, "/hearth/scratch", "{}").await);
+    for (who, creds) in &strangers {
+        assert!(
+            get_refused(&etcd, creds, "/hearth/").await,
+            "{who} read the registry"
+        );
+        assert!(
+            put_refused(&etcd, creds, "/hearth/docs/keys/evil", "{}").await,
+            "{who} wrote a key record"
+        );
+    }
+    let plain: Vec<String> = etcd
+        .http_endpoints()
+        .iter()
+        .map(|e| e.replace("https://", "http://"))
+        .collect();
+    let plain_client = etcd_client::Client::connect(
+        plain,
+        Some(
+            etcd_client::ConnectOptions::new()
+                .with_connect_timeout(Duration::from_secs(2))
+                .with_timeout(Duration::from_secs(3)),
+        ),
+    )
+    .await;
+    if let Ok(mut c) = plain_client {
+        assert!(
+            c.get("/hearth/", None).await.is_err(),
+            "plain HTTP read etcd"
+        );
+    }
+
+    // A worker's user publishes its own membership and nothing else.
+    let worker_creds = pki.creds(Some("client"), Some(("worker-w1", "worker-secret")));
+    let worker = EtcdStore::connect_with(&etcd.http_endpoints(), PREFIX, 1000, &worker_creds)
+        .await
+        .expect("a worker connects");
+    let me = MemberRecord {
+        name: "w1".into(),
+        url: "https://10.0.0.1:7878".into(),
+        incarnation: "i1".into(),
+    };
+    let membership = worker
+        .join(MemberKind::Worker, &me, 2000)
+        .await
+        .expect("the worker publishes itself");
+    let other = MemberRecord {
+        name: "w2".into(),
+        ..me.clone()
+    };
+    assert!(
+        worker.join(MemberKind::Worker, &other, 2000).await.is_err(),
+        "a worker published another worker"
+    );
+    for prefix in [
+        "/hearth/functions/",
+        "/hearth/inv/",
+        "/hearth/code/",
+        "/hearth/docs/",
+        "/hearth/members/workers/w2",
+    ] {
+        assert!(
+            get_refused(&etcd, &worker_creds, prefix).await,
+            "a worker read {prefix}"
+        );
+    }
+    for key in [
+        "/hearth/docs/keys/evil",
+        "/hearth/functions/f",
+        "/hearth/members/controllers/evil",
+        "/hearth/members/workers/w2",
+    ] {
+        assert!(
+            put_refused(&etcd, &worker_creds, key, "{}").await,
+            "a worker wrote {key}"
+        );
+    }
+    // The controller sees the worker.
+    let mut workers = controller.watch_members(MemberKind::Worker);
+    match next(&mut workers).await {
+        Change::Snapshot(m) => assert_eq!(m, vec![me.clone()]),
+        other => panic!("{other:?}"),
+    }
+    membership.leave().await;
+
+    // What etcd holds: no env value, no arguments, no key record in clear.
+    let mut admin = etcd.admin_raw().await.unwrap();
+    let all = admin
+        .get(
+            "/hearth/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let mut seen = 0;
+    for kv in all.kvs() {
+        let v = String::from_utf8_lossy(kv.value());
+        let k = kv.key_str().unwrap();
+        assert!(
+            !v.contains("hunter2-in-env"),
+            "{k} holds the env value in clear"
+        );
+        assert!(
+            !v.contains("DB_PASSWORD"),
+            "{k} holds the env name in clear"
+        );
+        assert!(!v.contains("API-TOKEN-31"), "{k} holds the code in clear");
+        assert!(
+            !v.contains(r#""n":1"#) && !v.contains("eyJuIjoxfQ"),
+            "{k} holds the arguments"
+        );
+        assert!(!v.contains("admin"), "{k} holds a key record in clear");
+        if k.starts_with("/hearth/functions/")
+            || k.starts_with("/hearth/inv/")
+            || k.starts_with("/hearth/docs/keys/")
+            || (k.starts_with("/hearth/code/") && !k.ends_with("/meta"))
+        {
+            assert!(v.starts_with("hearth-sealed-v1:"), "{k} is not sealed");
+            seen += 1;
+        }
+    }
+    assert_eq!(
+        seen, 4,
+        "the function, its code, the invocation and the key record"
+    );
+    // ...and the controller reads them back.
+    assert_eq!(controller.get(&i.id).await.unwrap().unwrap(), i);
+    let mut functions = controller.watch_functions();
+    match next(&mut functions).await {
+        Change::Snapshot(f) => {
+            assert_eq!(f[0].spec["env"]["DB_PASSWORD"], "hunter2-in-env");
+            assert_eq!(
+                controller.code(f[0].code.as_ref().unwrap()).await.unwrap(),
+                b"code with API-TOKEN-31"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    controller.close().await;
+    worker.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_sealed_with_another_cluster_key_are_an_error_naming_the_cause() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let ours = store(&etcd).await;
+    ours.seal_with(Sealer::from_cluster_key(
+        "hearth_cluster_key_one_0123456789",
+    ))
+    .unwrap();
+    assert!(ours.seal_with(Sealer::from_cluster_key("again")).is_err());
+    let i = inv("f", None);
+    ours.create(&i).await.unwrap();
+    ours.put_function("f", &env_spec("s3cret"), None)
+        .await
+        .unwrap();
+    ours.put_function("g", &env_spec("s3cret"), None)
+        .await
+        .unwrap();
+
+    let theirs = store(&etcd).await;
+    theirs
+        .seal_with(Sealer::from_cluster_key(
+            "hearth_cluster_key_two_0123456789",
+        ))
+        .unwrap();
+    let e = theirs.get(&i.id).await.unwrap_err().to_string();
+    assert!(e.contains("another cluster key"), "{e}");
+    assert!(!e.contains("s3cret"));
+    // Unreadable function records are skipped, not served as garbage.
+    let mut f = theirs.watch_functions();
+    assert_eq!(next(&mut f).await, Change::Snapshot(vec![]));
+
+    // Without any key a sealed record is an error too; a clear record under a sealing store
+    // (written by something that is not a controller of this cluster) is refused.
+    let keyless = store(&etcd).await;
+    let e = keyless.get(&i.id).await.unwrap_err().to_string();
+    assert!(e.contains("no cluster key"), "{e}");
+    let j = inv("f", None);
+    keyless.create(&j).await.unwrap();
+    let e = ours.get(&j.id).await.unwrap_err().to_string();
+    assert!(e.contains("not sealed"), "{e}");
+
+    // A sealed record moved to another key does not open.
+    let mut c = raw(&etcd).await;
+    let f_value = c.get("/hearth/functions/f", None).await.unwrap().kvs()[0]
+        .value()
+        .to_vec();
+    c.put("/hearth/functions/g", f_value, None).await.unwrap();
+    let mut f = ours.watch_functions();
+    match next(&mut f).await {
+        Change::Snapshot(fs) => {
+            assert_eq!(fs.iter().map(|f| f.key.as_str()).collect::<Vec<_>>(), ["f"])
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_an_older_version_wrote_in_clear_are_sealed_at_upgrade() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    // An older controller: everything in clear.
+    let old = store(&etcd).await.with_retention(Duration::from_secs(60));
+    let old_code = old
+        .put_function("f", &env_spec("old-secret"), Some(b"code"))
+        .await
+        .unwrap()
+        .code
+        .unwrap();
+    let running = inv("f", Some("k"));
+    old.create(&running).await.unwrap();
+    let mut finished = inv("f", None);
+    old.create(&finished).await.unwrap();
+    finished.state = AsyncState::Succeeded;
+    finished.answer = Some("old-answer".into());
+    finished.finished_unix_ms = Some(unix_ms());
+    assert!(old.finish(&finished).await.unwrap());
+    old.put_doc("keys", "k1", &serde_json::json!({"role": "admin"}))
+        .await
+        .unwrap();
+    old.put_doc("config", "balance", &serde_json::json!({"balance": "ch"}))
+        .await
+        .unwrap();
+    let lease_before = raw(&etcd)
+        .await
+        .get(format!("/hearth/inv/{}", finished.id), None)
+        .await
+        .unwrap()
+        .kvs()[0]
+        .lease();
+    assert_ne!(lease_before, 0);
+
+    // The upgraded controller seals them, and reads them back.
+    let new = store(&etcd).await;
+    new.seal_with(Sealer::from_cluster_key(
+        "hearth_cluster_upgrade_key_0123456789",
+    ))
+    .unwrap();
+    // The function, its code chunk, two invocations, the key record.
+    // Code an older version wrote in clear is read as it is (its SHA-256 checks it)...
+    assert_eq!(new.code(&old_code).await.unwrap(), b"code");
+    // ...and sealed with the rest: the function, its code chunk, two invocations, a key.
+    assert_eq!(new.seal_clear_records().await.unwrap(), 5);
+    assert_eq!(new.seal_clear_records().await.unwrap(), 0, "once");
+    let mut c = raw(&etcd).await;
+    let all = c
+        .get(
+            "/hearth/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    for kv in all.kvs() {
+        let v = String::from_utf8_lossy(kv.value());
+        assert!(
+            !v.contains("old-secret") && !v.contains("old-answer"),
+            "{:?}",
+            kv.key_str()
+        );
+    }
+    let sealed_inv = c
+        .get(format!("/hearth/inv/{}", finished.id), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        sealed_inv.kvs()[0].lease(),
+        lease_before,
+        "its retention lease is kept"
+    );
+    let cfg = c.get("/hearth/docs/config/balance", None).await.unwrap();
+    assert!(
+        cfg.kvs()[0].value().starts_with(b"{"),
+        "the settings stay in clear"
+    );
+    assert_eq!(new.get(&running.id).await.unwrap().unwrap(), running);
+    assert_eq!(new.get(&finished.id).await.unwrap().unwrap(), finished);
+    let mut f = new.watch_functions();
+    match next(&mut f).await {
+        Change::Snapshot(fs) => {
+            assert_eq!(fs[0].spec["env"]["DB_PASSWORD"], "old-secret");
+            assert_eq!(
+                new.code(fs[0].code.as_ref().unwrap()).await.unwrap(),
+                b"code"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut docs = new.watch_docs("keys");
+    match next(&mut docs).await {
+        Change::Snapshot(d) => assert_eq!(d[0].value["role"], "admin"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -374,9 +374,22 @@ pub struct WorkerConfig {
     pub sfs_slice_ms: u64,
     /// A controller to join (`http://HOST:PORT`); the worker pushes its status there.
     pub controller: Option<String>,
-    /// The cluster's state store to join (`etcd://HOST:PORT[,…]`): the worker publishes itself
-    /// there under a lease, and every controller of the cluster finds it and polls it.
+    /// The cluster's state store to join (`etcds://HOST:PORT[,…]`, or plain `etcd://` on
+    /// loopback or with `store_insecure`): the worker publishes itself there under a lease,
+    /// and every controller of the cluster finds it and polls it. It needs nothing else
+    /// from etcd: its etcd user may write only its own member key (docs/operations.md).
     pub store: Option<String>,
+    /// PEM CA that signed etcd's server certificate (needed by `etcds://`).
+    pub store_ca: Option<PathBuf>,
+    /// PEM client certificate and key for an etcd run with `--client-cert-auth`.
+    pub store_cert: Option<PathBuf>,
+    pub store_key: Option<PathBuf>,
+    /// This worker's etcd user; its password is in `store_password_file` (0600).
+    pub store_user: Option<String>,
+    pub store_password_file: Option<PathBuf>,
+    /// Accept a plain `etcd://` store on a non-loopback address (a loud warning at start).
+    #[serde(deserialize_with = "hearth_service::config_loader::flag")]
+    pub store_insecure: bool,
     /// The membership lease's time to live (whole seconds in etcd, at least 1 s): a worker that
     /// stops renewing it (killed, frozen) leaves the cluster within this.
     pub lease_ttl_ms: u64,
@@ -471,6 +484,12 @@ impl Default for WorkerConfig {
             sfs_slice_ms: crate::cpu_sched::DEFAULT_SFS_SLICE_MS,
             controller: None,
             store: None,
+            store_ca: None,
+            store_cert: None,
+            store_key: None,
+            store_user: None,
+            store_password_file: None,
+            store_insecure: false,
             lease_ttl_ms: 2000,
             status_interval_ms: 1000,
             advertise_url: None,
@@ -539,6 +558,12 @@ const CONFIG_KEYS: &[&str] = &[
     "sfs_slice_ms",
     "controller",
     "store",
+    "store_ca",
+    "store_cert",
+    "store_key",
+    "store_user",
+    "store_password_file",
+    "store_insecure",
     "lease_ttl_ms",
     "status_interval_ms",
     "advertise_url",
@@ -738,9 +763,21 @@ impl WorkerConfig {
         }
         self.gpu.check().map_err(ConfigError::Invalid)?;
         if let Some(store) = &self.store {
-            config_checks::store(store, self.lease_ttl_ms)?;
+            config_checks::store(store, self.lease_ttl_ms, &self.store_access())?;
         }
         config_checks::status_interval_ms(self.status_interval_ms)
+    }
+
+    /// The `store_*` settings together.
+    pub fn store_access(&self) -> hearth_service::store::StoreAccess {
+        hearth_service::store::StoreAccess {
+            ca: self.store_ca.clone(),
+            cert: self.store_cert.clone(),
+            key: self.store_key.clone(),
+            user: self.store_user.clone(),
+            password_file: self.store_password_file.clone(),
+            insecure: self.store_insecure,
+        }
     }
 
     /// Simulated GPUs run no processes: only the `sim` backend can use them. Checked when the

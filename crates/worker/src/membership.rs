@@ -169,13 +169,18 @@ pub async fn join_store(
     use hearth_service::store::{
         etcd::EtcdStore, ClusterState, MemberKind, MemberRecord, StoreUrl,
     };
-    let endpoints = match StoreUrl::parse(&store) {
-        Ok(StoreUrl::Etcd(e)) => e,
+    let store_url = StoreUrl::parse(&store);
+    let endpoints = match &store_url {
+        Ok(StoreUrl::Etcd(e)) => e.clone(),
         _ => {
-            tracing::error!("store must be an etcd:// URL to join a cluster by");
+            tracing::error!("store must be an etcds:// or etcd:// URL to join a cluster by");
             return None;
         }
     };
+    let access = worker.config().store_access();
+    if let Ok(u) = &store_url {
+        access.warn_at_start(u);
+    }
     let ttl = worker.config().lease_ttl_ms;
     let me = MemberRecord {
         name: worker.id().to_string(),
@@ -188,7 +193,9 @@ pub async fn join_store(
             return None;
         }
         let joined = async {
-            let s = EtcdStore::connect(&endpoints, "/hearth", ttl).await?;
+            // Read again on every try: the operator may fix a file meanwhile.
+            let credentials = access.load().await?;
+            let s = EtcdStore::connect_with(&endpoints, "/hearth", ttl, &credentials).await?;
             s.join(MemberKind::Worker, &me, ttl).await
         }
         .await;

@@ -2,17 +2,21 @@
 //!
 //! # Key layout (under the prefix `{p}`, e.g. `/hearth`)
 //!
+//! Values marked *sealed* are sealed with the cluster's key once the store has one
+//! ([`EtcdStore::seal_with`], [`super::seal`]); the others hold nothing secret.
+//!
 //! | key | value | lease |
 //! |-----|-------|-------|
-//! | `{p}/inv/{id}` | [`StoredInvocation`] JSON | none while unfinished; the retention lease once final |
+//! | `{p}/inv/{id}` | [`StoredInvocation`] JSON, sealed | none while unfinished; the retention lease once final |
 //! | `{p}/pending/{id}` | `""` while unfinished | none |
 //! | `{p}/claims/{id}` | the claiming store's session id | that store's session lease |
 //! | `{p}/idem/{sha256(function "\0" owner "\0" key)}` | the invocation id | none while unfinished; the retention lease once final |
-//! | `{p}/functions/{key}` | [`FunctionRecord`] JSON without `version` (read: the key's mod revision) | none |
-//! | `{p}/code/{sha256}/{index:04}` | chunk `index` of the code archive (≤ [`CODE_CHUNK_BYTES`]) | none |
+//! | `{p}/functions/{key}` | [`FunctionRecord`] JSON without `version` (read: the key's mod revision), sealed | none |
+//! | `{p}/code/{sha256}/{index:04}` | chunk `index` of the code archive (≤ [`CODE_CHUNK_BYTES`]), sealed (an older version's in clear are read too: the SHA-256 checks them) | none |
 //! | `{p}/code/{sha256}/meta` | `{"bytes":N,"chunks":M}`, written after every chunk | none |
 //! | `{p}/members/workers/{name}` | [`MemberRecord`] JSON | the member's lease |
 //! | `{p}/members/controllers/{name}` | [`MemberRecord`] JSON | the member's lease |
+//! | `{p}/docs/{kind}/{id}` | a shared document's JSON, sealed unless `kind` is `config` (the cluster's settings, the cluster key's fingerprint) | none |
 //!
 //! # Invocations
 //!
@@ -63,6 +67,7 @@
 //!
 //! Error messages never carry values (arguments, answers, code).
 
+use super::seal::{self, Sealer};
 use super::{
     AsyncStore, Change, ClusterState, CodeRef, Created, DeadLetterFilter, Doc, FunctionRecord,
     MemberKind, MemberRecord, Membership, StoreError, StoredInvocation,
@@ -77,7 +82,7 @@ use hearth_api::AsyncState;
 use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
@@ -282,8 +287,41 @@ fn encode_invocation(inv: &StoredInvocation) -> Result<Vec<u8>, StoreError> {
     Ok(json)
 }
 
-fn decode_invocation(bytes: &[u8]) -> Result<StoredInvocation, StoreError> {
-    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+/// The sealer a store and its watch tasks share: set once the controller has read its
+/// cluster key ([`EtcdStore::seal_with`]); unset, values are written and read in clear.
+type Sealing = Arc<OnceLock<Sealer>>;
+
+/// How a watch turns a key's name and value into an item (None: skipped, with a warning).
+type Decode<T> = Arc<dyn Fn(&str, &KeyValue) -> Option<T> + Send + Sync>;
+
+/// `plain` as it is written under `etcd_key`: sealed when the store has a sealer.
+fn seal_value(sealing: &Sealing, etcd_key: &str, plain: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+    match sealing.get() {
+        Some(s) => s.seal(etcd_key, &plain),
+        None => Ok(plain),
+    }
+}
+
+/// The plain bytes of a stored value. With a sealer a value must be sealed (a clear one was
+/// not written by a controller of this cluster); without one a sealed value is an error.
+fn open_value(sealing: &Sealing, what: &'static str, kv: &KeyValue) -> Result<Vec<u8>, StoreError> {
+    let key = std::str::from_utf8(kv.key()).map_err(|_| StoreError::Corrupt {
+        what,
+        why: "its key is not UTF-8".into(),
+    })?;
+    match sealing.get() {
+        Some(s) => s.open(what, key, kv.value()),
+        None if seal::is_sealed(kv.value()) => Err(StoreError::Corrupt {
+            what,
+            why: "it is sealed, and this process has no cluster key to open it".into(),
+        }),
+        None => Ok(kv.value().to_vec()),
+    }
+}
+
+fn decode_invocation(sealing: &Sealing, kv: &KeyValue) -> Result<StoredInvocation, StoreError> {
+    let bytes = open_value(sealing, "invocation record", kv)?;
+    serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
         what: "invocation record",
         why: json_why(&e),
     })
@@ -556,6 +594,72 @@ pub struct EtcdStore {
     /// The shared retention lease: (id, granted at, for which retention).
     retention_lease: tokio::sync::Mutex<Option<(i64, Instant, Duration)>>,
     runtime: tokio::runtime::Handle,
+    sealing: Sealing,
+}
+
+/// How a client proves itself to etcd and checks etcd, beyond its endpoints: read from the
+/// `store_*` settings by [`super::StoreAccess::load`]. Never printed (it holds a password).
+#[derive(Clone, Default)]
+pub struct EtcdCredentials {
+    /// PEM of the CA etcd's server certificate must chain to (required for `etcds://`).
+    pub ca_pem: Option<Vec<u8>>,
+    /// PEM client certificate and key, for an etcd run with `--client-cert-auth`.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// An etcd user and its password, for an etcd with `auth enable`.
+    pub user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdCredentials")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_cert", &self.identity.is_some())
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
+impl EtcdCredentials {
+    /// `opts` with TLS (for `https://` endpoints) and the user added.
+    pub fn apply(
+        &self,
+        mut opts: ConnectOptions,
+        endpoints: &[String],
+    ) -> Result<ConnectOptions, StoreError> {
+        let https = endpoints
+            .iter()
+            .filter(|e| e.starts_with("https://"))
+            .count();
+        if https != 0 && https != endpoints.len() {
+            return Err(StoreError::Config(
+                "etcd endpoints must be all TLS or all plain".into(),
+            ));
+        }
+        if https > 0 {
+            let Some(ca) = &self.ca_pem else {
+                return Err(StoreError::Config(
+                    "an etcds:// store needs store_ca (the CA that signed etcd's certificate)"
+                        .into(),
+                ));
+            };
+            let mut tls = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(ca));
+            if let Some((cert, key)) = &self.identity {
+                tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            opts = opts.with_tls(tls);
+        } else if self.identity.is_some() || self.ca_pem.is_some() {
+            return Err(StoreError::Config(
+                "store_ca, store_cert and store_key need an etcds:// store".into(),
+            ));
+        }
+        if let Some((user, password)) = &self.user {
+            opts = opts
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
+        }
+        Ok(opts)
+    }
 }
 
 impl EtcdStore {
@@ -566,6 +670,23 @@ impl EtcdStore {
         endpoints: &[String],
         prefix: &str,
         session_ttl_ms: u64,
+    ) -> Result<Arc<EtcdStore>, StoreError> {
+        Self::connect_with(
+            endpoints,
+            prefix,
+            session_ttl_ms,
+            &EtcdCredentials::default(),
+        )
+        .await
+    }
+
+    /// [`EtcdStore::connect`] with TLS and a user (`https://` endpoints need
+    /// `credentials.ca_pem`).
+    pub async fn connect_with(
+        endpoints: &[String],
+        prefix: &str,
+        session_ttl_ms: u64,
+        credentials: &EtcdCredentials,
     ) -> Result<Arc<EtcdStore>, StoreError> {
         if endpoints.is_empty() {
             return Err(StoreError::Config("no etcd endpoints".into()));
@@ -586,6 +707,7 @@ impl EtcdStore {
             // A member cut off from the quorum fails requests (and cancels watches) instead
             // of serving stale data.
             .with_require_leader(true);
+        let opts = credentials.apply(opts, endpoints)?;
         let client = tokio::time::timeout(OPEN_TIMEOUT, Client::connect(endpoints, Some(opts)))
             .await
             .map_err(|_| CallError::TimedOut)
@@ -626,7 +748,100 @@ impl EtcdStore {
             retention_ms: AtomicU64::new(DEFAULT_RETENTION.as_millis() as u64),
             retention_lease: tokio::sync::Mutex::new(None),
             runtime,
+            sealing: Arc::new(OnceLock::new()),
         }))
+    }
+
+    /// Seals, from now on, what carries secrets (function records, invocation records,
+    /// shared documents other than the cluster's settings) with `sealer`, and opens only
+    /// values sealed with it. Set once, before the first write; a second call fails.
+    pub fn seal_with(&self, sealer: Sealer) -> Result<(), StoreError> {
+        self.sealing
+            .set(sealer)
+            .map_err(|_| StoreError::Config("the store's sealing key is already set".into()))
+    }
+
+    /// Whether values are sealed ([`EtcdStore::seal_with`] was called).
+    pub fn seals(&self) -> bool {
+        self.sealing.get().is_some()
+    }
+
+    /// A code chunk as it is written under `key`: sealed (off the async threads: a chunk is
+    /// up to [`CODE_CHUNK_BYTES`]) when the store has a sealer.
+    async fn seal_chunk(&self, key: &str, chunk: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let Some(sealer) = self.sealing.get().cloned() else {
+            return Ok(chunk.to_vec());
+        };
+        let (key, chunk) = (key.to_string(), chunk.to_vec());
+        tokio::task::spawn_blocking(move || sealer.seal(&key, &chunk))
+            .await
+            .map_err(|_| StoreError::Unavailable("sealing code: the task failed".into()))?
+    }
+
+    /// The plain bytes of a sealed code chunk. Code chunks are the one kind of value also
+    /// read in clear (an older version's): their SHA-256 is checked either way.
+    async fn open_chunk(&self, kv: KeyValue) -> Result<Vec<u8>, StoreError> {
+        let sealing = self.sealing.clone();
+        tokio::task::spawn_blocking(move || open_value(&sealing, "code chunk", &kv))
+            .await
+            .map_err(|_| StoreError::Unavailable("opening code: the task failed".into()))?
+    }
+
+    /// Seals the records an older version wrote in clear (function records, invocation
+    /// records, shared documents other than the cluster's settings, code chunks), each in a
+    /// transaction
+    /// guarded by its mod revision and under its lease; how many it sealed. Run by a
+    /// controller at start, after [`EtcdStore::seal_with`]: without it an upgraded cluster
+    /// would skip its own functions and keys as "not sealed". It trusts what is in clear
+    /// at that moment, so run it (upgrade) while etcd is reachable only by the cluster.
+    pub async fn seal_clear_records(&self) -> Result<usize, StoreError> {
+        let Some(sealer) = self.sealing.get() else {
+            return Err(StoreError::Config("the store has no sealing key".into()));
+        };
+        let unavailable = |e: CallError| e.store("sealing records written in clear");
+        let clear_docs = format!("{}/docs/{CLEAR_DOC_KIND}/", self.prefix);
+        let mut sealed = 0;
+        for part in ["functions", "inv", "docs", "code"] {
+            let mut clear = Vec::new();
+            self.conn
+                .scan(&self.key(part, ""), false, MAX_SCAN, |kv| {
+                    // The cluster's settings and code's bookkeeping stay in clear.
+                    let settings = kv.key().starts_with(clear_docs.as_bytes())
+                        || (part == "code" && kv.key().ends_with(b"/meta"));
+                    if !settings && !seal::is_sealed(kv.value()) {
+                        clear.push(kv);
+                    }
+                    true
+                })
+                .await
+                .map_err(unavailable)?;
+            for kv in clear {
+                let Ok(key) = std::str::from_utf8(kv.key()) else {
+                    continue;
+                };
+                let value = if part == "code" {
+                    self.seal_chunk(key, kv.value()).await?
+                } else {
+                    sealer.seal(key, kv.value())?
+                };
+                let opts = (kv.lease() != 0).then(|| PutOptions::new().with_lease(kv.lease()));
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(
+                        key,
+                        CompareOp::Equal,
+                        kv.mod_revision(),
+                    )])
+                    .and_then([TxnOp::put(key, value, opts)]);
+                match self.conn.txn(txn).await {
+                    Ok(done) if done.value.succeeded() => sealed += 1,
+                    // Changed meanwhile (then written sealed) or its lease just ended.
+                    Ok(_) => {}
+                    Err(e) if e.lease_not_found() => {}
+                    Err(e) => return Err(unavailable(e)),
+                }
+            }
+        }
+        Ok(sealed)
     }
 
     /// Keeps finished records (and their idempotency keys) for `retention` (at least 1 s)
@@ -742,7 +957,8 @@ impl EtcdStore {
             .get(&self.key("inv", id))
             .await
             .map_err(|e| e.store("reading an invocation"))?;
-        kv.map(|kv| decode_invocation(kv.value())).transpose()
+        kv.map(|kv| decode_invocation(&self.sealing, &kv))
+            .transpose()
     }
 
     /// Makes sure the code `sha` is stored completely; returns `meta`'s mod revision, which
@@ -763,8 +979,9 @@ impl EtcdStore {
             _ => {
                 for (i, chunk) in code.chunks(CODE_CHUNK_BYTES).enumerate() {
                     let key = self.code_key(sha, i as u64);
+                    let chunk = self.seal_chunk(&key, chunk).await?;
                     call(&self.conn.kv, |mut kv| {
-                        let key = key.clone();
+                        let (key, chunk) = (key.clone(), chunk.clone());
                         async move { kv.put(key, chunk, None).await }
                     })
                     .await
@@ -831,7 +1048,7 @@ impl EtcdStore {
         let scanned = self
             .conn
             .scan(&self.key("functions", ""), false, MAX_SCAN, |kv| {
-                let refers = serde_json::from_slice::<FunctionRecord>(kv.value())
+                let refers = read_function(&self.sealing, &kv)
                     .map(|f| f.code.is_some_and(|c| c.sha256 == sha))
                     // Unreadable: keep the code rather than guess.
                     .unwrap_or(true);
@@ -936,7 +1153,7 @@ impl EtcdStore {
     fn spawn_watch<T: Send + 'static>(
         &self,
         prefix: String,
-        decode: fn(&str, &KeyValue) -> Option<T>,
+        decode: Decode<T>,
     ) -> mpsc::Receiver<Change<T>> {
         let (tx, rx) = mpsc::channel(WATCH_CHANNEL);
         self.runtime
@@ -971,12 +1188,12 @@ enum WatchEnd {
 async fn watch_loop<T: Send + 'static>(
     conn: Conn,
     prefix: String,
-    decode: fn(&str, &KeyValue) -> Option<T>,
+    decode: Decode<T>,
     tx: mpsc::Sender<Change<T>>,
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match watch_once(&conn, &prefix, decode, &tx, &mut backoff).await {
+        match watch_once(&conn, &prefix, &decode, &tx, &mut backoff).await {
             WatchEnd::ReceiverGone => return,
             WatchEnd::Failed(why) => {
                 tracing::debug!(prefix = %prefix, why = %why, "etcd watch restarts")
@@ -993,7 +1210,7 @@ async fn watch_loop<T: Send + 'static>(
 async fn watch_once<T>(
     conn: &Conn,
     prefix: &str,
-    decode: fn(&str, &KeyValue) -> Option<T>,
+    decode: &Decode<T>,
     tx: &mpsc::Sender<Change<T>>,
     backoff: &mut Duration,
 ) -> WatchEnd {
@@ -1086,15 +1303,24 @@ fn encode_function(record: &FunctionRecord) -> Result<Vec<u8>, StoreError> {
     Ok(json)
 }
 
-fn decode_function(name: &str, kv: &KeyValue) -> Option<FunctionRecord> {
-    match serde_json::from_slice::<FunctionRecord>(kv.value()) {
+/// A stored function record (opened when sealed), without its key and version.
+fn read_function(sealing: &Sealing, kv: &KeyValue) -> Result<FunctionRecord, StoreError> {
+    let bytes = open_value(sealing, "function record", kv)?;
+    serde_json::from_slice::<FunctionRecord>(&bytes).map_err(|e| StoreError::Corrupt {
+        what: "function record",
+        why: json_why(&e),
+    })
+}
+
+fn decode_function(sealing: &Sealing, name: &str, kv: &KeyValue) -> Option<FunctionRecord> {
+    match read_function(sealing, kv) {
         Ok(mut f) => {
             f.key = name.to_string();
             f.version = kv.mod_revision().max(0) as u64;
             Some(f)
         }
         Err(e) => {
-            tracing::warn!(function = %name, why = %json_why(&e), "skipping an unreadable function record");
+            tracing::warn!(function = %name, error = %e, "skipping an unreadable function record");
             None
         }
     }
@@ -1116,6 +1342,7 @@ impl AsyncStore for EtcdStore {
         let json = encode_invocation(inv)?;
         let id = inv.id.as_str();
         let inv_key = self.key("inv", id);
+        let json = seal_value(&self.sealing, &inv_key, json)?;
         let idem_key = inv
             .idempotency_key
             .as_deref()
@@ -1216,6 +1443,7 @@ impl AsyncStore for EtcdStore {
 
     async fn update(&self, inv: &StoredInvocation) -> Result<(), StoreError> {
         let json = encode_invocation(inv)?;
+        let json = seal_value(&self.sealing, &self.key("inv", &inv.id), json)?;
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.key("pending", &inv.id),
@@ -1232,6 +1460,7 @@ impl AsyncStore for EtcdStore {
 
     async fn finish(&self, inv: &StoredInvocation) -> Result<bool, StoreError> {
         let json = encode_invocation(inv)?;
+        let json = seal_value(&self.sealing, &self.key("inv", &inv.id), json)?;
         let id = inv.id.as_str();
         for _ in 0..2 {
             let lease = self.retention_lease().await?;
@@ -1311,7 +1540,7 @@ impl AsyncStore for EtcdStore {
             let Some(record) = self.claim(&id).await? else {
                 continue;
             };
-            match record.map(|kv| decode_invocation(kv.value())) {
+            match record.map(|kv| decode_invocation(&self.sealing, &kv)) {
                 Some(Ok(inv)) => out.push(inv),
                 Some(Err(e)) => {
                     tracing::warn!(id = %id, error = %e, "an orphaned invocation is unreadable; left claimed")
@@ -1340,7 +1569,7 @@ impl AsyncStore for EtcdStore {
         };
         self.conn
             .scan(&self.key("inv", ""), false, MAX_SCAN, |kv| {
-                match decode_invocation(kv.value()) {
+                match decode_invocation(&self.sealing, &kv) {
                     Ok(inv) if inv.state == AsyncState::Failed && filter.accepts(&inv.function) => {
                         out.push(inv);
                         // Keep memory bounded by the limit, not by the scan.
@@ -1370,7 +1599,7 @@ impl AsyncStore for EtcdStore {
         let mut old = Vec::new();
         self.conn
             .scan(&self.key("inv", ""), false, MAX_SCAN, |kv| {
-                if let Ok(inv) = decode_invocation(kv.value()) {
+                if let Ok(inv) = decode_invocation(&self.sealing, &kv) {
                     if inv.state != AsyncState::Running
                         && inv.finished_unix_ms.is_some_and(|f| f < before_unix_ms)
                     {
@@ -1512,9 +1741,7 @@ impl ClusterState for EtcdStore {
                     .map_err(|e| e.store("reading a function"))?;
                 match current {
                     Some(kv) => {
-                        record.code = serde_json::from_slice::<FunctionRecord>(kv.value())
-                            .ok()
-                            .and_then(|f| f.code);
+                        record.code = read_function(&self.sealing, &kv).ok().and_then(|f| f.code);
                         when.push(Compare::mod_revision(
                             fkey.clone(),
                             CompareOp::Equal,
@@ -1527,7 +1754,7 @@ impl ClusterState for EtcdStore {
                     }
                 }
             }
-            let json = encode_function(&record)?;
+            let json = seal_value(&self.sealing, &fkey, encode_function(&record)?)?;
             let txn = Txn::new()
                 .when(when)
                 .and_then([TxnOp::put(fkey.clone(), json, None)]);
@@ -1566,7 +1793,7 @@ impl ClusterState for EtcdStore {
         };
         if let Ok(FunctionRecord {
             code: Some(code), ..
-        }) = serde_json::from_slice::<FunctionRecord>(prev.value())
+        }) = read_function(&self.sealing, &prev)
         {
             if let Err(e) = self.collect_code(&code.sha256).await {
                 tracing::warn!(function = %key, error = %e, "unreferenced code was not deleted");
@@ -1602,7 +1829,12 @@ impl ClusterState for EtcdStore {
                     what: "code archive",
                     why: format!("chunk {i} is missing"),
                 })?;
-            out.extend_from_slice(kv.value());
+            if seal::is_sealed(kv.value()) {
+                out.extend_from_slice(&self.open_chunk(kv).await?);
+            } else {
+                // Written by an older version: the SHA-256 below checks it all the same.
+                out.extend_from_slice(kv.value());
+            }
             if out.len() > bytes {
                 break;
             }
@@ -1617,7 +1849,11 @@ impl ClusterState for EtcdStore {
     }
 
     fn watch_functions(&self) -> mpsc::Receiver<Change<FunctionRecord>> {
-        self.spawn_watch(self.key("functions", ""), decode_function)
+        let sealing = self.sealing.clone();
+        self.spawn_watch(
+            self.key("functions", ""),
+            Arc::new(move |name, kv| decode_function(&sealing, name, kv)),
+        )
     }
 
     async fn join(
@@ -1695,7 +1931,7 @@ impl ClusterState for EtcdStore {
     }
 
     fn watch_members(&self, kind: MemberKind) -> mpsc::Receiver<Change<MemberRecord>> {
-        self.spawn_watch(self.members_prefix(kind), decode_member)
+        self.spawn_watch(self.members_prefix(kind), Arc::new(decode_member))
     }
 
     async fn put_doc(
@@ -1738,10 +1974,7 @@ impl ClusterState for EtcdStore {
             _ => None,
         });
         match kv {
-            Some(kv) => serde_json::from_slice(kv.value()).map_err(|e| StoreError::Corrupt {
-                what: "shared document",
-                why: json_why(&e),
-            }),
+            Some(kv) => read_doc(&self.sealing, &kv),
             // Deleted in between (or a retried put landed): what was asked is what is there.
             None => Ok(doc.clone()),
         }
@@ -1762,7 +1995,11 @@ impl ClusterState for EtcdStore {
     }
 
     fn watch_docs(&self, kind: &str) -> mpsc::Receiver<Change<Doc>> {
-        self.spawn_watch(format!("{}/docs/{kind}/", self.prefix), decode_doc)
+        let sealing = self.sealing.clone();
+        self.spawn_watch(
+            format!("{}/docs/{kind}/", self.prefix),
+            Arc::new(move |id, kv| decode_doc(&sealing, id, kv)),
+        )
     }
 }
 
@@ -1790,18 +2027,47 @@ impl EtcdStore {
                 max: MAX_RECORD_BYTES,
             });
         }
-        Ok((format!("{}/docs/{kind}/{id}", self.prefix), json))
+        let key = format!("{}/docs/{kind}/{id}", self.prefix);
+        // The cluster's settings stay readable without the key (its fingerprint is one of
+        // them); every other document (API key records among them) is sealed.
+        let json = if kind == CLEAR_DOC_KIND {
+            json
+        } else {
+            seal_value(&self.sealing, &key, json)?
+        };
+        Ok((key, json))
     }
 }
 
-fn decode_doc(id: &str, kv: &KeyValue) -> Option<Doc> {
-    match serde_json::from_slice::<serde_json::Value>(kv.value()) {
+/// The one kind of shared document kept in clear: the cluster's settings.
+pub const CLEAR_DOC_KIND: &str = "config";
+
+/// A shared document's value, opened unless it is of [`CLEAR_DOC_KIND`].
+fn read_doc(sealing: &Sealing, kv: &KeyValue) -> Result<serde_json::Value, StoreError> {
+    let key = std::str::from_utf8(kv.key()).unwrap_or("");
+    let clear = key
+        .rsplit_once('/')
+        .and_then(|(parent, _)| parent.rsplit_once('/'))
+        .is_some_and(|(_, kind)| kind == CLEAR_DOC_KIND);
+    let bytes = if clear {
+        kv.value().to_vec()
+    } else {
+        open_value(sealing, "shared document", kv)?
+    };
+    serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
+        what: "shared document",
+        why: json_why(&e),
+    })
+}
+
+fn decode_doc(sealing: &Sealing, id: &str, kv: &KeyValue) -> Option<Doc> {
+    match read_doc(sealing, kv) {
         Ok(value) => Some(Doc {
             id: id.to_string(),
             value,
         }),
         Err(e) => {
-            tracing::warn!(document = %id, why = %json_why(&e), "skipping an unreadable shared document");
+            tracing::warn!(document = %id, error = %e, "skipping an unreadable shared document");
             None
         }
     }

@@ -5,6 +5,11 @@
 //! it. Every member is killed (SIGKILL, by its PID) and every directory removed when the
 //! [`LocalEtcd`] is dropped, also when a test panics.
 //!
+//! [`LocalEtcd::start_with`] serves clients over TLS (files the test made, e.g. with rcgen),
+//! optionally demanding client certificates; [`LocalEtcd::enable_auth`] then turns etcd's
+//! users and roles on, and [`LocalEtcd::add_user`] adds users confined to key prefixes, so
+//! tests run against etcd secured as `deploy/` sets it up.
+//!
 //! Ports are found by binding port 0 and releasing it just before etcd starts, so another
 //! process may in rare cases take one in between; [`LocalEtcd::start`] then fails with the
 //! member's log excerpt in [`LocalEtcd::wait_ready`]'s error.
@@ -34,6 +39,19 @@ pub enum LocalEtcdError {
     BadSize(usize),
     #[error("local etcd did not become ready: {0}")]
     NotReady(String),
+    #[error("local etcd's users and roles: {0}")]
+    Auth(String),
+}
+
+/// TLS for a local etcd's client port: PEM files of a CA and of a server certificate for
+/// `127.0.0.1` signed by it.
+#[derive(Debug, Clone)]
+pub struct LocalEtcdTls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// etcd's `--client-cert-auth`: clients without a certificate the CA signed are refused.
+    pub client_cert_auth: bool,
 }
 
 struct Member {
@@ -51,6 +69,9 @@ pub struct LocalEtcd {
     token: String,
     initial_cluster: String,
     bin: PathBuf,
+    tls: Option<LocalEtcdTls>,
+    /// What the readiness probe and the admin helpers connect with (TLS, client cert, root).
+    admin: super::etcd::EtcdCredentials,
     // Dropped last (fields drop in order): the members are killed in `Drop` first.
     _dir: tempfile::TempDir,
 }
@@ -97,6 +118,17 @@ impl LocalEtcd {
     /// Starts `members` members (1 or 3 in practice) as a new cluster; call
     /// [`LocalEtcd::wait_ready`] before using it.
     pub fn start(members: usize) -> Result<LocalEtcd, LocalEtcdError> {
+        Self::start_with(members, None)
+    }
+
+    /// [`LocalEtcd::start`] serving clients over TLS when `tls` is given. The admin
+    /// credentials (for [`LocalEtcd::wait_ready`] and the user helpers) trust its CA and, with
+    /// client-cert auth, present its server certificate as a client one unless
+    /// [`LocalEtcd::set_admin_identity`] gives another.
+    pub fn start_with(
+        members: usize,
+        tls: Option<LocalEtcdTls>,
+    ) -> Result<LocalEtcd, LocalEtcdError> {
         if !(1..=7).contains(&members) {
             return Err(LocalEtcdError::BadSize(members));
         }
@@ -125,11 +157,20 @@ impl LocalEtcd {
             .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
+        let mut admin = super::etcd::EtcdCredentials::default();
+        if let Some(t) = &tls {
+            admin.ca_pem = Some(std::fs::read(&t.ca)?);
+            if t.client_cert_auth {
+                admin.identity = Some((std::fs::read(&t.cert)?, std::fs::read(&t.key)?));
+            }
+        }
         let mut etcd = LocalEtcd {
             members: list,
             token,
             initial_cluster,
             bin,
+            tls,
+            admin,
             _dir: dir,
         };
         for i in 0..members {
@@ -141,9 +182,22 @@ impl LocalEtcd {
     fn spawn(&mut self, i: usize, state: &str) -> Result<(), LocalEtcdError> {
         let m = &self.members[i];
         let log = File::options().create(true).append(true).open(&m.log)?;
-        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
-        let child = Command::new(&self.bin)
+        let mut cmd = Command::new(&self.bin);
+        if let Some(t) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&t.cert)
+                .arg("--key-file")
+                .arg(&t.key)
+                .arg("--trusted-ca-file")
+                .arg(&t.ca);
+            if t.client_cert_auth {
+                cmd.arg("--client-cert-auth");
+            }
+        }
+        let child = cmd
             .arg("--name")
             .arg(&m.name)
             .arg("--data-dir")
@@ -179,17 +233,110 @@ impl LocalEtcd {
             .collect()
     }
 
-    /// The endpoints as `http://127.0.0.1:PORT` (what [`super::StoreUrl::Etcd`] holds).
+    /// The endpoints as `http://127.0.0.1:PORT`, or `https://…` with TLS (what
+    /// [`super::StoreUrl::Etcd`] holds).
     pub fn http_endpoints(&self) -> Vec<String> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         self.endpoints()
             .into_iter()
-            .map(|e| format!("http://{e}"))
+            .map(|e| format!("{scheme}://{e}"))
             .collect()
     }
 
-    /// The `--store` value naming this cluster: `etcd://a,b,c`.
+    /// The `--store` value naming this cluster: `etcd://a,b,c`, or `etcds://a,b,c` with TLS.
     pub fn store_url(&self) -> String {
-        format!("etcd://{}", self.endpoints().join(","))
+        let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
+        format!("{scheme}://{}", self.endpoints().join(","))
+    }
+
+    /// The credentials the readiness probe and the admin helpers use.
+    pub fn admin(&self) -> &super::etcd::EtcdCredentials {
+        &self.admin
+    }
+
+    /// The client certificate (PEM cert and key) admin connections present.
+    pub fn set_admin_identity(&mut self, cert: Vec<u8>, key: Vec<u8>) {
+        self.admin.identity = Some((cert, key));
+    }
+
+    async fn admin_client(&self) -> Result<etcd_client::Client, LocalEtcdError> {
+        let opts = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(5));
+        let endpoints = self.http_endpoints();
+        let opts = self
+            .admin
+            .apply(opts, &endpoints)
+            .map_err(|e| LocalEtcdError::NotReady(e.to_string()))?;
+        etcd_client::Client::connect(&endpoints, Some(opts))
+            .await
+            .map_err(|e| LocalEtcdError::Auth(e.to_string()))
+    }
+
+    /// Turns etcd's authentication on: a `root` user (role `root`) with `root_password`,
+    /// which the admin credentials use from now on. Every other client needs a user (or a
+    /// client certificate whose CN is one) afterwards.
+    pub async fn enable_auth(&mut self, root_password: &str) -> Result<(), LocalEtcdError> {
+        let mut c = self.admin_client().await?;
+        let err = |e: etcd_client::Error| LocalEtcdError::Auth(e.to_string());
+        c.user_add("root", root_password, None).await.map_err(err)?;
+        c.user_grant_role("root", "root").await.map_err(err)?;
+        c.auth_enable().await.map_err(err)?;
+        self.admin.user = Some(("root".into(), root_password.into()));
+        Ok(())
+    }
+
+    /// Adds user `name` with `password` and a role of the same name allowed exactly the given
+    /// grants: (key or prefix, whether it is a prefix, read-write (true) or read-only).
+    pub async fn add_user(
+        &self,
+        name: &str,
+        password: &str,
+        grants: &[(&str, bool, bool)],
+    ) -> Result<(), LocalEtcdError> {
+        use etcd_client::Permission;
+        let mut c = self.admin_client().await?;
+        let err = |e: etcd_client::Error| LocalEtcdError::Auth(e.to_string());
+        c.user_add(name, password, None).await.map_err(err)?;
+        c.role_add(name).await.map_err(err)?;
+        for (key, prefix, write) in grants {
+            let mut p = if *write {
+                Permission::read_write(*key)
+            } else {
+                Permission::read(*key)
+            };
+            if *prefix {
+                p = p.with_prefix();
+            }
+            c.role_grant_permission(name, p).await.map_err(err)?;
+        }
+        c.user_grant_role(name, name).await.map_err(err)?;
+        Ok(())
+    }
+
+    /// A raw client with the admin credentials (to look at what is stored).
+    pub async fn admin_raw(&self) -> Result<etcd_client::Client, LocalEtcdError> {
+        self.admin_client().await
+    }
+
+    /// Every key under `prefix` and its value as etcd stores it, read with the admin
+    /// credentials (tests look for what must not be there in clear).
+    pub async fn dump(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, LocalEtcdError> {
+        let mut c = self.admin_client().await?;
+        let got = c
+            .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| LocalEtcdError::Auth(e.to_string()))?;
+        Ok(got
+            .kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(kv.key()).into_owned(),
+                    kv.value().to_vec(),
+                )
+            })
+            .collect())
     }
 
     /// How many members the cluster has (running or not).
@@ -230,12 +377,13 @@ impl LocalEtcd {
     /// Waits (at most [`READY_TIMEOUT`]) until every running member answers a put and a get.
     pub async fn wait_ready(&mut self) -> Result<(), LocalEtcdError> {
         let deadline = Instant::now() + READY_TIMEOUT;
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         let running: Vec<(usize, String)> = self
             .members
             .iter()
             .enumerate()
             .filter(|(_, m)| m.child.is_some())
-            .map(|(i, m)| (i, format!("http://127.0.0.1:{}", m.client_port)))
+            .map(|(i, m)| (i, format!("{scheme}://127.0.0.1:{}", m.client_port)))
             .collect();
         for (i, endpoint) in running {
             let mut last;
@@ -252,7 +400,7 @@ impl LocalEtcd {
                         self.members[i].log.display()
                     )));
                 }
-                match probe(&endpoint).await {
+                match probe(&endpoint, &self.admin).await {
                     Ok(()) => break,
                     Err(e) => last = e,
                 }
@@ -270,10 +418,13 @@ impl LocalEtcd {
 }
 
 /// One put and one linearizable get through `endpoint` alone.
-async fn probe(endpoint: &str) -> Result<(), String> {
+async fn probe(endpoint: &str, admin: &super::etcd::EtcdCredentials) -> Result<(), String> {
     let opts = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(1))
         .with_timeout(Duration::from_secs(2));
+    let opts = admin
+        .apply(opts, &[endpoint.to_string()])
+        .map_err(|e| e.to_string())?;
     let mut client = etcd_client::Client::connect([endpoint], Some(opts))
         .await
         .map_err(|e| e.to_string())?;

@@ -15,6 +15,7 @@
 
 pub mod etcd;
 pub mod local_etcd;
+pub mod seal;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -311,7 +312,8 @@ pub struct Doc {
 pub enum StoreUrl {
     /// `sqlite` (or none): the embedded default, in the data directory.
     Sqlite,
-    /// `etcd://HOST:PORT[,HOST:PORT…]`: client endpoints, tried in turn.
+    /// `etcd://HOST:PORT[,HOST:PORT…]` (plain, held as `http://…`) or `etcds://…` (TLS, held
+    /// as `https://…`): client endpoints, tried in turn.
     Etcd(Vec<String>),
 }
 
@@ -322,9 +324,15 @@ impl StoreUrl {
         if s.is_empty() || s == "sqlite" {
             return Ok(StoreUrl::Sqlite);
         }
-        let Some(rest) = s.strip_prefix("etcd://") else {
+        let (scheme, rest) = if let Some(rest) = s.strip_prefix("etcds://") {
+            ("https", rest)
+        } else if let Some(rest) = s.strip_prefix("etcd://") {
+            ("http", rest)
+        } else {
             return Err(StoreError::Config(
-                "--store must be `sqlite` or `etcd://HOST:PORT[,HOST:PORT…]`".into(),
+                "--store must be `sqlite`, `etcds://HOST:PORT[,HOST:PORT…]` (TLS) or \
+                 `etcd://HOST:PORT[,…]` (plain)"
+                    .into(),
             ));
         };
         let mut endpoints = Vec::new();
@@ -340,13 +348,239 @@ impl StoreUrl {
                     "etcd endpoint {ep:?} is not HOST:PORT"
                 )));
             }
-            endpoints.push(format!("http://{ep}"));
+            endpoints.push(format!("{scheme}://{ep}"));
         }
         if endpoints.len() > 16 {
             return Err(StoreError::Config("at most 16 etcd endpoints".into()));
         }
         Ok(StoreUrl::Etcd(endpoints))
     }
+}
+
+impl StoreUrl {
+    /// Whether the store is etcd without TLS on an address that is not loopback: anyone on
+    /// that network could read the cluster's records and write its own.
+    pub fn is_plain_remote(&self) -> bool {
+        match self {
+            StoreUrl::Sqlite => false,
+            StoreUrl::Etcd(endpoints) => endpoints.iter().any(|e| {
+                e.strip_prefix("http://")
+                    .is_some_and(|hp| !endpoint_is_loopback(hp))
+            }),
+        }
+    }
+
+    /// Whether the store is etcd without TLS at all.
+    pub fn is_plain_etcd(&self) -> bool {
+        matches!(self, StoreUrl::Etcd(e) if e.iter().any(|e| e.starts_with("http://")))
+    }
+}
+
+/// `HOST:PORT` on loopback: 127.0.0.0/8, `[::1]` or `localhost`.
+fn endpoint_is_loopback(host_port: &str) -> bool {
+    let Some((host, _)) = host_port.rsplit_once(':') else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The largest password file read (a password is a line).
+pub const MAX_PASSWORD_FILE_BYTES: u64 = 4096;
+/// The largest CA, certificate or key file read.
+pub const MAX_PEM_FILE_BYTES: u64 = 1 << 20;
+
+/// The `store_*` settings of a controller or worker: how it proves itself to etcd and checks
+/// etcd. Files, not values, so that no secret is in argv, the environment or the config.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreAccess {
+    /// `store_ca`: PEM of the CA that signed etcd's server certificate (for `etcds://`).
+    pub ca: Option<std::path::PathBuf>,
+    /// `store_cert` and `store_key`: PEM client certificate and key (etcd's
+    /// `--client-cert-auth`).
+    pub cert: Option<std::path::PathBuf>,
+    pub key: Option<std::path::PathBuf>,
+    /// `store_user`: the etcd user (etcd's `auth enable`); its password is in
+    /// `store_password_file` (mode 0600 or stricter).
+    pub user: Option<String>,
+    pub password_file: Option<std::path::PathBuf>,
+    /// `store_insecure`: the operator accepts a plain `etcd://` store on a non-loopback
+    /// address (a loud warning at every start).
+    pub insecure: bool,
+}
+
+impl StoreAccess {
+    /// Checks the settings together with the store URL, without reading any file: TLS files
+    /// only for `etcds://` (which needs `store_ca`), cert and key together, a user with its
+    /// password file, and a plain remote etcd only with `store_insecure`.
+    pub fn check(&self, url: &StoreUrl) -> Result<(), StoreError> {
+        // Without etcd they are unused (a `--store` flag may still name one after the file
+        // and the environment were checked).
+        let StoreUrl::Etcd(endpoints) = url else {
+            return Ok(());
+        };
+        let tls = endpoints.iter().any(|e| e.starts_with("https://"));
+        if tls && self.ca.is_none() {
+            return Err(StoreError::Config(
+                "an etcds:// store needs store_ca (the CA that signed etcd's certificate)".into(),
+            ));
+        }
+        if !tls && (self.ca.is_some() || self.cert.is_some() || self.key.is_some()) {
+            return Err(StoreError::Config(
+                "store_ca, store_cert and store_key need an etcds:// store".into(),
+            ));
+        }
+        if self.cert.is_some() != self.key.is_some() {
+            return Err(StoreError::Config(
+                "store_cert and store_key go together".into(),
+            ));
+        }
+        if self.user.is_some() != self.password_file.is_some() {
+            return Err(StoreError::Config(
+                "store_user and store_password_file go together".into(),
+            ));
+        }
+        if let Some(user) = &self.user {
+            if user.is_empty()
+                || user.len() > 128
+                || !user
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:@".contains(&b))
+            {
+                return Err(StoreError::Config(
+                    "store_user must be 1 to 128 letters, digits or `-_.:@`".into(),
+                ));
+            }
+        }
+        if url.is_plain_remote() && !self.insecure {
+            return Err(StoreError::Config(
+                "refusing a plain etcd:// store on a non-loopback address: anyone who reaches \
+                 it reads the members, publishes fake workers and deletes or replays \
+                 records. Use etcds:// with store_ca (and a user or client \
+                 certificate), or set store_insecure = true (HEARTH_STORE_INSECURE=1) to \
+                 accept the risk"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Logs what the operator should know about this store at start: a loud warning for a
+    /// plain etcd (loopback or acknowledged), nothing for a TLS one.
+    pub fn warn_at_start(&self, url: &StoreUrl) {
+        if url.is_plain_remote() {
+            tracing::error!(
+                "INSECURE: the etcd store is plain etcd:// on the network (store_insecure is \
+                 set): anyone who reaches it reads the members, publishes fake workers and \
+                 deletes or replays records (functions, code, async records and keys stay \
+                 sealed)"
+            );
+        } else if url.is_plain_etcd() {
+            tracing::warn!(
+                "the etcd store is plain etcd:// on loopback: fine for one machine, not for a \
+                 cluster (use etcds:// with a user)"
+            );
+        }
+        if matches!(url, StoreUrl::Etcd(_)) && self.user.is_none() && self.cert.is_none() {
+            tracing::warn!("the etcd store is used without a user or client certificate");
+        }
+    }
+
+    /// Reads the files the settings name. Errors name the setting and the cause, never a
+    /// file's contents.
+    pub async fn load(&self) -> Result<etcd::EtcdCredentials, StoreError> {
+        let ca_pem = match &self.ca {
+            Some(p) => Some(read_bounded("store_ca", p, MAX_PEM_FILE_BYTES, false).await?),
+            None => None,
+        };
+        let identity = match (&self.cert, &self.key) {
+            (Some(c), Some(k)) => Some((
+                read_bounded("store_cert", c, MAX_PEM_FILE_BYTES, false).await?,
+                read_bounded("store_key", k, MAX_PEM_FILE_BYTES, true).await?,
+            )),
+            _ => None,
+        };
+        for (what, pem) in [
+            ("store_ca", &ca_pem),
+            ("store_cert", &identity.as_ref().map(|i| i.0.clone())),
+        ] {
+            if let Some(pem) = pem {
+                if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
+                    return Err(StoreError::Config(format!("{what} is not a PEM file")));
+                }
+            }
+        }
+        let user = match (&self.user, &self.password_file) {
+            (Some(u), Some(p)) => {
+                let raw =
+                    read_bounded("store_password_file", p, MAX_PASSWORD_FILE_BYTES, true).await?;
+                let text = String::from_utf8(raw).map_err(|_| {
+                    StoreError::Config("store_password_file is not UTF-8 text".into())
+                })?;
+                let password = text.trim_end_matches(['\n', '\r']).to_string();
+                if password.is_empty() || password.contains(['\n', '\r']) {
+                    return Err(StoreError::Config(
+                        "store_password_file must hold the password on one line".into(),
+                    ));
+                }
+                Some((u.clone(), password))
+            }
+            _ => None,
+        };
+        Ok(etcd::EtcdCredentials {
+            ca_pem,
+            identity,
+            user,
+        })
+    }
+}
+
+/// A file of at most `max` bytes; a `private` one (password, key) must not be readable or
+/// writable by group or others.
+async fn read_bounded(
+    what: &str,
+    path: &std::path::Path,
+    max: u64,
+    private: bool,
+) -> Result<Vec<u8>, StoreError> {
+    use std::os::unix::fs::PermissionsExt;
+    let cannot = |e: std::io::Error| {
+        StoreError::Config(format!(
+            "cannot read {what} ({}): {}",
+            path.display(),
+            e.kind()
+        ))
+    };
+    let meta = tokio::fs::metadata(path).await.map_err(cannot)?;
+    if !meta.is_file() {
+        return Err(StoreError::Config(format!(
+            "{what} ({}) is not a file",
+            path.display()
+        )));
+    }
+    if meta.len() > max {
+        return Err(StoreError::Config(format!(
+            "{what} ({}) is larger than {max} bytes",
+            path.display()
+        )));
+    }
+    if private && meta.permissions().mode() & 0o077 != 0 {
+        return Err(StoreError::Config(format!(
+            "{what} ({}) is readable by group or others: chmod 600 it",
+            path.display()
+        )));
+    }
+    let bytes = tokio::fs::read(path).await.map_err(cannot)?;
+    if bytes.len() as u64 > max {
+        return Err(StoreError::Config(format!(
+            "{what} ({}) is larger than {max} bytes",
+            path.display()
+        )));
+    }
+    Ok(bytes)
 }
 
 /// A shared handle to an async store.
@@ -400,6 +634,116 @@ mod tests {
         ] {
             assert!(StoreUrl::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn tls_store_urls() {
+        assert_eq!(
+            StoreUrl::parse("etcds://10.0.0.5:2379,etcd-2.internal:2379").unwrap(),
+            StoreUrl::Etcd(vec![
+                "https://10.0.0.5:2379".into(),
+                "https://etcd-2.internal:2379".into()
+            ])
+        );
+        for bad in ["etcds://", "etcds://u:p@h:1", "etcdss://h:1"] {
+            assert!(StoreUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn access() -> StoreAccess {
+        StoreAccess::default()
+    }
+
+    #[test]
+    fn a_plain_etcd_on_the_network_needs_the_acknowledgement() {
+        let remote = StoreUrl::parse("etcd://10.0.0.5:2379").unwrap();
+        let e = access().check(&remote).unwrap_err().to_string();
+        assert!(e.contains("store_insecure"), "{e}");
+        // One remote endpoint among loopback ones is enough to refuse.
+        let mixed = StoreUrl::parse("etcd://127.0.0.1:2379,etcd.internal:2379").unwrap();
+        assert!(access().check(&mixed).is_err());
+        let acknowledged = StoreAccess {
+            insecure: true,
+            ..access()
+        };
+        acknowledged.check(&remote).unwrap();
+        for local in [
+            "etcd://127.0.0.1:2379",
+            "etcd://localhost:2379",
+            "etcd://[::1]:2379",
+            "etcd://127.0.0.2:2379",
+        ] {
+            access()
+                .check(&StoreUrl::parse(local).unwrap())
+                .unwrap_or_else(|e| panic!("{local}: {e}"));
+        }
+        // TLS: needs its CA, takes cert and key together and a user with its password file.
+        let tls = StoreUrl::parse("etcds://10.0.0.5:2379").unwrap();
+        assert!(access()
+            .check(&tls)
+            .unwrap_err()
+            .to_string()
+            .contains("store_ca"));
+        let with_ca = StoreAccess {
+            ca: Some("/etc/hearth/etcd-ca.pem".into()),
+            ..access()
+        };
+        with_ca.check(&tls).unwrap();
+        assert!(with_ca.check(&remote).is_err(), "a CA for a plain store");
+        let half = StoreAccess {
+            cert: Some("c.pem".into()),
+            ..with_ca.clone()
+        };
+        assert!(half.check(&tls).is_err());
+        let user_only = StoreAccess {
+            user: Some("controller".into()),
+            ..with_ca.clone()
+        };
+        assert!(user_only.check(&tls).is_err());
+        let bad_user = StoreAccess {
+            user: Some("a b".into()),
+            password_file: Some("p".into()),
+            ..with_ca.clone()
+        };
+        assert!(bad_user.check(&tls).is_err());
+    }
+
+    #[tokio::test]
+    async fn password_files_must_be_private_and_are_never_echoed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "correct-horse\n").unwrap();
+        std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let a = StoreAccess {
+            user: Some("controller".into()),
+            password_file: Some(pw.clone()),
+            ..StoreAccess::default()
+        };
+        let e = a.load().await.unwrap_err().to_string();
+        assert!(
+            e.contains("chmod 600") && !e.contains("correct-horse"),
+            "{e}"
+        );
+        std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = a.load().await.unwrap();
+        assert_eq!(
+            c.user,
+            Some(("controller".to_string(), "correct-horse".to_string()))
+        );
+        assert!(!format!("{c:?}").contains("correct-horse"));
+        std::fs::write(&pw, "two\nlines\n").unwrap();
+        let e = a.load().await.unwrap_err().to_string();
+        assert!(e.contains("one line") && !e.contains("lines\n"), "{e}");
+        // A CA that is not PEM is named, not echoed.
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "SECRET-NOT-PEM").unwrap();
+        let a = StoreAccess {
+            ca: Some(ca),
+            ..StoreAccess::default()
+        };
+        let e = a.load().await.unwrap_err().to_string();
+        assert!(e.contains("not a PEM") && !e.contains("SECRET"), "{e}");
     }
 
     #[test]
