@@ -310,11 +310,13 @@ fn etcd_cluster(env: &[(&str, &str)]) -> Option<(LocalEtcd, Server, Server)> {
         &["controller", "--store", &url, "--balance", "ch"],
         &settings,
     );
-    let key = c.cluster_key_file();
+    let id = common::cluster::fresh_worker_id();
+    let key = common::cluster::credential_for(&c, &id).expect("a worker credential");
     let w = Server::start(
         "sim",
         &[
             ("HEARTH_STORE", url.as_str()),
+            ("HEARTH_WORKER_ID", id.as_str()),
             ("HEARTH_CLUSTER_KEY_FILE", key.to_str().unwrap()),
             ("HEARTH_LEASE_TTL_MS", "1000"),
         ],
