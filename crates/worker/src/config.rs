@@ -552,7 +552,7 @@ const ENV_KEYS: EnvKeys = EnvKeys {
 
 impl WorkerConfig {
     /// Defaults ← TOML file (if any) ← `HEARTH_*` environment (nested keys with `__`, e.g.
-    /// `HEARTH_RUNC__UID`).
+    /// `HEARTH_RUNC__UID_BASE`).
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
         hearth_service::config_loader::load(file, ENV_KEYS, Self::check)
     }

@@ -297,6 +297,13 @@ impl RuncBackend {
         for d in [&b.state_root, &b.sandboxes_dir] {
             std::fs::create_dir_all(d).map_err(|e| fail("directories", e))?;
         }
+        if landlock_abi().is_none() {
+            tracing::warn!(
+                "this kernel has no Landlock: sandboxes start without their write lock and can \
+                 lower their oom_score_adj unless the worker has CAP_SYS_RESOURCE \
+                 (docs/sandboxes.md)"
+            );
+        }
         // runc's state (each container's config, the function's env included) and the bundles
         // (logs hold what functions print) are root's alone.
         for d in [&b.state_root, &b.sandboxes_dir] {
@@ -1126,6 +1133,22 @@ async fn discard_bundle_off_runtime(dir: &Path) {
     let _ = tokio::task::spawn_blocking(move || discard_bundle(&dir)).await;
 }
 
+/// The kernel's Landlock ABI version (`landlock_create_ruleset(NULL, 0,
+/// LANDLOCK_CREATE_RULESET_VERSION)`), None without Landlock.
+fn landlock_abi() -> Option<i64> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with this flag the kernel reads neither pointer nor size.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    (v > 0).then_some(v)
+}
+
 /// Makes the sandbox's root: a tmpfs at `rootfs` (so mountinfo inside shows `/` for it, not
 /// a host path) with the base layout and the agent script, read-only for the sandbox user.
 fn mount_rootfs(rootfs: &Path) -> std::io::Result<()> {
@@ -1418,6 +1441,10 @@ def main(args):
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(sb.gpu().map(|g| g.index), Some(1));
         assert_eq!(sb.device_memory_bytes(), Some(0));
+        // A GPU sandbox runs as its own uid too, given back when it goes (below).
+        let base = RuncConfig::default().uid_base;
+        assert!((base..base + 65_536).contains(&sb.uid()), "{}", sb.uid());
+        assert_eq!(b.uids_in_use(), 1);
 
         let r = b.invoke(&mut sb, br#"{"bytes": 1048576}"#).await.unwrap();
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
@@ -1458,6 +1485,11 @@ def main(args):
         assert_eq!(r.device_memory_bytes, Some((1 << 20) + 4096));
 
         b.destroy(sb).await;
+        assert_eq!(
+            b.uids_in_use(),
+            0,
+            "the uid is free once the sandbox is gone"
+        );
         b.cleanup_all().await;
     }
 }
@@ -1465,6 +1497,18 @@ def main(args):
 #[cfg(test)]
 mod uid_tests {
     use super::UidPool;
+
+    /// Where the kernel lists Landlock among its security modules, the worker finds it (and
+    /// does not warn at start).
+    #[test]
+    fn landlock_is_found_where_the_kernel_has_it() {
+        let lsm = std::fs::read_to_string("/sys/kernel/security/lsm").unwrap_or_default();
+        if lsm.split(',').any(|m| m.trim() == "landlock") {
+            assert!(super::landlock_abi().is_some_and(|v| v >= 1));
+        } else {
+            eprintln!("skipped: no Landlock listed in /sys/kernel/security/lsm");
+        }
+    }
 
     #[test]
     fn every_live_sandbox_has_its_own_uid_and_a_freed_one_comes_back_last() {
