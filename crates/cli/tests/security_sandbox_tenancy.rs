@@ -18,8 +18,10 @@ use std::path::{Path, PathBuf};
 const PIDS_LIMIT: u64 = 128;
 const NOFILE_LIMIT: u64 = 256;
 const SANDBOX_FILES_BOUND: u64 = PIDS_LIMIT * NOFILE_LIMIT;
-/// The default `runc.uid_base`.
+/// The default `runc.uid_base` and `runc.uid_count`: a worker takes the first block of
+/// `UID_COUNT` uids from `UID_BASE` that no other worker on the host holds (at most 1024).
 const UID_BASE: u64 = 2_000_000_000;
+const UID_COUNT: u64 = 65_536;
 
 fn inline(src: &str, memory_mb: u64) -> Value {
     json!({"code": {"files": {"main.py": src}}, "memory_mb": memory_mb, "cpus": 1.0})
@@ -224,11 +226,13 @@ def main(args):
     assert_eq!(vb["mq"], "ok", "tenant B's mq_open: {vb}");
     let (ua, ub) = (va["uid"].as_u64().unwrap(), vb["uid"].as_u64().unwrap());
     assert_ne!(ua, ub, "two sandboxes, two uids");
+    let block = |uid: u64| (uid - UID_BASE) / UID_COUNT;
     for (v, uid) in [(va, ua), (vb, ub)] {
         assert!(
-            (UID_BASE..UID_BASE + 65_536).contains(&uid),
-            "a uid of the worker's range: {v}"
+            (UID_BASE..UID_BASE + 1024 * UID_COUNT).contains(&uid),
+            "a uid of the workers' range: {v}"
         );
+        assert_eq!(block(uid), block(ua), "one worker, one block: {v}");
         assert_eq!(v["gid"], uid, "its own gid: {v}");
         assert_eq!(v["groups"], json!([]), "{v}");
     }

@@ -150,7 +150,8 @@ pub struct RuncConfig {
     pub runc_path: PathBuf,
     /// The first of the worker's sandbox uids: each sandbox runs as its own uid and gid taken
     /// from `uid_base .. uid_base + uid_count` (default 2,000,000,000: far above any host user),
-    /// given back only once its sandbox is gone. Two workers on one host need ranges apart.
+    /// given back only once its sandbox is gone. Workers on one host take consecutive blocks of
+    /// `uid_count` from here (the first one no other worker holds).
     pub uid_base: u32,
     /// How many uids the range holds: at least twice the most sandboxes the worker's memory
     /// can hold (`memory_mb` / 16 MiB), so a uid is reused only long after it was freed.

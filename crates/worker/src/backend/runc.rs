@@ -83,6 +83,64 @@ pub struct RuncBackend {
     gpu_files: tokio::sync::OnceCell<Arc<DriverFiles>>,
     /// Each sandbox's own uid, from `runc.uid_base`.
     uids: std::sync::Mutex<UidPool>,
+    /// The host-wide claim on this worker's block of uids, held while the worker lives.
+    _uid_block: UidBlock,
+}
+
+/// Where workers claim their blocks of sandbox uids: one lock file per block, `flock`ed by the
+/// worker using it. The kernel drops the lock when the worker exits, however it exits.
+const UID_LOCK_DIR: &str = "/run/hearth";
+/// Blocks tried after `uid_base`: workers on one host.
+const MAX_UID_BLOCKS: u64 = 1024;
+
+/// A block of `uid_count` sandbox uids that no other worker on this host uses: with the same
+/// `uid_base` and `uid_count`, each worker on a host takes the next free block
+/// (`uid_base + k × uid_count`), so two workers' sandboxes never share a uid.
+#[derive(Debug)]
+pub(crate) struct UidBlock {
+    pub(crate) base: u32,
+    /// The locked file (the lock lives as long as it is open).
+    _lock: std::fs::File,
+}
+
+/// Claims the first free block of `count` uids from `base` (see [`UidBlock`]).
+pub(crate) fn claim_uid_block(dir: &Path, base: u32, count: u32) -> std::io::Result<UidBlock> {
+    use std::os::fd::AsRawFd;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let last_uid = u64::from(u32::MAX) - 2;
+    for k in 0..MAX_UID_BLOCKS {
+        let start = u64::from(base) + k * u64::from(count);
+        if start + u64::from(count) > last_uid {
+            break;
+        }
+        let Ok(start) = u32::try_from(start) else {
+            break;
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(dir.join(format!("uids-{start}-{count}.lock")))?;
+        // SAFETY: the descriptor is open for the duration of the call.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(UidBlock {
+                base: start,
+                _lock: file,
+            });
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(e);
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "every block of {count} sandbox uids from {base} is taken by another worker on this host"
+    )))
 }
 
 /// The worker's range of sandbox uids (`uid_base .. uid_base + uid_count`). A uid is taken
@@ -270,7 +328,14 @@ impl RuncBackend {
             )));
         }
         let worker = sanitize(worker_id);
-        let uids = UidPool::new(cfg.uid_base, cfg.uid_count);
+        let block = claim_uid_block(Path::new(UID_LOCK_DIR), cfg.uid_base, cfg.uid_count)
+            .map_err(|e| fail("sandbox uids", e))?;
+        let uids = UidPool::new(block.base, cfg.uid_count);
+        tracing::info!(
+            first = block.base,
+            count = cfg.uid_count,
+            "sandbox uids of this worker"
+        );
         let b = RuncBackend {
             state_root: data_dir.join("runc"),
             sandboxes_dir: data_dir.join("sandboxes"),
@@ -283,6 +348,7 @@ impl RuncBackend {
             cpu_sched,
             gpu_files: tokio::sync::OnceCell::new(),
             uids: std::sync::Mutex::new(uids),
+            _uid_block: block,
         };
         // <data>/sandboxes/<id>/run/agent.sock must fit in sockaddr_un (108 bytes).
         let socket_len = b.sandboxes_dir.as_os_str().len()
@@ -1441,9 +1507,15 @@ def main(args):
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(sb.gpu().map(|g| g.index), Some(1));
         assert_eq!(sb.device_memory_bytes(), Some(0));
-        // A GPU sandbox runs as its own uid too, given back when it goes (below).
-        let base = RuncConfig::default().uid_base;
-        assert!((base..base + 65_536).contains(&sb.uid()), "{}", sb.uid());
+        // A GPU sandbox runs as its own uid too, given back when it goes (below). The worker's
+        // block is the first one no other worker on this host holds.
+        let base = u64::from(RuncConfig::default().uid_base);
+        let span = 65_536 * MAX_UID_BLOCKS;
+        assert!(
+            (base..base + span).contains(&u64::from(sb.uid())),
+            "{}",
+            sb.uid()
+        );
         assert_eq!(b.uids_in_use(), 1);
 
         let r = b.invoke(&mut sb, br#"{"bytes": 1048576}"#).await.unwrap();
@@ -1496,7 +1568,26 @@ def main(args):
 
 #[cfg(test)]
 mod uid_tests {
-    use super::UidPool;
+    use super::{claim_uid_block, UidPool};
+
+    /// Workers on one host with the same range take consecutive blocks, and a block is free
+    /// again once its worker is gone (its lock file closed).
+    #[test]
+    fn workers_on_one_host_get_blocks_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = claim_uid_block(dir.path(), 2_000_000_000, 1000).unwrap();
+        let b = claim_uid_block(dir.path(), 2_000_000_000, 1000).unwrap();
+        assert_eq!((a.base, b.base), (2_000_000_000, 2_000_001_000));
+        drop(a);
+        let c = claim_uid_block(dir.path(), 2_000_000_000, 1000).unwrap();
+        assert_eq!(c.base, 2_000_000_000);
+        // No block past the last uid.
+        let top = u32::MAX - 2 - 1000;
+        let d = claim_uid_block(dir.path(), top, 1000).unwrap();
+        assert_eq!(d.base, top);
+        let e = claim_uid_block(dir.path(), top, 1000).unwrap_err();
+        assert!(e.to_string().contains("taken by another worker"), "{e}");
+    }
 
     /// Where the kernel lists Landlock among its security modules, the worker finds it (and
     /// does not warn at start).
