@@ -238,6 +238,30 @@ def main(args):
     }
 }
 
+/// Item 8 across workers: two workers on one host (as `hearth up` runs them) with the same
+/// settings take different blocks of uids, so their sandboxes never share one.
+#[test]
+fn two_workers_on_one_host_never_share_a_sandbox_uid() {
+    if !runc_available() {
+        return;
+    }
+    let src = "import os\n\ndef main(args):\n    return {'uid': os.getuid()}\n";
+    let one = Server::start("runc", &[("HEARTH_GENERIC_POOL", "0")]);
+    let two = Server::start("runc", &[("HEARTH_GENERIC_POOL", "0")]);
+    let mut uids = Vec::new();
+    for s in [&one, &two] {
+        assert_eq!(s.put_fn("who", inline(src, 64)).status, 201);
+        let uid = invoke_ok(s, "who", "{}")["result"]["uid"].as_u64().unwrap();
+        assert!(uid >= UID_BASE, "{uid}");
+        uids.push(uid);
+    }
+    assert_ne!(
+        (uids[0] - UID_BASE) / UID_COUNT,
+        (uids[1] - UID_BASE) / UID_COUNT,
+        "two workers, two blocks: {uids:?}"
+    );
+}
+
 /// Item 8: a process running as `nobody` on the host (the uid every sandbox had) cannot open a
 /// frozen sandbox's memory or environment.
 #[test]
