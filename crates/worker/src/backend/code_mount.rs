@@ -105,8 +105,9 @@ pub fn prepare_mount_point(dir: &Path) -> io::Result<()> {
 pub fn mount_code(code_dir: &Path, target: &Path, empty: &Path) -> io::Result<()> {
     let code = open_dir_path(code_dir)?;
     let empty = open_dir_path(empty)?;
+    // Overlay xattrs in the code (`trusted.overlay.redirect`, `.metacopy`) are never followed.
     let data = format!(
-        "lowerdir=/proc/self/fd/{}:/proc/self/fd/{}",
+        "lowerdir=/proc/self/fd/{}:/proc/self/fd/{},redirect_dir=nofollow,metacopy=off",
         code.as_raw_fd(),
         empty.as_raw_fd()
     );
