@@ -14,6 +14,8 @@ for d in /sys/fs/cgroup/*/hearth; do
         bad=1
     fi
 done
+# Every mount a worker makes for a sandbox (its root tmpfs, code overlay or code mount point, and
+# run tmpfs) lies in its bundle under the test's data directory.
 if grep -E 'hearth-test-' /proc/self/mountinfo >&2; then
     echo "leftover sandbox mounts of test workers (above)" >&2
     bad=1

@@ -337,6 +337,10 @@ fn bundle_files_are_private_to_root() {
         if name == "run" {
             // The agent's own directory (its socket), owned by the sandbox user.
             assert_eq!(m & 0o077, 0, "{name}: {m:o}");
+        } else if name == "rootfs" || name == "code" {
+            // The sandbox's root (its layout and the agent) and its code, mounted for it to
+            // read, behind the bundle's 0700.
+            assert_eq!(m & 0o022, 0, "{name} is writable by others: {m:o}");
         } else {
             assert_eq!(m & 0o077, 0, "{name} is open to other users: {m:o}");
             seen.push(name);

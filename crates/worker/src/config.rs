@@ -148,9 +148,14 @@ impl std::fmt::Display for BackendKind {
 pub struct RuncConfig {
     /// The runc binary (Debian's package installs /usr/sbin/runc).
     pub runc_path: PathBuf,
-    /// The uid and gid every sandbox process runs as (non-root; default `nobody`).
-    pub uid: u32,
-    pub gid: u32,
+    /// The first of the worker's sandbox uids: each sandbox runs as its own uid and gid taken
+    /// from `uid_base .. uid_base + uid_count` (default 2,000,000,000: far above any host user),
+    /// given back only once its sandbox is gone. Workers on one host take consecutive blocks of
+    /// `uid_count` from here (the first one no other worker holds).
+    pub uid_base: u32,
+    /// How many uids the range holds: at least twice the most sandboxes the worker's memory
+    /// can hold (`memory_mb` / 16 MiB), so a uid is reused only long after it was freed.
+    pub uid_count: u32,
     /// Size of each sandbox's private /tmp.
     pub tmp_size_mb: u64,
     /// Files and directories a sandbox may create in /tmp, and separately in /dev/shm.
@@ -200,6 +205,14 @@ impl RuncConfig {
                 )));
             }
         }
+        let last = u64::from(self.uid_base) + u64::from(self.uid_count);
+        if self.uid_base < MIN_UID_BASE || self.uid_count == 0 || last > MAX_SANDBOX_UID {
+            return Err(ConfigError::Invalid(format!(
+                "runc.uid_base must be at least {MIN_UID_BASE} and runc.uid_base + \
+                 runc.uid_count at most {MAX_SANDBOX_UID} with runc.uid_count > 0, got {} + {}",
+                self.uid_base, self.uid_count
+            )));
+        }
         let per_gb = self.cpu_shares_per_gb;
         if per_gb != 0 && !(MIN_SHARES_PER_GB..=MAX_SHARES_PER_GB).contains(&per_gb) {
             return Err(ConfigError::Invalid(format!(
@@ -226,6 +239,15 @@ impl RuncConfig {
     }
 }
 
+/// Sandbox uids start here by default: no distribution gives users uids this high.
+pub const DEFAULT_UID_BASE: u32 = 2_000_000_000;
+pub const DEFAULT_UID_COUNT: u32 = 65_536;
+/// No sandbox uid below this (the system's and people's uids, `nobody`).
+const MIN_UID_BASE: u32 = 100_000;
+/// The last usable uid: `(uid_t)-1` means "unchanged" to the kernel, and `-2` is often
+/// the overflow uid.
+const MAX_SANDBOX_UID: u64 = u32::MAX as u64 - 2;
+
 /// The kernel's list of online CPUs.
 const ONLINE_CPUS: &str = "/sys/devices/system/cpu/online";
 
@@ -237,8 +259,8 @@ impl Default for RuncConfig {
     fn default() -> Self {
         RuncConfig {
             runc_path: PathBuf::from("runc"),
-            uid: 65534,
-            gid: 65534,
+            uid_base: DEFAULT_UID_BASE,
+            uid_count: DEFAULT_UID_COUNT,
             tmp_size_mb: 64,
             tmp_inodes: 4096,
             run_size_mb: 4,
@@ -588,7 +610,7 @@ const ENV_KEYS: EnvKeys = EnvKeys {
 
 impl WorkerConfig {
     /// Defaults ← TOML file (if any) ← `HEARTH_*` environment (nested keys with `__`, e.g.
-    /// `HEARTH_RUNC__UID`).
+    /// `HEARTH_RUNC__UID_BASE`).
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
         hearth_service::config_loader::load(file, ENV_KEYS, Self::check)
     }
@@ -694,6 +716,15 @@ impl WorkerConfig {
         }
         self.regulator()?;
         self.runc.check()?;
+        // Every sandbox the memory can hold, twice over: uids of sandboxes being torn down
+        // are not free yet, and a freed one waits for the rest of the range to be used.
+        let most = 2 * (self.memory_mb / hearth_api::function::MIN_MEMORY_MB).max(1);
+        if self.backend == BackendKind::Runc && u64::from(self.runc.uid_count) < most {
+            return bad(format!(
+                "runc.uid_count must be at least {most} (twice the sandboxes {} MiB can hold)",
+                self.memory_mb
+            ));
+        }
         if !(1..=10_000).contains(&self.sfs_slice_ms) {
             return bad(format!(
                 "sfs_slice_ms must be between 1 and 10000, got {}",
@@ -960,7 +991,7 @@ mod tests {
         let path = dir.path().join("w.toml");
         std::fs::write(
             &path,
-            "listen = \"127.0.0.1:9000\"\nmemory_mb = 2048\nbackend = \"sim\"\n[runc]\nuid = 1000\n\
+            "listen = \"127.0.0.1:9000\"\nmemory_mb = 2048\nbackend = \"sim\"\n[runc]\nuid_base = 3000000000\n\
              gpu_shim_path = \"/opt/hearth/libhearth_cuda_shim.so\"\n",
         )
         .unwrap();
@@ -971,7 +1002,7 @@ mod tests {
             assert_eq!(c.listen, "127.0.0.1:9000");
             assert_eq!(c.memory_mb, 1024);
             assert_eq!(c.backend, BackendKind::Sim);
-            assert_eq!(c.runc.uid, 1000);
+            assert_eq!(c.runc.uid_base, 3_000_000_000);
             assert_eq!(c.runc.tmp_size_mb, 32);
             assert_eq!(
                 c.runc.gpu_shim_path.as_deref(),
@@ -998,6 +1029,19 @@ mod tests {
                 tmp_size_mb: u64::MAX,
                 ..RuncConfig::default()
             },
+            // Sandbox uids: not the host's users, not past the last uid, not an empty range.
+            RuncConfig {
+                uid_base: 65_534,
+                ..RuncConfig::default()
+            },
+            RuncConfig {
+                uid_base: u32::MAX - 100,
+                ..RuncConfig::default()
+            },
+            RuncConfig {
+                uid_count: 0,
+                ..RuncConfig::default()
+            },
         ] {
             let c = WorkerConfig {
                 runc: bad,
@@ -1005,6 +1049,32 @@ mod tests {
             };
             assert!(c.check().unwrap_err().to_string().contains("runc."));
         }
+    }
+
+    #[test]
+    fn the_uid_range_holds_every_sandbox_the_memory_can_hold_twice() {
+        let c = |memory_mb, uid_count| WorkerConfig {
+            backend: BackendKind::Runc,
+            memory_mb,
+            runc: RuncConfig {
+                uid_count,
+                ..RuncConfig::default()
+            },
+            ..WorkerConfig::default()
+        };
+        // 4 GiB holds 256 sandboxes of 16 MiB.
+        assert!(c(4096, 512).check().is_ok());
+        let e = c(4096, 511).check().unwrap_err().to_string();
+        assert!(e.contains("runc.uid_count must be at least 512"), "{e}");
+        // The default range serves workers of up to 512 GiB.
+        assert!(c(1 << 19, DEFAULT_UID_COUNT).check().is_ok());
+        assert!(c(1 << 20, DEFAULT_UID_COUNT).check().is_err());
+        // The sim backend has no sandbox processes.
+        let sim = WorkerConfig {
+            backend: BackendKind::Sim,
+            ..c(4096, 1)
+        };
+        assert!(sim.check().is_ok());
     }
 
     #[test]

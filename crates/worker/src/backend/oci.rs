@@ -10,15 +10,15 @@ use std::path::{Path, PathBuf};
 
 /// Inputs for one sandbox's OCI runtime spec.
 pub struct OciParams<'a> {
-    /// Shared read-only base rootfs (absolute), made by [`prepare_base_rootfs`].
+    /// The sandbox's root (absolute): a small tmpfs of its own laid out by
+    /// [`prepare_base_rootfs`], holding the agent at [`AGENT_MOUNT`]; read-only inside.
     pub rootfs: &'a Path,
-    /// Host dir, read-only at [`CODE_MOUNT`].
+    /// Host mount point bound read-only at [`CODE_MOUNT`]: the function's code as an overlay
+    /// or, for a generic sandbox, the empty tmpfs its code is later mounted onto
+    /// ([`super::code_mount`]). Never a plain directory, whose path mountinfo would show.
     pub code_dir: &'a Path,
-    /// Host dir holding `hearth_agent.py`, read-only at [`AGENT_MOUNT`].
-    pub agent_dir: &'a Path,
     /// Host per-sandbox dir, read-write at [`RUN_MOUNT`]; must be writable by `uid`.
     pub run_dir: &'a Path,
-    pub hostname: &'a str,
     /// `module.function` for `HEARTH_HANDLER`.
     pub handler: &'a str,
     /// User-supplied environment; reserved keys (`PATH`, `HEARTH_*`) and malformed pairs are dropped.
@@ -31,6 +31,9 @@ pub struct OciParams<'a> {
     pub cpu_shares: Option<u64>,
     /// `cpuset.cpus` (`runc.cpuset`, canonical list); None: any CPU.
     pub cpuset: Option<&'a str>,
+    /// The sandbox's own uid and gid, from the worker's range (`runc.uid_base`): per-uid
+    /// kernel limits (inotify instances, POSIX mqueue bytes, pending signals) are then per
+    /// sandbox, and no other host process shares its identity.
     pub uid: u32,
     pub gid: u32,
     /// `/hearth/<worker>/<sandbox>`: absolute, i.e. from each cgroup v1 hierarchy's root (a
@@ -73,8 +76,10 @@ pub struct GpuParams {
 
 /// Where the function's code appears inside the sandbox.
 pub const CODE_MOUNT: &str = "/code";
-/// Where the agent's directory appears inside the sandbox.
+/// The agent's directory inside the sandbox (in its root tmpfs).
 pub const AGENT_MOUNT: &str = "/hearth/agent";
+/// The agent script's name in [`AGENT_MOUNT`].
+pub const AGENT_FILE: &str = "hearth_agent.py";
 /// Where the per-sandbox run dir appears inside the sandbox.
 pub const RUN_MOUNT: &str = "/hearth/run";
 /// The agent's Unix socket inside the sandbox; on the host it is `<run_dir>/agent.sock`.
@@ -84,12 +89,62 @@ pub const AGENT_SOCKET_NAME: &str = "agent.sock";
 /// Process of the sandbox: `-I` (isolated: no user site, ignores `PYTHON*` env) and `-S` (no
 /// `site` import) keep interpreter start-up near 14 ms. Because `-I` ignores
 /// `PYTHONUNBUFFERED`, the agent must flush its own output.
-pub const AGENT_ARGS: [&str; 4] = [
+///
+/// The interpreter first runs [`AGENT_BOOT`] (`-c`), which locks file writes with Landlock and
+/// then runs the agent script (the last argument) as `__main__`.
+pub const AGENT_ARGS: [&str; 6] = [
     "/usr/bin/python3",
     "-I",
     "-S",
+    "-c",
+    AGENT_BOOT,
     "/hearth/agent/hearth_agent.py",
 ];
+/// What every sandbox runs before its agent: a Landlock ruleset (kernel 5.13+) that lets the
+/// sandbox open files for writing only beneath `/tmp`, `/dev` (null, pts, shm, mqueue) and
+/// `/hearth/run`; it is inherited by every child and exec and can never be lifted. It is what
+/// keeps a sandbox from lowering its `oom_score_adj` (or writing any other `/proc` file):
+/// the kernel lets a process lower it down to `oom_score_adj_min`, which only a writer with
+/// `CAP_SYS_RESOURCE` sets, and a worker without that capability (a container, a systemd unit
+/// with a bounding set) leaves it at 0 when runc writes 1000. A kernel without Landlock
+/// (ENOSYS, EOPNOTSUPP) starts the agent unlocked; any other failure stops the sandbox.
+/// It calls `syscall(2)` through `_ctypes` alone (the C module under `ctypes`): importing all
+/// of `ctypes` took 3.4 ms of the cold path, `_ctypes` 0.5 ms.
+pub const AGENT_BOOT: &str = r#"import sys
+def _hearth_lock():
+    import _ctypes, os, struct
+    class Long(_ctypes._SimpleCData):
+        _type_ = "l"
+    class Fn(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = Long
+    class Libc:
+        _handle = _ctypes.dlopen(None, os.RTLD_NOW)
+    call = Fn(("syscall", Libc))
+    write = 2  # LANDLOCK_ACCESS_FS_WRITE_FILE
+    ruleset = call(444, struct.pack("=Q", write), 8, 0)
+    if ruleset < 0:
+        err = _ctypes.get_errno()
+        if err in (38, 95):
+            return
+        raise OSError(err, "landlock_create_ruleset")
+    for path in ("/tmp", "/dev", "/dev/mqueue", "/hearth/run"):
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        if call(445, ruleset, 1, struct.pack("=Qi", write, fd), 0) < 0:
+            raise OSError(_ctypes.get_errno(), "landlock_add_rule " + path)
+        os.close(fd)
+    if call(446, ruleset, 0) < 0:
+        raise OSError(_ctypes.get_errno(), "landlock_restrict_self")
+    os.close(ruleset)
+_hearth_lock()
+del _hearth_lock
+sys.argv = sys.argv[1:]
+__file__ = sys.argv[0]
+with open(__file__, "rb") as _f:
+    _code = compile(_f.read(), __file__, "exec")
+del _f
+exec(_code)
+"#;
 /// A GPU sandbox's own tmpfs for the mount points of the driver's libraries and the shim (the
 /// shared rootfs is never written to), and the directory `LD_LIBRARY_PATH` names first.
 pub const GPU_MOUNT: &str = "/hearth/gpu";
@@ -108,10 +163,22 @@ pub const SANDBOX_PATH: &str = "/usr/bin:/bin";
 pub const CPU_PERIOD_US: u64 = 100_000;
 /// The kernel rejects CFS quotas below 1 ms.
 const MIN_CPU_QUOTA_US: i64 = 1_000;
-/// Cap on tasks (processes and threads) per sandbox: stops fork bombs.
-pub const PIDS_LIMIT: i64 = 256;
-/// RLIMIT_NOFILE soft and hard limit.
-pub const NOFILE_LIMIT: u64 = 1024;
+/// Cap on tasks (processes and threads) per sandbox: stops fork bombs. Python handlers use a
+/// few threads (a thread pool defaults to at most 32 workers).
+pub const PIDS_LIMIT: i64 = 128;
+/// RLIMIT_NOFILE soft and hard limit, per process. With [`PIDS_LIMIT`] it bounds what one
+/// sandbox can hold open host-wide to 128 × 256 = 32,768 files (see [`SANDBOX_FILES_BOUND`]),
+/// where 256 × 1024 let one sandbox take 8 % of a 2.4 M `fs.file-max`.
+pub const NOFILE_LIMIT: u64 = 256;
+/// The most files one sandbox's processes can hold open together: 1.3 % of `fs.file-max` on a
+/// host with 24 GiB of memory (the kernel's default `file-max` is about one file per 10 KiB
+/// of memory).
+pub const SANDBOX_FILES_BOUND: u64 = PIDS_LIMIT as u64 * NOFILE_LIMIT;
+/// RLIMIT_MSGQUEUE (bytes of POSIX message queues, counted per uid): room for one queue of the
+/// kernel's default size (10 messages of 8 KiB) and little more, where the default is 800 KiB.
+pub const MSGQUEUE_LIMIT: u64 = 128 * 1024;
+/// The hostname inside every sandbox: nothing of the worker's.
+pub const SANDBOX_HOSTNAME: &str = "sandbox";
 /// Size of the `/dev` and `/dev/shm` tmpfs mounts (runc's defaults).
 const DEV_TMPFS_SIZE: &str = "size=65536k";
 /// Global-OOM preference: the host kernel kills a sandbox before the worker. Memory-cgroup OOM
@@ -367,7 +434,6 @@ fn mounts(p: &OciParams) -> Vec<Value> {
         } else {
             bind(CODE_MOUNT, p.code_dir, false)
         },
-        bind(AGENT_MOUNT, p.agent_dir, false),
         bind(RUN_MOUNT, p.run_dir, true),
         json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                "options": ["nosuid", "nodev", "mode=1777", format!("size={}m", p.tmp_size_mb),
@@ -479,12 +545,15 @@ fn cpu_spec(p: &OciParams) -> Value {
             "capabilities": {
                 "bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": [],
             },
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": NOFILE_LIMIT, "soft": NOFILE_LIMIT}],
+            "rlimits": [
+                {"type": "RLIMIT_NOFILE", "hard": NOFILE_LIMIT, "soft": NOFILE_LIMIT},
+                {"type": "RLIMIT_MSGQUEUE", "hard": MSGQUEUE_LIMIT, "soft": MSGQUEUE_LIMIT},
+            ],
             "noNewPrivileges": true,
             "oomScoreAdj": OOM_SCORE_ADJ,
         },
         "root": {"path": p.rootfs.to_string_lossy(), "readonly": true},
-        "hostname": p.hostname,
+        "hostname": SANDBOX_HOSTNAME,
         "mounts": mounts(p),
         "linux": {
             "cgroupsPath": p.cgroups_path,
@@ -598,11 +667,9 @@ mod tests {
 
     fn params<'a>(env: &'a [(String, String)]) -> OciParams<'a> {
         OciParams {
-            rootfs: Path::new("/data/rootfs"),
-            code_dir: Path::new("/data/code/f1"),
-            agent_dir: Path::new("/opt/hearth/agent"),
+            rootfs: Path::new("/data/sandboxes/1/rootfs"),
+            code_dir: Path::new("/data/sandboxes/1/code"),
             run_dir: Path::new("/data/run/s1"),
-            hostname: "s1",
             handler: "main.main",
             env,
             memory_mb: 128,
@@ -651,9 +718,9 @@ mod tests {
     fn root_is_shared_and_readonly() {
         let spec = runtime_spec(&params(&[]));
         assert_eq!(spec["ociVersion"], "1.0.2");
-        assert_eq!(spec["root"]["path"], "/data/rootfs");
+        assert_eq!(spec["root"]["path"], "/data/sandboxes/1/rootfs");
         assert_eq!(spec["root"]["readonly"], true);
-        assert_eq!(spec["hostname"], "s1");
+        assert_eq!(spec["hostname"], "sandbox");
     }
 
     #[test]
@@ -662,8 +729,7 @@ mod tests {
         for (dest, src, rw) in [
             ("/usr", "/usr", false),
             ("/etc", "/etc", false),
-            ("/code", "/data/code/f1", false),
-            ("/hearth/agent", "/opt/hearth/agent", false),
+            ("/code", "/data/sandboxes/1/code", false),
             ("/hearth/run", "/data/run/s1", true),
         ] {
             let m = mount(&spec, dest);
@@ -721,7 +787,10 @@ mod tests {
         assert_eq!(proc["args"], json!(AGENT_ARGS));
         assert_eq!(proc["cwd"], "/code");
         assert_eq!(proc["rlimits"][0]["type"], "RLIMIT_NOFILE");
-        assert_eq!(proc["rlimits"][0]["hard"], 1024);
+        assert_eq!(proc["rlimits"][0]["hard"], 256);
+        assert_eq!(proc["rlimits"][1]["type"], "RLIMIT_MSGQUEUE");
+        assert_eq!(proc["rlimits"][1]["hard"], 128 * 1024);
+        assert_eq!(SANDBOX_FILES_BOUND, 32_768);
     }
 
     #[test]

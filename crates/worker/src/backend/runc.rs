@@ -1,10 +1,15 @@
 //! The `runc` backend: every sandbox is an OCI container started with Debian's runc, running the
 //! Python agent as its only process (docs/sandboxes.md).
 //!
-//! Layout under the data directory: `runc/` is runc's private state root, `rootfs/` the shared
-//! read-only base root, `agent/` the agent script, and `sandboxes/<container>/` each sandbox's
-//! bundle (`config.json`, `stdio.log`) with `run/` mounted at /hearth/run for the agent's socket.
-//! Everything but the rootfs and the agent is root's alone (dirs 0700, files 0600).
+//! Layout under the data directory: `runc/` is runc's private state root and
+//! `sandboxes/<id>/` each sandbox's bundle (`config.json`, `stdio.log`), in which the worker
+//! mounts the sandbox's root (`rootfs/`, a small tmpfs holding the base layout and the agent),
+//! its code (`code/`, see [`code_mount`]) and `run/` (a tmpfs at /hearth/run for the agent's
+//! socket). None of them shows a host path in the sandbox's mountinfo. Everything is root's
+//! alone (dirs 0700, files 0600) but what the sandbox reads.
+//!
+//! Each sandbox runs as a uid (and gid) of its own from the worker's range
+//! (`runc.uid_base`, [`UidPool`]), taken when it is made and freed once it is gone.
 //!
 //! Hardening beyond the OCI spec (docs/sandboxes.md):
 //! * a sandbox idle for `idle_freeze_ms` is frozen (cgroup v1 freezer), so nothing a handler
@@ -61,8 +66,6 @@ pub struct RuncBackend {
     cfg: RuncConfig,
     state_root: PathBuf,
     sandboxes_dir: PathBuf,
-    rootfs: PathBuf,
-    agent_dir: PathBuf,
     /// `/hearth/<worker>`: the cgroup parent of every sandbox of this worker.
     cgroup_parent: String,
     /// Container names are `<prefix><sandbox id>`, unique per worker on a host.
@@ -78,11 +81,120 @@ pub struct RuncBackend {
     /// The driver's libraries and the shim, found at the first GPU sandbox (a worker without
     /// GPUs never looks).
     gpu_files: tokio::sync::OnceCell<Arc<DriverFiles>>,
+    /// Each sandbox's own uid, from `runc.uid_base`.
+    uids: std::sync::Mutex<UidPool>,
+    /// The host-wide claim on this worker's block of uids, held while the worker lives.
+    _uid_block: UidBlock,
+}
+
+/// Where workers claim their blocks of sandbox uids: one lock file per block, `flock`ed by the
+/// worker using it. The kernel drops the lock when the worker exits, however it exits.
+const UID_LOCK_DIR: &str = "/run/hearth";
+/// Blocks tried after `uid_base`: workers on one host.
+const MAX_UID_BLOCKS: u64 = 1024;
+
+/// A block of `uid_count` sandbox uids that no other worker on this host uses: with the same
+/// `uid_base` and `uid_count`, each worker on a host takes the next free block
+/// (`uid_base + k × uid_count`), so two workers' sandboxes never share a uid.
+#[derive(Debug)]
+pub(crate) struct UidBlock {
+    pub(crate) base: u32,
+    /// The locked file (the lock lives as long as it is open).
+    _lock: std::fs::File,
+}
+
+/// Claims the first free block of `count` uids from `base` (see [`UidBlock`]).
+pub(crate) fn claim_uid_block(dir: &Path, base: u32, count: u32) -> std::io::Result<UidBlock> {
+    use std::os::fd::AsRawFd;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let last_uid = u64::from(u32::MAX) - 2;
+    for k in 0..MAX_UID_BLOCKS {
+        let start = u64::from(base) + k * u64::from(count);
+        if start + u64::from(count) > last_uid {
+            break;
+        }
+        let Ok(start) = u32::try_from(start) else {
+            break;
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(dir.join(format!("uids-{start}-{count}.lock")))?;
+        // SAFETY: the descriptor is open for the duration of the call.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(UidBlock {
+                base: start,
+                _lock: file,
+            });
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(e);
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "every block of {count} sandbox uids from {base} is taken by another worker on this host"
+    )))
+}
+
+/// The worker's range of sandbox uids (`uid_base .. uid_base + uid_count`). A uid is taken
+/// for each new sandbox and given back once every process of that sandbox is gone; the next
+/// one taken is the one after the last taken, so a freed uid comes back only after the rest
+/// of the range has been handed out.
+#[derive(Debug)]
+pub(crate) struct UidPool {
+    base: u32,
+    count: u32,
+    /// Offset of the next uid to try.
+    next: u32,
+    used: std::collections::HashSet<u32>,
+}
+
+impl UidPool {
+    pub(crate) fn new(base: u32, count: u32) -> Self {
+        UidPool {
+            base,
+            count,
+            next: 0,
+            used: std::collections::HashSet::new(),
+        }
+    }
+
+    /// A uid no live sandbox of this worker has; None when all are in use.
+    pub(crate) fn take(&mut self) -> Option<u32> {
+        if self.used.len() >= self.count as usize {
+            return None;
+        }
+        for _ in 0..self.count {
+            let uid = self.base + self.next;
+            self.next = (self.next + 1) % self.count;
+            if self.used.insert(uid) {
+                return Some(uid);
+            }
+        }
+        None
+    }
+
+    pub(crate) fn give_back(&mut self, uid: u32) {
+        self.used.remove(&uid);
+    }
+
+    pub(crate) fn in_use(&self) -> usize {
+        self.used.len()
+    }
 }
 
 pub struct RuncSandbox {
     container: String,
     dir: PathBuf,
+    /// Its own uid and gid (from the worker's range), freed when it is removed.
+    uid: u32,
     /// The function's code directory on the host; `None` while generic.
     code_dir: Option<PathBuf>,
     cgroups_path: String,
@@ -141,6 +253,11 @@ impl RuncSandbox {
         self.gpu.as_ref()
     }
 
+    /// The uid (and gid) its processes run as.
+    pub fn uid(&self) -> u32 {
+        self.uid
+    }
+
     /// The device memory the sandbox's CUDA shim last reported (after its start, each
     /// invocation, prefetch and swap-out): what the function holds, wherever it now lies. The
     /// sandbox says so itself: a hint for the scheduler, not a measure to trust.
@@ -163,8 +280,16 @@ enum Purpose<'a> {
     Generic,
 }
 
-/// A generic sandbox's mount point for the code, in its bundle.
+/// A sandbox's code mount point, in its bundle: the function's code (an overlay), or for a
+/// generic sandbox the empty tmpfs its code is later mounted onto.
 const CODE_POINT: &str = "code";
+/// A sandbox's root tmpfs, in its bundle.
+const ROOTFS: &str = "rootfs";
+/// An empty directory in the bundle: the code overlay's second (empty) layer.
+const EMPTY_LAYER: &str = "empty";
+/// Size and files of a sandbox's root tmpfs: a dozen directories, four links and the agent
+/// (23 KB).
+const ROOTFS_TMPFS: &str = "size=256k,nr_inodes=64,mode=0755";
 
 /// Keeps what a container name and cgroup path may hold.
 fn sanitize(id: &str) -> String {
@@ -203,11 +328,17 @@ impl RuncBackend {
             )));
         }
         let worker = sanitize(worker_id);
+        let block = claim_uid_block(Path::new(UID_LOCK_DIR), cfg.uid_base, cfg.uid_count)
+            .map_err(|e| fail("sandbox uids", e))?;
+        let uids = UidPool::new(block.base, cfg.uid_count);
+        tracing::info!(
+            first = block.base,
+            count = cfg.uid_count,
+            "sandbox uids of this worker"
+        );
         let b = RuncBackend {
             state_root: data_dir.join("runc"),
             sandboxes_dir: data_dir.join("sandboxes"),
-            rootfs: data_dir.join("rootfs"),
-            agent_dir: data_dir.join("agent"),
             cgroup_parent: format!("/hearth/{worker}"),
             prefix: format!("hearth-{worker}-"),
             anchor_frozen: std::sync::atomic::AtomicBool::new(false),
@@ -216,6 +347,8 @@ impl RuncBackend {
             max_result_bytes,
             cpu_sched,
             gpu_files: tokio::sync::OnceCell::new(),
+            uids: std::sync::Mutex::new(uids),
+            _uid_block: block,
         };
         // <data>/sandboxes/<id>/run/agent.sock must fit in sockaddr_un (108 bytes).
         let socket_len = b.sandboxes_dir.as_os_str().len()
@@ -227,19 +360,21 @@ impl RuncBackend {
                 data_dir.display()
             )));
         }
-        for d in [&b.state_root, &b.sandboxes_dir, &b.agent_dir] {
+        for d in [&b.state_root, &b.sandboxes_dir] {
             std::fs::create_dir_all(d).map_err(|e| fail("directories", e))?;
+        }
+        if landlock_abi().is_none() {
+            tracing::warn!(
+                "this kernel has no Landlock: sandboxes start without their write lock and can \
+                 lower their oom_score_adj unless the worker has CAP_SYS_RESOURCE \
+                 (docs/sandboxes.md)"
+            );
         }
         // runc's state (each container's config, the function's env included) and the bundles
         // (logs hold what functions print) are root's alone.
         for d in [&b.state_root, &b.sandboxes_dir] {
             set_mode(d, 0o700).map_err(|e| fail("directories", e))?;
         }
-        oci::prepare_base_rootfs(&b.rootfs).map_err(|e| fail("base rootfs", e))?;
-        let agent = b.agent_dir.join("hearth_agent.py");
-        std::fs::write(&agent, AGENT_SOURCE).map_err(|e| fail("agent", e))?;
-        set_mode(&agent, 0o644).map_err(|e| fail("agent", e))?;
-        set_mode(&b.agent_dir, 0o755).map_err(|e| fail("agent", e))?;
         Ok(b)
     }
 
@@ -419,10 +554,8 @@ impl RuncBackend {
         let cgroups_path = self.cgroups_path(&container);
         let started = Instant::now();
         self.freeze_anchor();
-        let prepared = match self
-            .write_bundle(&container, &dir, purpose, &cgroups_path)
-            .await
-        {
+        let uid = self.take_uid()?;
+        let prepared = match self.write_bundle(&dir, purpose, &cgroups_path, uid).await {
             Ok(()) => start_log_copier(&dir, self.cfg.log_file_bytes),
             Err(e) => Err(e),
         };
@@ -430,6 +563,7 @@ impl RuncBackend {
             Ok(p) => p,
             Err(e) => {
                 discard_bundle_off_runtime(&dir).await;
+                self.give_back_uid(uid, &cgroups_path);
                 return Err(SandboxError::StartFailed(format!(
                     "writing the bundle: {e}"
                 )));
@@ -442,6 +576,7 @@ impl RuncBackend {
             Ok(conn) => conn,
             Err(e) => {
                 self.remove(&container, &dir, &mut log).await;
+                self.give_back_uid(uid, &cgroups_path);
                 return Err(e);
             }
         };
@@ -461,6 +596,7 @@ impl RuncBackend {
                         return Ok(RuncSandbox {
                             container,
                             dir,
+                            uid,
                             code_dir,
                             cpu: self
                                 .cpu_sched
@@ -488,7 +624,35 @@ impl RuncBackend {
             }
         };
         self.remove(&container, &dir, &mut log).await;
+        self.give_back_uid(uid, &cgroups_path);
         Err(failure)
+    }
+
+    /// A uid for a new sandbox, from the worker's range.
+    fn take_uid(&self) -> Result<u32, SandboxError> {
+        let mut pool = self.uids.lock().unwrap_or_else(|e| e.into_inner());
+        pool.take().ok_or_else(|| {
+            SandboxError::StartFailed(format!(
+                "all {} sandbox uids of runc.uid_count are in use",
+                self.cfg.uid_count
+            ))
+        })
+    }
+
+    /// Frees a removed sandbox's uid, unless a process of the sandbox is somehow left in its
+    /// cgroup: then the uid stays taken (logged), for a new sandbox must never share it.
+    fn give_back_uid(&self, uid: u32, cgroups_path: &str) {
+        if cgroup_has_processes(cgroups_path) {
+            tracing::warn!(uid, cgroup = %cgroups_path, "a removed sandbox still has processes; its uid stays taken");
+            return;
+        }
+        let mut pool = self.uids.lock().unwrap_or_else(|e| e.into_inner());
+        pool.give_back(uid);
+    }
+
+    /// How many sandbox uids are taken (sandboxes alive or being removed).
+    pub fn uids_in_use(&self) -> usize {
+        self.uids.lock().unwrap_or_else(|e| e.into_inner()).in_use()
     }
 
     /// Makes a generic sandbox `sb` the sandbox of `spec`: mounts its code at `/code`, sets its
@@ -525,12 +689,17 @@ impl RuncBackend {
         };
         // Mounts and cgroup writes, on a blocking thread (not the runtime serving warm calls).
         let (code, point) = (code_dir.to_path_buf(), sb.dir.join(CODE_POINT));
+        let empty = sb.dir.join(EMPTY_LAYER);
         let cgroups_path = sb.cgroups_path.clone();
         let (memory_mb, cpus) = (spec.memory_mb, spec.cpus);
         let shares = self.cfg.cpu_shares(memory_mb);
         // On failure the caller destroys the sandbox, which unmounts whatever was mounted.
         tokio::task::spawn_blocking(move || {
-            code_mount::mount_code(&code, &point).map_err(|e| ("code", e))?;
+            match std::fs::DirBuilder::new().mode(0o700).create(&empty) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(("code", e)),
+                _ => {}
+            }
+            code_mount::mount_code(&code, &point, &empty).map_err(|e| ("code", e))?;
             set_limits(&cgroups_path, memory_mb, cpus, shares).map_err(|e| ("limits", e))
         })
         .await
@@ -590,10 +759,10 @@ impl RuncBackend {
     /// two mounts) runs on a blocking thread, not on the runtime that serves warm invocations.
     async fn write_bundle(
         &self,
-        container: &str,
         dir: &Path,
         purpose: Purpose<'_>,
         cgroups_path: &str,
+        uid: u32,
     ) -> std::io::Result<()> {
         let run_dir = dir.join("run");
         let point = dir.join(CODE_POINT);
@@ -619,21 +788,21 @@ impl RuncBackend {
             }
             Purpose::Generic => (point.as_path(), "", Vec::new(), 0, 0.0, None),
         };
+        let code_dir = code_dir.to_path_buf();
+        let rootfs = dir.join(ROOTFS);
         let cpuset = self.cfg.cpuset.as_ref().map(ToString::to_string);
         let config = oci::runtime_spec(&OciParams {
-            rootfs: &self.rootfs,
-            code_dir,
-            agent_dir: &self.agent_dir,
+            rootfs: &rootfs,
+            code_dir: &point,
             run_dir: &run_dir,
-            hostname: container,
             handler,
             env: &env,
             memory_mb,
             cpus,
             cpu_shares: self.cfg.cpu_shares(memory_mb),
             cpuset: cpuset.as_deref(),
-            uid: self.cfg.uid,
-            gid: self.cfg.gid,
+            uid,
+            gid: uid,
             cgroups_path,
             tmp_size_mb: self.cfg.tmp_size_mb,
             max_result_bytes: self.max_result_bytes,
@@ -648,11 +817,17 @@ impl RuncBackend {
             let private = |d: &Path| std::fs::DirBuilder::new().mode(0o700).create(d);
             private(&dir)?;
             private(&run_dir)?;
-            mount_run_tmpfs(&run_dir, &cfg)?;
+            mount_run_tmpfs(&run_dir, &cfg, uid)?;
+            mount_rootfs(&rootfs)?;
+            // Covered by the mount that becomes the sandbox's `/code`, whose root has the
+            // code directory's mode (or the mount point tmpfs's 0755).
+            private(&point)?;
             if generic {
-                // Readable by the sandbox user: it becomes the sandbox's `/code` (and cwd).
-                std::fs::DirBuilder::new().mode(0o755).create(&point)?;
                 code_mount::prepare_mount_point(&point)?;
+            } else {
+                let empty = dir.join(EMPTY_LAYER);
+                private(&empty)?;
+                code_mount::mount_code(&code_dir, &point, &empty)?;
             }
             use std::io::Write;
             private_file(&dir.join("config.json"))?.write_all(config.as_bytes())
@@ -799,6 +974,8 @@ impl RuncBackend {
         let RuncSandbox {
             container,
             dir,
+            uid,
+            cgroups_path,
             conn,
             freezer,
             mut log,
@@ -807,6 +984,7 @@ impl RuncBackend {
         drop(conn);
         drop(freezer);
         self.remove(&container, &dir, &mut log).await;
+        self.give_back_uid(uid, &cgroups_path);
     }
 
     /// Kills the container, waits for its log to be copied, deletes it (runc removes its
@@ -967,14 +1145,14 @@ fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
 /// Mounts the tmpfs that becomes the sandbox's /hearth/run: bounded in bytes and in files (the
 /// host disk is not), owned by the sandbox user; its pages are charged to the memory cgroup of
 /// the sandbox that writes them.
-fn mount_run_tmpfs(run_dir: &Path, cfg: &RuncConfig) -> std::io::Result<()> {
+fn mount_run_tmpfs(run_dir: &Path, cfg: &RuncConfig, uid: u32) -> std::io::Result<()> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let invalid = |_| std::io::Error::from(std::io::ErrorKind::InvalidInput);
     let target = CString::new(run_dir.as_os_str().as_bytes()).map_err(invalid)?;
     let data = CString::new(format!(
         "size={}m,nr_inodes={},mode=0700,uid={},gid={}",
-        cfg.run_size_mb, cfg.run_inodes, cfg.uid, cfg.gid
+        cfg.run_size_mb, cfg.run_inodes, uid, uid
     ))
     .map_err(invalid)?;
     let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
@@ -994,16 +1172,18 @@ fn mount_run_tmpfs(run_dir: &Path, cfg: &RuncConfig) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Removes a bundle directory, unmounting its run tmpfs first (lazily: a dying sandbox may
-/// still hold it). Never fails; problems are logged.
+/// Removes a bundle directory, unmounting its code, run and root tmpfs first (lazily: a
+/// dying sandbox may still hold them). Never fails; problems are logged.
 fn discard_bundle(dir: &Path) {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     code_mount::unmount_all(&dir.join(CODE_POINT));
-    if let Ok(run) = CString::new(dir.join("run").as_os_str().as_bytes()) {
-        // SAFETY: `run` is a NUL-terminated path that outlives the call. EINVAL (not a mount
-        // point) and ENOENT are the normal answers when nothing is mounted.
-        unsafe { libc::umount2(run.as_ptr(), libc::MNT_DETACH) };
+    for sub in ["run", ROOTFS] {
+        if let Ok(path) = CString::new(dir.join(sub).as_os_str().as_bytes()) {
+            // SAFETY: `path` is a NUL-terminated path that outlives the call. EINVAL (not a
+            // mount point) and ENOENT are the normal answers when nothing is mounted.
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        }
     }
     if let Err(e) = std::fs::remove_dir_all(dir) {
         if e.kind() != std::io::ErrorKind::NotFound {
@@ -1017,6 +1197,39 @@ fn discard_bundle(dir: &Path) {
 async fn discard_bundle_off_runtime(dir: &Path) {
     let dir = dir.to_path_buf();
     let _ = tokio::task::spawn_blocking(move || discard_bundle(&dir)).await;
+}
+
+/// The kernel's Landlock ABI version (`landlock_create_ruleset(NULL, 0,
+/// LANDLOCK_CREATE_RULESET_VERSION)`), None without Landlock.
+fn landlock_abi() -> Option<i64> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with this flag the kernel reads neither pointer nor size.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    (v > 0).then_some(v)
+}
+
+/// Makes the sandbox's root: a tmpfs at `rootfs` (so mountinfo inside shows `/` for it, not
+/// a host path) with the base layout and the agent script, read-only for the sandbox user.
+fn mount_rootfs(rootfs: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::DirBuilder::new().mode(0o700).create(rootfs)?;
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
+    code_mount::mount(c"hearth-root", rootfs, c"tmpfs", flags, ROOTFS_TMPFS)?;
+    oci::prepare_base_rootfs(rootfs)?;
+    let agent_dir = rootfs.join(oci::AGENT_MOUNT.trim_start_matches('/'));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(agent_dir.join(oci::AGENT_FILE))?
+        .write_all(AGENT_SOURCE.as_bytes())
 }
 
 /// Creates the sandbox's output pipe and starts copying it into `<dir>/stdio.log`. Returns the
@@ -1294,6 +1507,16 @@ def main(args):
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(sb.gpu().map(|g| g.index), Some(1));
         assert_eq!(sb.device_memory_bytes(), Some(0));
+        // A GPU sandbox runs as its own uid too, given back when it goes (below). The worker's
+        // block is the first one no other worker on this host holds.
+        let base = u64::from(RuncConfig::default().uid_base);
+        let span = 65_536 * MAX_UID_BLOCKS;
+        assert!(
+            (base..base + span).contains(&u64::from(sb.uid())),
+            "{}",
+            sb.uid()
+        );
+        assert_eq!(b.uids_in_use(), 1);
 
         let r = b.invoke(&mut sb, br#"{"bytes": 1048576}"#).await.unwrap();
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
@@ -1334,6 +1557,76 @@ def main(args):
         assert_eq!(r.device_memory_bytes, Some((1 << 20) + 4096));
 
         b.destroy(sb).await;
+        assert_eq!(
+            b.uids_in_use(),
+            0,
+            "the uid is free once the sandbox is gone"
+        );
         b.cleanup_all().await;
+    }
+}
+
+#[cfg(test)]
+mod uid_tests {
+    use super::{claim_uid_block, UidPool};
+
+    /// Workers on one host with the same range take consecutive blocks, and a block is free
+    /// again once its worker is gone (its lock file closed).
+    #[test]
+    fn workers_on_one_host_get_blocks_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = claim_uid_block(dir.path(), 2_000_000_000, 1000).unwrap();
+        let b = claim_uid_block(dir.path(), 2_000_000_000, 1000).unwrap();
+        assert_eq!((a.base, b.base), (2_000_000_000, 2_000_001_000));
+        drop(a);
+        let c = claim_uid_block(dir.path(), 2_000_000_000, 1000).unwrap();
+        assert_eq!(c.base, 2_000_000_000);
+        // No block past the last uid.
+        let top = u32::MAX - 2 - 1000;
+        let d = claim_uid_block(dir.path(), top, 1000).unwrap();
+        assert_eq!(d.base, top);
+        let e = claim_uid_block(dir.path(), top, 1000).unwrap_err();
+        assert!(e.to_string().contains("taken by another worker"), "{e}");
+    }
+
+    /// Where the kernel lists Landlock among its security modules, the worker finds it (and
+    /// does not warn at start).
+    #[test]
+    fn landlock_is_found_where_the_kernel_has_it() {
+        let lsm = std::fs::read_to_string("/sys/kernel/security/lsm").unwrap_or_default();
+        if lsm.split(',').any(|m| m.trim() == "landlock") {
+            assert!(super::landlock_abi().is_some_and(|v| v >= 1));
+        } else {
+            eprintln!("skipped: no Landlock listed in /sys/kernel/security/lsm");
+        }
+    }
+
+    #[test]
+    fn every_live_sandbox_has_its_own_uid_and_a_freed_one_comes_back_last() {
+        let mut pool = UidPool::new(2_000_000_000, 4);
+        let taken: Vec<u32> = (0..4).map(|_| pool.take().unwrap()).collect();
+        assert_eq!(
+            taken,
+            [2_000_000_000, 2_000_000_001, 2_000_000_002, 2_000_000_003]
+        );
+        assert_eq!(pool.take(), None, "all four are in use");
+        pool.give_back(2_000_000_001);
+        assert_eq!(pool.in_use(), 3);
+        assert_eq!(pool.take(), Some(2_000_000_001));
+        // Freed 0 and 2: the next taken is after the last taken (1), so 2 before 0.
+        pool.give_back(2_000_000_000);
+        pool.give_back(2_000_000_002);
+        assert_eq!(pool.take(), Some(2_000_000_002));
+        assert_eq!(pool.take(), Some(2_000_000_000));
+        assert_eq!(pool.take(), None);
+    }
+
+    #[test]
+    fn a_range_of_one_uid_serves_one_sandbox_at_a_time() {
+        let mut pool = UidPool::new(3_000_000_000, 1);
+        assert_eq!(pool.take(), Some(3_000_000_000));
+        assert_eq!(pool.take(), None);
+        pool.give_back(3_000_000_000);
+        assert_eq!(pool.take(), Some(3_000_000_000));
     }
 }
