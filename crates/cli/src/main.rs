@@ -429,9 +429,26 @@ fn main() {
         quiet_on_closed_pipe();
     }
     if let Err(e) = run(cli) {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", chain_message(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes, each once: a typed error that shows its source in its own message
+/// (`authentication: {0}`) would otherwise print that source again after it.
+fn chain_message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if out.ends_with(&msg) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+    }
+    out
 }
 
 /// Commands whose output users pipe into `head` end quietly on a closed pipe, like other Unix
@@ -971,5 +988,27 @@ fn bench_cmd(cmd: BenchCommand) -> Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("the key file is bad")]
+    struct Inner;
+
+    #[derive(Debug, thiserror::Error)]
+    enum Outer {
+        #[error("authentication: {0}")]
+        Auth(#[from] Inner),
+    }
+
+    #[test]
+    fn an_error_that_shows_its_source_prints_it_once() {
+        let e = anyhow::Error::new(Outer::from(Inner)).context("starting the worker");
+        assert_eq!(
+            super::chain_message(&e),
+            "starting the worker: authentication: the key file is bad"
+        );
     }
 }
