@@ -843,7 +843,7 @@ impl ClusterKey {
     pub fn read_or_create(path: &Path) -> Result<Self, AuthError> {
         if !path.exists() {
             write_private(path, &format!("{CLUSTER_PREFIX}{}\n", random_secret()))?;
-            tracing::info!(path = %path.display(), "created the cluster key; give it to workers (cluster_key_file)");
+            tracing::info!(path = %path.display(), "created the cluster key; give the same file to every controller of the cluster, never to a worker (each worker gets a credential of its own)");
         }
         Self::read(path)
     }
