@@ -277,6 +277,17 @@ fn idem_hash(function: &str, owner: &str, idempotency_key: &str) -> String {
     format!("{:x}", h.finalize())
 }
 
+/// How many total-byte counters each retention lease has.
+const STRIPES: usize = 8;
+
+/// A namespace's stripe: the same on every controller (FNV-1a).
+fn stripe(ns: &str) -> usize {
+    let h = ns.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (h % STRIPES as u64) as usize
+}
+
 /// The namespace a record counts against, as one key segment.
 fn ns_segment(function: &str) -> &str {
     let ns = namespace_of(function);
@@ -675,6 +686,9 @@ pub struct EtcdStore {
     sealing: Sealing,
     /// The bounds on async records, shared and per namespace ([`EtcdStore::with_async_limits`]).
     limits: parking_lot::Mutex<AsyncLimits>,
+    /// One per stripe ([`stripe`]): this store's finishes in one stripe write the same
+    /// counters, so they take turns here instead of failing each other's compare in etcd.
+    finish_turns: Vec<tokio::sync::Mutex<()>>,
 }
 
 /// How a client proves itself to etcd and checks etcd, beyond its endpoints: read from the
@@ -830,6 +844,7 @@ impl EtcdStore {
             runtime,
             sealing: Arc::new(OnceLock::new()),
             limits: parking_lot::Mutex::new(AsyncLimits::global(usize::MAX, usize::MAX)),
+            finish_turns: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
         }))
     }
 
@@ -1014,9 +1029,11 @@ impl EtcdStore {
         format!("{}/inv-bytes/{ns}/{lease:016x}", self.prefix)
     }
 
-    /// The bytes of all finished records under one retention lease (carrying that lease).
-    fn total_bytes_key(&self, lease: i64) -> String {
-        format!("{}/inv-total/{lease:016x}", self.prefix)
+    /// The bytes of all finished records under one retention lease whose namespace falls
+    /// in `ns`'s stripe (carrying that lease): striped so that finishes in different
+    /// namespaces seldom write the same counter.
+    fn total_bytes_key(&self, ns: &str, lease: i64) -> String {
+        format!("{}/inv-total/{lease:016x}/{}", self.prefix, stripe(ns))
     }
 
     fn members_prefix(&self, kind: MemberKind) -> String {
@@ -1658,7 +1675,10 @@ impl EtcdStore {
         guard: Vec<Compare>,
     ) -> Result<bool, StoreError> {
         let unavailable = |e: CallError| e.store("dropping an async result");
-        let (nk, tk) = (self.ns_bytes_key(ns, lease), self.total_bytes_key(lease));
+        let (nk, tk) = (
+            self.ns_bytes_key(ns, lease),
+            self.total_bytes_key(ns, lease),
+        );
         let read =
             || Txn::new().and_then([TxnOp::get(nk.clone(), None), TxnOp::get(tk.clone(), None)]);
         let mut seen = two_gets(&self.conn.txn(read()).await.map_err(unavailable)?.value);
@@ -1854,10 +1874,14 @@ impl AsyncStore for EtcdStore {
         let index = index_value(bytes as usize, idem.as_deref());
         let unavailable = |e: CallError| e.store("finishing an invocation");
         let mut finished = None;
+        let turn = self.finish_turns[stripe(ns)].lock().await;
         for _ in 0..16 {
             let lease = self.retention_lease().await?;
             let keep = || Some(PutOptions::new().with_lease(lease));
-            let (nk, tk) = (self.ns_bytes_key(ns, lease), self.total_bytes_key(lease));
+            let (nk, tk) = (
+                self.ns_bytes_key(ns, lease),
+                self.total_bytes_key(ns, lease),
+            );
             // The one extra read: this lease's counters, and what the namespace and all hold.
             let read = Txn::new().and_then([
                 TxnOp::get(
@@ -1942,6 +1966,7 @@ impl AsyncStore for EtcdStore {
                 Err(e) => return Err(unavailable(e)),
             }
         }
+        drop(turn);
         let Some((mine, ns_held, total_held)) = finished else {
             return Err(StoreError::Unavailable(
                 "finishing an invocation: its lease or byte counters kept changing".into(),
