@@ -11,6 +11,10 @@
 //! | `{p}/pending/{id}` | `""` while unfinished | none |
 //! | `{p}/claims/{id}` | the claiming store's session id | that store's session lease |
 //! | `{p}/idem/{sha256(function "\0" owner "\0" key)}` | the invocation id | none while unfinished; the retention lease once final |
+//! | `{p}/inv-ns/{ns}/run/{id}` | `""` while unfinished | none |
+//! | `{p}/inv-ns/{ns}/done/{finished ms:020}/{id}` | `"{bytes}"` or `"{bytes} {idem hash}"` once final | the record's retention lease |
+//! | `{p}/inv-bytes/{ns}/{lease:016x}` | bytes of `ns`'s final records under that lease | that lease |
+//! | `{p}/inv-total/{lease:016x}/{stripe}` | bytes of the final records under that lease of the namespaces in that stripe | that lease |
 //! | `{p}/functions/{key}` | [`FunctionRecord`] JSON without `version` (read: the key's mod revision), sealed | none |
 //! | `{p}/code/{sha256}/{index:04}` | chunk `index` of the code archive (≤ [`CODE_CHUNK_BYTES`]), sealed (an older version's in clear are read too: the SHA-256 checks them) | none |
 //! | `{p}/code/{sha256}/meta` | `{"bytes":N,"chunks":M}`, written after every chunk | none |
@@ -45,6 +49,29 @@
 //!   and other controllers may take those invocations over as orphans. While etcd does not
 //!   answer at all the old lease is kept trying (a new leader extends every lease).
 //!   Membership leases work the same way, and re-publish the member under the new lease.
+//!
+//! # Bounds (issue 31 item 5)
+//!
+//! The same [`AsyncLimits`] as the SQLite store, with the same errors
+//! ([`EtcdStore::with_async_limits`]); a record's bytes are its JSON before sealing.
+//! * `create` first counts, in one read (two count-only ranges), the index keys of the
+//!   namespace and of all: at `max_records` it is [`StoreError::Full`], at
+//!   `max_records_per_namespace` [`StoreError::NamespaceFull`] (a repeated idempotency key
+//!   still gets its first record). The count is exact (it is the keys themselves), but the
+//!   check is not atomic with the write: controllers accepting at the same instant can
+//!   overshoot a bound by the calls they accept concurrently, never more.
+//! * `finish` reads, in one range each, the namespace's byte counters and the total ones,
+//!   and adds its bytes to its own lease's counters in its transaction, guarded by their mod
+//!   revisions (retried on conflict; a store's finishes in one stripe take turns locally, so
+//!   conflicts come only from other controllers dropping records). Over
+//!   `max_bytes_per_namespace` the namespace's own oldest final records go (its `done/`
+//!   index, oldest first); then, over `max_bytes`, the oldest of the namespace holding the
+//!   most, down to the next largest. Each drop is one transaction that deletes the record,
+//!   its index and idempotency keys and takes its bytes off its lease's counters.
+//! * Index keys and counters carry the record's retention lease, so records expiring by
+//!   lease take their counts with them; `expire` deletes the index key and lowers the
+//!   counters with the record. Records written before these keys existed are not counted
+//!   (they go within one retention).
 //!
 //! # Failures
 //!
