@@ -47,20 +47,37 @@ fn assert_namespace_limit(r: &Response, status: u16, setting: &str) {
 /// only out of its own results, and stops at its own share of records (429 naming it).
 #[test]
 fn a_tenant_filling_its_async_share_neither_evicts_nor_refuses_another() {
-    let s = Server::start(
-        "sim",
-        &[
-            ("HEARTH_CONCURRENCY", "8"),
-            ("HEARTH_ASYNC_MAX_RECORDS", "40"),
-            ("HEARTH_ASYNC_MAX_BYTES", "2000000"),
-            ("HEARTH_ASYNC_MAX_RECORDS_PER_NAMESPACE", "20"),
-            ("HEARTH_ASYNC_MAX_BYTES_PER_NAMESPACE", "1000000"),
-        ],
-    );
+    let mut env = vec![("HEARTH_CONCURRENCY", "8")];
+    env.extend_from_slice(ASYNC_SHARES);
+    let s = Server::start("sim", &env);
+    async_share_is_the_tenants_own(&s);
+}
+
+/// The same attack on a cluster, whose async records live in etcd: before, etcd's store
+/// counted nothing, in all or per namespace (A could fill etcd, whose quota makes the whole
+/// cluster read-only once full).
+#[test]
+fn a_tenant_filling_its_async_share_in_an_etcd_cluster_neither_evicts_nor_refuses_another() {
+    let Some((_etcd, c, _w)) = etcd_cluster(ASYNC_SHARES) else {
+        return;
+    };
+    async_share_is_the_tenants_own(&c);
+}
+
+/// Small async bounds: 40 records and 2 MB in all, half of each per namespace.
+const ASYNC_SHARES: &[(&str, &str)] = &[
+    ("HEARTH_ASYNC_MAX_RECORDS", "40"),
+    ("HEARTH_ASYNC_MAX_BYTES", "2000000"),
+    ("HEARTH_ASYNC_MAX_RECORDS_PER_NAMESPACE", "20"),
+    ("HEARTH_ASYNC_MAX_BYTES_PER_NAMESPACE", "1000000"),
+];
+
+/// A fills the async store through `s` (a single node or a cluster's controller).
+fn async_share_is_the_tenants_own(s: &Server) {
     let a = s.new_key("team-a", "admin");
     let b = s.new_key("team-b", "admin");
-    assert_eq!(put(&s, &a, "f", &sim_fn(1, 0)).status, 201);
-    assert_eq!(put(&s, &b, "f", &sim_fn(1, 0)).status, 201);
+    assert_eq!(put(s, &a, "f", &sim_fn(1, 0)).status, 201);
+    assert_eq!(put(s, &b, "f", &sim_fn(1, 0)).status, 201);
     let submit = |key: &str, args: &[u8]| {
         let r = s
             .client_with(key)
@@ -68,7 +85,7 @@ fn a_tenant_filling_its_async_share_neither_evicts_nor_refuses_another() {
             .unwrap();
         if r.status == 202 {
             let id = r.json()["id"].as_str().unwrap().to_string();
-            assert_eq!(wait_invocation(&s, &id)["status"], "succeeded");
+            assert_eq!(wait_invocation(s, &id)["status"], "succeeded");
             Ok(id)
         } else {
             Err(r)

@@ -107,7 +107,8 @@ impl Controller {
                         &credentials,
                     )
                     .await?
-                    .with_retention(Duration::from_secs(config.async_retention_s)),
+                    .with_retention(Duration::from_secs(config.async_retention_s))
+                    .with_async_limits(config.async_limits()),
                 )
             }
         };

@@ -3,6 +3,7 @@
 use hearth_api::AsyncState;
 use hearth_service::store::etcd::{EtcdStore, CODE_CHUNK_BYTES, MAX_CODE_BYTES, MAX_RECORD_BYTES};
 use hearth_service::store::local_etcd::{etcd_for_tests, LocalEtcd};
+use hearth_service::store::sqlite::AsyncLimits;
 use hearth_service::store::{
     unix_ms, AsyncStore, Change, ClusterState, Created, DeadLetterFilter, MemberKind, MemberRecord,
     StoreError, StoreUrl, StoredInvocation,
@@ -184,6 +185,298 @@ async fn idempotency_keys_are_scoped_to_the_function() {
         (Created::Existing(r), Created::New) => assert_eq!(r.id, y.id),
         other => panic!("expected one New and one Existing: {other:?}"),
     }
+}
+
+/// Two controllers on one etcd, both bounded by `limits`.
+async fn bounded(etcd: &LocalEtcd, limits: AsyncLimits) -> (Arc<EtcdStore>, Arc<EtcdStore>) {
+    (
+        store(etcd).await.with_async_limits(limits),
+        store(etcd).await.with_async_limits(limits),
+    )
+}
+
+/// A finished record with an answer of `answer_bytes` bytes, finished at `at` (ms).
+fn done_at(i: &StoredInvocation, answer_bytes: usize, at: u64) -> StoredInvocation {
+    let mut f = finished(i.clone(), AsyncState::Succeeded, &"x".repeat(answer_bytes));
+    f.finished_unix_ms = Some(at);
+    f
+}
+
+/// What a finished record counts against the byte bounds: its JSON, as the SQLite store counts.
+fn record_bytes(i: &StoredInvocation) -> usize {
+    serde_json::to_vec(i).unwrap().len()
+}
+
+/// Issue 31 item 5: one tenant filling its record share is refused (429 `namespace_limit`
+/// upstream) on every controller, naming its namespace and setting; another tenant is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_at_its_record_share_is_refused_and_no_other() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let limits = AsyncLimits {
+        max_records: 5,
+        max_bytes: 1 << 20,
+        max_records_per_namespace: 3,
+        max_bytes_per_namespace: 1 << 20,
+    };
+    let (c1, c2) = bounded(&etcd, limits).await;
+    let first = inv("team-a.f", Some("k"));
+    assert_eq!(c1.create(&first).await.unwrap(), Created::New);
+    assert_eq!(
+        c2.create(&inv("team-a.f", None)).await.unwrap(),
+        Created::New
+    );
+    let a3 = inv("team-a.f", None);
+    assert_eq!(c1.create(&a3).await.unwrap(), Created::New);
+    // Finished records count too (they hold etcd space until they expire).
+    assert!(c1.finish(&done_at(&a3, 10, unix_ms())).await.unwrap());
+    for c in [&c1, &c2] {
+        match c.create(&inv("team-a.f", None)).await {
+            Err(e @ StoreError::NamespaceFull { .. }) => {
+                let m = e.to_string();
+                assert!(
+                    m.contains("\"team-a\"") && m.contains("async_max_records_per_namespace"),
+                    "{m}"
+                );
+            }
+            other => panic!("team-a over its record share: {other:?}"),
+        }
+    }
+    // A repeat of a stored call still gets the first one.
+    match c2.create(&inv("team-a.f", Some("k"))).await.unwrap() {
+        Created::Existing(rec) => assert_eq!(rec.id, first.id),
+        Created::New => panic!("a repeated idempotency key created a record over the bound"),
+    }
+    // Another namespace is not affected, until the shared bound.
+    assert_eq!(
+        c2.create(&inv("team-b.f", None)).await.unwrap(),
+        Created::New
+    );
+    assert_eq!(
+        c1.create(&inv("team-b.f", None)).await.unwrap(),
+        Created::New
+    );
+    match c2.create(&inv("team-b.f", None)).await {
+        Err(StoreError::Full(5)) => {}
+        other => panic!("the store at its shared bound: {other:?}"),
+    }
+}
+
+/// Issue 31 item 5: a namespace's large answers over its byte share drop its own oldest
+/// results, never another namespace's; over the shared bound the namespace holding the most
+/// gives way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_over_a_byte_bound_drop_the_oldest_of_the_right_namespace() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let probe = done_at(&inv("team-a.f", None), 1000, 1);
+    let size = record_bytes(&probe);
+    // Two answers fit a namespace's share, three do not; five fit the shared bound.
+    let limits = AsyncLimits {
+        max_records: 100,
+        max_bytes: 5 * size + size / 2,
+        max_records_per_namespace: 50,
+        max_bytes_per_namespace: 2 * size + size / 2,
+    };
+    let (c1, c2) = bounded(&etcd, limits).await;
+    let t0 = unix_ms() - 100_000;
+    let b_old = inv("team-b.f", None);
+    c1.create(&b_old).await.unwrap();
+    assert!(c1.finish(&done_at(&b_old, 1000, t0)).await.unwrap());
+    let a: Vec<StoredInvocation> = (0..4).map(|_| inv("team-a.f", Some(&new_id()))).collect();
+    for (n, i) in a.iter().enumerate() {
+        let c = if n % 2 == 0 { &c1 } else { &c2 };
+        c.create(i).await.unwrap();
+        assert!(c
+            .finish(&done_at(i, 1000, t0 + 10 + n as u64))
+            .await
+            .unwrap());
+    }
+    // A kept its newest two; its two oldest went (and their idempotency keys with them);
+    // B's older result stayed.
+    for (n, i) in a.iter().enumerate() {
+        let kept = c1.get(&i.id).await.unwrap().is_some();
+        assert_eq!(kept, n >= 2, "team-a result {n}");
+    }
+    assert!(
+        c2.get(&b_old.id).await.unwrap().is_some(),
+        "team-b's result was dropped"
+    );
+    assert_eq!(
+        c2.create(&inv("team-a.f", a[0].idempotency_key.as_deref()))
+            .await
+            .unwrap(),
+        Created::New,
+        "a dropped result's idempotency key stayed"
+    );
+}
+
+/// Issue 31 item 5: over the shared byte bound, the oldest results of the namespace holding
+/// the most go (down to the next largest), never those of a namespace holding less.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_shared_byte_bound_the_largest_namespace_gives_way() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let size = record_bytes(&done_at(&inv("team-a.f", None), 1000, 1));
+    let limits = AsyncLimits {
+        max_records: 100,
+        max_bytes: 4 * size + size / 2,
+        max_records_per_namespace: 50,
+        max_bytes_per_namespace: 4 * size,
+    };
+    let (c1, c2) = bounded(&etcd, limits).await;
+    let t0 = unix_ms() - 100_000;
+    let b: Vec<StoredInvocation> = (0..3).map(|_| inv("team-b.f", None)).collect();
+    for (n, i) in b.iter().enumerate() {
+        c1.create(i).await.unwrap();
+        assert!(c1.finish(&done_at(i, 1000, t0 + n as u64)).await.unwrap());
+    }
+    // A's answers are newer than all of B's, and A holds less: B's oldest goes.
+    let a: Vec<StoredInvocation> = (0..2).map(|_| inv("team-a.f", None)).collect();
+    for (n, i) in a.iter().enumerate() {
+        c2.create(i).await.unwrap();
+        assert!(c2
+            .finish(&done_at(i, 1000, t0 + 10 + n as u64))
+            .await
+            .unwrap());
+    }
+    for i in &a {
+        assert!(
+            c1.get(&i.id).await.unwrap().is_some(),
+            "team-a (holding less) lost a result"
+        );
+    }
+    for (n, i) in b.iter().enumerate() {
+        let kept = c2.get(&i.id).await.unwrap().is_some();
+        assert_eq!(kept, n >= 1, "team-b result {n}");
+    }
+}
+
+/// The byte counters stay exact while two controllers finish many records of one namespace
+/// (and of others) at once: no finish is lost to a counter conflict, no bytes are lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn byte_counters_stay_exact_under_concurrent_finishes() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let limits = AsyncLimits {
+        max_records: 1000,
+        max_bytes: 1 << 30,
+        max_records_per_namespace: 1000,
+        max_bytes_per_namespace: 1 << 30,
+    };
+    let (c1, c2) = bounded(&etcd, limits).await;
+    let mut tasks = Vec::new();
+    let mut expected = std::collections::HashMap::<&str, usize>::new();
+    for n in 0..60 {
+        let ns = ["team-a", "team-a", "team-b"][n % 3];
+        let c = if n % 2 == 0 { c1.clone() } else { c2.clone() };
+        let i = inv(&format!("{ns}.f"), None);
+        c.create(&i).await.unwrap();
+        let f = done_at(&i, 100 + n, unix_ms());
+        *expected.entry(ns).or_default() += record_bytes(&f);
+        tasks.push(tokio::spawn(async move { c.finish(&f).await.unwrap() }));
+    }
+    for t in tasks {
+        assert!(t.await.unwrap(), "a finish was lost");
+    }
+    let client = raw(&etcd).await;
+    let sum = |prefix: String| {
+        let mut kv = client.kv_client();
+        async move {
+            let got = kv
+                .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+                .await
+                .unwrap();
+            got.kvs()
+                .iter()
+                .map(|kv| kv.value_str().unwrap().parse::<usize>().unwrap())
+                .sum::<usize>()
+        }
+    };
+    assert_eq!(
+        sum(format!("{PREFIX}/inv-bytes/team-a/")).await,
+        expected["team-a"]
+    );
+    assert_eq!(
+        sum(format!("{PREFIX}/inv-bytes/team-b/")).await,
+        expected["team-b"]
+    );
+    assert_eq!(
+        sum(format!("{PREFIX}/inv-total/")).await,
+        expected["team-a"] + expected["team-b"]
+    );
+}
+
+/// Issue 31 item 5: records that expire (by their retention lease, or by `expire`) free
+/// their namespace's share, with their index keys and byte counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_records_free_their_namespace_share() {
+    need_etcd!();
+    let etcd = cluster(1).await;
+    let limits = AsyncLimits {
+        max_records: 100,
+        max_bytes: 1 << 20,
+        max_records_per_namespace: 2,
+        max_bytes_per_namespace: 1 << 20,
+    };
+    let s = store(&etcd)
+        .await
+        .with_retention(Duration::from_secs(1))
+        .with_async_limits(limits);
+    for _ in 0..2 {
+        let i = inv("team-a.f", Some(&new_id()));
+        s.create(&i).await.unwrap();
+        assert!(s.finish(&done_at(&i, 100, unix_ms())).await.unwrap());
+    }
+    assert!(matches!(
+        s.create(&inv("team-a.f", None)).await,
+        Err(StoreError::NamespaceFull { .. })
+    ));
+    let waited = eventually(
+        Duration::from_secs(15),
+        "team-a's share is free again",
+        || {
+            let s = s.clone();
+            async move { s.create(&inv("team-a.f", None)).await.is_ok() }
+        },
+    )
+    .await;
+    eprintln!("records with 1 s retention freed their share after {waited:?}");
+    let client = raw(&etcd).await;
+    let left = |prefix: String| {
+        let mut kv = client.kv_client();
+        async move {
+            kv.get(
+                prefix,
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_count_only(),
+                ),
+            )
+            .await
+            .unwrap()
+            .count()
+        }
+    };
+    assert_eq!(left(format!("{PREFIX}/inv-ns/team-a/done/")).await, 0);
+    assert_eq!(left(format!("{PREFIX}/inv-bytes/")).await, 0);
+    assert_eq!(left(format!("{PREFIX}/inv-total/")).await, 0);
+
+    // `expire` (for leases a leader change renewed) frees the share the same way.
+    let long = store(&etcd).await.with_async_limits(limits);
+    let old = inv("team-b.f", Some("old"));
+    long.create(&old).await.unwrap();
+    assert!(long.finish(&done_at(&old, 100, 1_000)).await.unwrap());
+    long.create(&inv("team-b.f", None)).await.unwrap();
+    assert!(long.create(&inv("team-b.f", None)).await.is_err());
+    assert_eq!(long.expire(unix_ms()).await.unwrap(), 1);
+    assert_eq!(
+        long.create(&inv("team-b.f", None)).await.unwrap(),
+        Created::New
+    );
+    assert_eq!(left(format!("{PREFIX}/inv-bytes/team-b/")).await, 0);
+    assert_eq!(left(format!("{PREFIX}/inv-ns/team-b/done/")).await, 0);
 }
 
 /// Runs `f` with a store (session TTL 1 s) of its own, on a runtime of its own on a thread of

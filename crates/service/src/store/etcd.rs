@@ -11,6 +11,10 @@
 //! | `{p}/pending/{id}` | `""` while unfinished | none |
 //! | `{p}/claims/{id}` | the claiming store's session id | that store's session lease |
 //! | `{p}/idem/{sha256(function "\0" owner "\0" key)}` | the invocation id | none while unfinished; the retention lease once final |
+//! | `{p}/inv-ns/{ns}/run/{id}` | `""` while unfinished | none |
+//! | `{p}/inv-ns/{ns}/done/{finished ms:020}/{id}` | `"{bytes}"` or `"{bytes} {idem hash}"` once final | the record's retention lease |
+//! | `{p}/inv-bytes/{ns}/{lease:016x}` | bytes of `ns`'s final records under that lease | that lease |
+//! | `{p}/inv-total/{lease:016x}/{stripe}` | bytes of the final records under that lease of the namespaces in that stripe | that lease |
 //! | `{p}/functions/{key}` | [`FunctionRecord`] JSON without `version` (read: the key's mod revision), sealed | none |
 //! | `{p}/code/{sha256}/{index:04}` | chunk `index` of the code archive (≤ [`CODE_CHUNK_BYTES`]), sealed (an older version's in clear are read too: the SHA-256 checks them) | none |
 //! | `{p}/code/{sha256}/meta` | `{"bytes":N,"chunks":M}`, written after every chunk | none |
@@ -46,6 +50,29 @@
 //!   answer at all the old lease is kept trying (a new leader extends every lease).
 //!   Membership leases work the same way, and re-publish the member under the new lease.
 //!
+//! # Bounds (issue 31 item 5)
+//!
+//! The same [`AsyncLimits`] as the SQLite store, with the same errors
+//! ([`EtcdStore::with_async_limits`]); a record's bytes are its JSON before sealing.
+//! * `create` first counts, in one read (two count-only ranges), the index keys of the
+//!   namespace and of all: at `max_records` it is [`StoreError::Full`], at
+//!   `max_records_per_namespace` [`StoreError::NamespaceFull`] (a repeated idempotency key
+//!   still gets its first record). The count is exact (it is the keys themselves), but the
+//!   check is not atomic with the write: controllers accepting at the same instant can
+//!   overshoot a bound by the calls they accept concurrently, never more.
+//! * `finish` reads, in one range each, the namespace's byte counters and the total ones,
+//!   and adds its bytes to its own lease's counters in its transaction, guarded by their mod
+//!   revisions (retried on conflict; a store's finishes in one stripe take turns locally, so
+//!   conflicts come only from other controllers dropping records). Over
+//!   `max_bytes_per_namespace` the namespace's own oldest final records go (its `done/`
+//!   index, oldest first); then, over `max_bytes`, the oldest of the namespace holding the
+//!   most, down to the next largest. Each drop is one transaction that deletes the record,
+//!   its index and idempotency keys and takes its bytes off its lease's counters.
+//! * Index keys and counters carry the record's retention lease, so records expiring by
+//!   lease take their counts with them; `expire` deletes the index key and lowers the
+//!   counters with the record. Records written before these keys existed are not counted
+//!   (they go within one retention).
+//!
 //! # Failures
 //!
 //! Every unary request is tried for at most 2 s per attempt and retried (backoff 50 ms
@@ -68,6 +95,7 @@
 //! Error messages never carry values (arguments, answers, code).
 
 use super::seal::{self, Sealer};
+use super::sqlite::AsyncLimits;
 use super::{
     AsyncStore, Change, ClusterState, CodeRef, Created, DeadLetterFilter, Doc, FunctionRecord,
     MemberKind, MemberRecord, Membership, StoreError, StoredInvocation,
@@ -78,8 +106,10 @@ use etcd_client::{
     GetOptions, KeyValue, KvClient, LeaseClient, PutOptions, Txn, TxnOp, TxnOpResponse,
     WatchClient, WatchOptions,
 };
+use hearth_api::namespace::namespace_of;
 use hearth_api::AsyncState;
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -261,6 +291,92 @@ fn valid_segment(s: &str) -> bool {
         && s != "."
         && s != ".."
         && s.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
+}
+
+/// The idempotency key's name: a hash of the function, the calling key and its key.
+fn idem_hash(function: &str, owner: &str, idempotency_key: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(function.as_bytes());
+    h.update([0u8]);
+    h.update(owner.as_bytes());
+    h.update([0u8]);
+    h.update(idempotency_key.as_bytes());
+    format!("{:x}", h.finalize())
+}
+
+/// How many total-byte counters each retention lease has.
+const STRIPES: usize = 8;
+
+/// A namespace's stripe: the same on every controller (FNV-1a).
+fn stripe(ns: &str) -> usize {
+    let h = ns.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (h % STRIPES as u64) as usize
+}
+
+/// The namespace a record counts against, as one key segment.
+fn ns_segment(function: &str) -> &str {
+    let ns = namespace_of(function);
+    if valid_segment(ns) {
+        ns
+    } else {
+        "-"
+    }
+}
+
+/// A byte counter's value (absent or unreadable: 0).
+fn counter(kv: Option<&KeyValue>) -> u64 {
+    kv.and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A finished record's index value: its bytes, and its idempotency key's hash if it has one.
+fn index_value(bytes: usize, idem: Option<&str>) -> String {
+    match idem {
+        Some(h) => format!("{bytes} {h}"),
+        None => bytes.to_string(),
+    }
+}
+
+/// What a finished record's index key holds: (id, bytes, idempotency key hash).
+fn parse_index(kv: &KeyValue) -> Option<(String, u64, Option<String>)> {
+    let key = std::str::from_utf8(kv.key()).ok()?;
+    let id = key.rsplit('/').next()?;
+    let value = std::str::from_utf8(kv.value()).ok()?;
+    let (bytes, idem) = match value.split_once(' ') {
+        Some((b, h)) => (b, Some(h)),
+        None => (value, None),
+    };
+    let idem = idem.filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    Some((
+        valid_id(id).then(|| id.to_string())?,
+        bytes.parse().ok()?,
+        idem.map(str::to_string),
+    ))
+}
+
+/// Puts `key = old - bytes` under `lease`, or deletes it at 0; nothing when it was absent.
+fn counter_minus(key: String, old: Option<&KeyValue>, bytes: u64, lease: i64) -> Option<TxnOp> {
+    let kv = old?;
+    let left = counter(Some(kv)).saturating_sub(bytes);
+    Some(if left == 0 {
+        TxnOp::delete(key, None)
+    } else {
+        let opts = (lease != 0).then(|| PutOptions::new().with_lease(lease));
+        TxnOp::put(key, left.to_string(), opts)
+    })
+}
+
+/// The first key-value of the first two `Get`s in a transaction's responses.
+fn two_gets(resp: &etcd_client::TxnResponse) -> [Option<KeyValue>; 2] {
+    let mut out = [None, None];
+    for (slot, r) in out.iter_mut().zip(resp.op_responses()) {
+        if let TxnOpResponse::Get(g) = r {
+            *slot = g.kvs().first().cloned();
+        }
+    }
+    out
 }
 
 fn hex_sha256(bytes: &[u8]) -> String {
@@ -595,6 +711,11 @@ pub struct EtcdStore {
     retention_lease: tokio::sync::Mutex<Option<(i64, Instant, Duration)>>,
     runtime: tokio::runtime::Handle,
     sealing: Sealing,
+    /// The bounds on async records, shared and per namespace ([`EtcdStore::with_async_limits`]).
+    limits: parking_lot::Mutex<AsyncLimits>,
+    /// One per stripe ([`stripe`]): this store's finishes in one stripe write the same
+    /// counters, so they take turns here instead of failing each other's compare in etcd.
+    finish_turns: Vec<tokio::sync::Mutex<()>>,
 }
 
 /// How a client proves itself to etcd and checks etcd, beyond its endpoints: read from the
@@ -749,6 +870,8 @@ impl EtcdStore {
             retention_lease: tokio::sync::Mutex::new(None),
             runtime,
             sealing: Arc::new(OnceLock::new()),
+            limits: parking_lot::Mutex::new(AsyncLimits::global(usize::MAX, usize::MAX)),
+            finish_turns: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
         }))
     }
 
@@ -855,6 +978,19 @@ impl EtcdStore {
         self
     }
 
+    /// Bounds the async records every controller on this etcd keeps, in all and per
+    /// namespace, the same way the SQLite store does (each at least 1); unbounded otherwise.
+    /// Every controller of a cluster should be given the same bounds.
+    pub fn with_async_limits(self: Arc<Self>, limits: AsyncLimits) -> Arc<Self> {
+        *self.limits.lock() = AsyncLimits {
+            max_records: limits.max_records.max(1),
+            max_bytes: limits.max_bytes.max(1),
+            max_records_per_namespace: limits.max_records_per_namespace.max(1),
+            max_bytes_per_namespace: limits.max_bytes_per_namespace.max(1),
+        };
+        self
+    }
+
     /// How long finished records are kept.
     pub fn retention(&self) -> Duration {
         Duration::from_millis(self.retention_ms.load(Ordering::SeqCst))
@@ -898,13 +1034,33 @@ impl EtcdStore {
     /// Scoped to the function and the calling key (`owner`): another key's repeat of the same
     /// `Idempotency-Key` is a call of its own (issue 31 item 10).
     fn idem_key(&self, function: &str, owner: &str, idempotency_key: &str) -> String {
-        let mut h = Sha256::new();
-        h.update(function.as_bytes());
-        h.update([0u8]);
-        h.update(owner.as_bytes());
-        h.update([0u8]);
-        h.update(idempotency_key.as_bytes());
-        self.key("idem", &format!("{:x}", h.finalize()))
+        self.key("idem", &idem_hash(function, owner, idempotency_key))
+    }
+
+    /// Where a namespace's index keys live: `run/{id}` while unfinished, then
+    /// `done/{finished ms, 20 digits}/{id}` (so a range read gives the oldest first).
+    fn ns_index(&self, ns: &str) -> String {
+        format!("{}/inv-ns/{ns}/", self.prefix)
+    }
+
+    fn run_key(&self, ns: &str, id: &str) -> String {
+        format!("{}/inv-ns/{ns}/run/{id}", self.prefix)
+    }
+
+    fn done_key(&self, ns: &str, finished_ms: u64, id: &str) -> String {
+        format!("{}/inv-ns/{ns}/done/{finished_ms:020}/{id}", self.prefix)
+    }
+
+    /// The bytes of `ns`'s finished records under one retention lease (carrying that lease).
+    fn ns_bytes_key(&self, ns: &str, lease: i64) -> String {
+        format!("{}/inv-bytes/{ns}/{lease:016x}", self.prefix)
+    }
+
+    /// The bytes of all finished records under one retention lease whose namespace falls
+    /// in `ns`'s stripe (carrying that lease): striped so that finishes in different
+    /// namespaces seldom write the same counter.
+    fn total_bytes_key(&self, ns: &str, lease: i64) -> String {
+        format!("{}/inv-total/{lease:016x}/{}", self.prefix, stripe(ns))
     }
 
     fn members_prefix(&self, kind: MemberKind) -> String {
@@ -1336,6 +1492,271 @@ fn decode_member(name: &str, kv: &KeyValue) -> Option<MemberRecord> {
     }
 }
 
+/// Async records' bounds (see the module doc, "Bounds").
+impl EtcdStore {
+    fn limits(&self) -> AsyncLimits {
+        *self.limits.lock()
+    }
+
+    /// Before a new record of `ns`: refuses it when the store or the namespace holds its
+    /// limit of records, unless its idempotency key names a stored record (then that one).
+    /// One read (two count-only ranges); None: go ahead.
+    async fn check_room(
+        &self,
+        ns: &str,
+        idem_key: Option<&str>,
+        limits: AsyncLimits,
+    ) -> Result<Option<Created>, StoreError> {
+        let count = || Some(GetOptions::new().with_prefix().with_count_only());
+        let mut reads = vec![
+            TxnOp::get(self.ns_index(ns), count()),
+            TxnOp::get(self.key("inv-ns", ""), count()),
+        ];
+        if let Some(ik) = idem_key {
+            reads.push(TxnOp::get(ik, None));
+        }
+        let read = self
+            .conn
+            .txn(Txn::new().and_then(reads))
+            .await
+            .map_err(|e| e.store("counting async records"))?
+            .value;
+        let mut held = [0usize; 2];
+        let mut idem_target = None;
+        for (i, r) in read.op_responses().into_iter().enumerate() {
+            if let TxnOpResponse::Get(g) = r {
+                match i {
+                    0 | 1 => held[i] = g.count().max(0) as usize,
+                    _ => idem_target = g.kvs().first().map(|kv| kv.value().to_vec()),
+                }
+            }
+        }
+        let refused = if held[1] >= limits.max_records {
+            StoreError::Full(limits.max_records)
+        } else if held[0] >= limits.max_records_per_namespace {
+            StoreError::NamespaceFull {
+                namespace: ns.to_string(),
+                what: "records",
+                setting: "async_max_records_per_namespace",
+                max: limits.max_records_per_namespace,
+            }
+        } else {
+            return Ok(None);
+        };
+        // A repeat of a stored call is answered with the first one, as below the bound.
+        if let Some(target) = idem_target.and_then(|t| String::from_utf8(t).ok()) {
+            if valid_id(&target) {
+                if let Some(first) = self.read_invocation(&target).await? {
+                    return Ok(Some(Created::Existing(Box::new(first))));
+                }
+            }
+        }
+        Err(refused)
+    }
+
+    /// Keeps finished records under both byte bounds after `ns` finished one, as the SQLite
+    /// store does: `ns`'s own oldest go until it fits its share, then, while all are over
+    /// the shared bound, the oldest of whichever namespace holds the most (never below the
+    /// next largest). How many went.
+    async fn make_room(
+        &self,
+        ns: &str,
+        ns_bytes: u64,
+        total: u64,
+        limits: AsyncLimits,
+    ) -> Result<usize, StoreError> {
+        let mut dropped = 0;
+        let mut total = total;
+        let per_ns = limits.max_bytes_per_namespace as u64;
+        if ns_bytes > per_ns {
+            let (n, went) = self
+                .drop_oldest(ns, ns_bytes - per_ns, "async_max_bytes_per_namespace")
+                .await?;
+            dropped += n;
+            total = total.saturating_sub(went);
+        }
+        let max = limits.max_bytes as u64;
+        // Bounded: each round drops at least one record or stops.
+        for _ in 0..64 {
+            if total <= max {
+                break;
+            }
+            let held = self.bytes_per_namespace().await?;
+            total = held.values().sum();
+            if total <= max {
+                break;
+            }
+            let Some((largest, most)) = held
+                .iter()
+                .max_by_key(|(_, b)| **b)
+                .map(|(n, b)| (n.clone(), *b))
+            else {
+                break;
+            };
+            let next = held
+                .iter()
+                .filter(|(n, _)| **n != largest)
+                .map(|(_, b)| *b)
+                .max()
+                .unwrap_or(0);
+            let share = (most - next).max(1);
+            let (n, went) = self
+                .drop_oldest(&largest, (total - max).min(share), "async_max_bytes")
+                .await?;
+            if n == 0 {
+                break;
+            }
+            dropped += n;
+            total = total.saturating_sub(went);
+        }
+        Ok(dropped)
+    }
+
+    /// The bytes of finished records each namespace holds (a read of the byte counters: a
+    /// few per namespace, at most [`MAX_SCAN`] in all). Only when over the shared bound.
+    async fn bytes_per_namespace(&self) -> Result<HashMap<String, u64>, StoreError> {
+        let prefix = self.key("inv-bytes", "");
+        let mut held: HashMap<String, u64> = HashMap::new();
+        self.conn
+            .scan(&prefix, false, MAX_SCAN, |kv| {
+                let key = String::from_utf8_lossy(kv.key());
+                if let Some((ns, _)) = key
+                    .strip_prefix(prefix.as_str())
+                    .and_then(|r| r.split_once('/'))
+                {
+                    *held.entry(ns.to_string()).or_default() += counter(Some(&kv));
+                }
+                true
+            })
+            .await
+            .map_err(|e| e.store("reading async byte counters"))?;
+        held.retain(|_, b| *b > 0);
+        Ok(held)
+    }
+
+    /// Drops `ns`'s oldest finished records until at least `over` bytes went (records
+    /// another controller dropped meanwhile count as gone). (dropped, bytes gone).
+    async fn drop_oldest(
+        &self,
+        ns: &str,
+        over: u64,
+        bound: &str,
+    ) -> Result<(usize, u64), StoreError> {
+        let mut dropped = 0;
+        let mut went = 0u64;
+        let prefix = format!("{}done/", self.ns_index(ns));
+        let mut victims = Vec::new();
+        self.conn
+            .scan(&prefix, false, MAX_SCAN, |kv| {
+                let bytes = parse_index(&kv).map_or(0, |(_, b, _)| b);
+                victims.push(kv);
+                went += bytes;
+                went < over
+            })
+            .await
+            .map_err(|e| e.store("finding a namespace's oldest async results"))?;
+        went = 0;
+        for kv in victims {
+            let Some((id, bytes, idem)) = parse_index(&kv) else {
+                continue;
+            };
+            let index_key = String::from_utf8_lossy(kv.key()).into_owned();
+            let guard = vec![Compare::mod_revision(
+                index_key.clone(),
+                CompareOp::Equal,
+                kv.mod_revision(),
+            )];
+            if self
+                .remove_finished(
+                    ns,
+                    &id,
+                    &index_key,
+                    bytes,
+                    idem.as_deref(),
+                    kv.lease(),
+                    guard,
+                )
+                .await?
+            {
+                dropped += 1;
+                tracing::debug!(id = %id, namespace = %ns, bound, "async result dropped early to stay under a bound");
+            }
+            went += bytes;
+        }
+        Ok((dropped, went))
+    }
+
+    /// Deletes a finished record, its index key and (if it still names it) its idempotency
+    /// key, and takes its bytes off the counters of its lease, in one transaction guarded by
+    /// `guard` and the counters' revisions (retried while only the counters changed).
+    /// False when `guard` failed or the lease (and so the record) is gone.
+    #[allow(clippy::too_many_arguments)]
+    async fn remove_finished(
+        &self,
+        ns: &str,
+        id: &str,
+        index_key: &str,
+        bytes: u64,
+        idem: Option<&str>,
+        lease: i64,
+        guard: Vec<Compare>,
+    ) -> Result<bool, StoreError> {
+        let unavailable = |e: CallError| e.store("dropping an async result");
+        let (nk, tk) = (
+            self.ns_bytes_key(ns, lease),
+            self.total_bytes_key(ns, lease),
+        );
+        let read =
+            || Txn::new().and_then([TxnOp::get(nk.clone(), None), TxnOp::get(tk.clone(), None)]);
+        let mut seen = two_gets(&self.conn.txn(read()).await.map_err(unavailable)?.value);
+        for _ in 0..16 {
+            let (n, t) = (seen[0].as_ref(), seen[1].as_ref());
+            let rev = |kv: Option<&KeyValue>| kv.map_or(0, |kv| kv.mod_revision());
+            let mut when = guard.clone();
+            when.push(Compare::mod_revision(nk.clone(), CompareOp::Equal, rev(n)));
+            when.push(Compare::mod_revision(tk.clone(), CompareOp::Equal, rev(t)));
+            let mut then = vec![
+                TxnOp::delete(self.key("inv", id), None),
+                TxnOp::delete(index_key, None),
+            ];
+            then.extend(counter_minus(nk.clone(), n, bytes, lease));
+            then.extend(counter_minus(tk.clone(), t, bytes, lease));
+            if let Some(h) = idem {
+                let ik = self.key("idem", h);
+                then.push(TxnOp::txn(
+                    Txn::new()
+                        .when([Compare::value(ik.clone(), CompareOp::Equal, id)])
+                        .and_then([TxnOp::delete(ik, None)]),
+                ));
+            }
+            let txn = Txn::new()
+                .when(when)
+                .and_then(then)
+                .or_else([TxnOp::get(nk.clone(), None), TxnOp::get(tk.clone(), None)]);
+            let done = match self.conn.txn(txn).await {
+                Ok(done) => done,
+                Err(e) if e.lease_not_found() => return Ok(false),
+                Err(e) => return Err(unavailable(e)),
+            };
+            if done.value.succeeded() {
+                return Ok(true);
+            }
+            let now = two_gets(&done.value);
+            let same = |a: &Option<KeyValue>, b: &Option<KeyValue>| {
+                a.as_ref().map(|kv| kv.mod_revision()) == b.as_ref().map(|kv| kv.mod_revision())
+            };
+            if same(&now[0], &seen[0]) && same(&now[1], &seen[1]) {
+                // The counters did not change: the guard failed.
+                return Ok(false);
+            }
+            seen = now;
+        }
+        Err(StoreError::Unavailable(
+            "dropping an async result: its byte counters kept changing".into(),
+        ))
+    }
+}
+
 #[async_trait]
 impl AsyncStore for EtcdStore {
     async fn create(&self, inv: &StoredInvocation) -> Result<Created, StoreError> {
@@ -1347,6 +1768,13 @@ impl AsyncStore for EtcdStore {
             .idempotency_key
             .as_deref()
             .map(|k| self.idem_key(&inv.function, &inv.owner, k));
+        let ns = ns_segment(&inv.function);
+        let limits = self.limits();
+        if limits.max_records < usize::MAX || limits.max_records_per_namespace < usize::MAX {
+            if let Some(first) = self.check_room(ns, idem_key.as_deref(), limits).await? {
+                return Ok(first);
+            }
+        }
         // Set when the idempotency key names a record that is gone: (its mod revision, id).
         let mut take_over: Option<(i64, String)> = None;
         for _ in 0..4 {
@@ -1359,6 +1787,7 @@ impl AsyncStore for EtcdStore {
             let mut then = vec![
                 TxnOp::put(inv_key.clone(), json.clone(), None),
                 TxnOp::put(self.key("pending", id), "", None),
+                TxnOp::put(self.run_key(ns, id), "", None),
                 TxnOp::put(
                     self.key("claims", id),
                     self.session_id.clone(),
@@ -1460,18 +1889,72 @@ impl AsyncStore for EtcdStore {
 
     async fn finish(&self, inv: &StoredInvocation) -> Result<bool, StoreError> {
         let json = encode_invocation(inv)?;
+        let bytes = json.len() as u64;
         let json = seal_value(&self.sealing, &self.key("inv", &inv.id), json)?;
         let id = inv.id.as_str();
-        for _ in 0..2 {
+        let ns = ns_segment(&inv.function);
+        let idem = inv
+            .idempotency_key
+            .as_deref()
+            .map(|k| idem_hash(&inv.function, &inv.owner, k));
+        let index_key = self.done_key(ns, inv.finished_unix_ms.unwrap_or_else(super::unix_ms), id);
+        let index = index_value(bytes as usize, idem.as_deref());
+        let unavailable = |e: CallError| e.store("finishing an invocation");
+        let mut finished = None;
+        let turn = self.finish_turns[stripe(ns)].lock().await;
+        for _ in 0..16 {
             let lease = self.retention_lease().await?;
             let keep = || Some(PutOptions::new().with_lease(lease));
+            let (nk, tk) = (
+                self.ns_bytes_key(ns, lease),
+                self.total_bytes_key(ns, lease),
+            );
+            // The one extra read: this lease's counters, and what the namespace and all hold.
+            let read = Txn::new().and_then([
+                TxnOp::get(
+                    self.key("inv-bytes", &format!("{ns}/")),
+                    Some(GetOptions::new().with_prefix()),
+                ),
+                TxnOp::get(
+                    self.key("inv-total", ""),
+                    Some(GetOptions::new().with_prefix()),
+                ),
+            ]);
+            let read = self.conn.txn(read).await.map_err(unavailable)?.value;
+            let mut ranges = read.op_responses().into_iter().filter_map(|r| match r {
+                TxnOpResponse::Get(mut g) => Some(g.take_kvs()),
+                _ => None,
+            });
+            let (ns_kvs, total_kvs) = (
+                ranges.next().unwrap_or_default(),
+                ranges.next().unwrap_or_default(),
+            );
+            let ns_held: u64 = ns_kvs.iter().map(|kv| counter(Some(kv))).sum();
+            let total_held: u64 = total_kvs.iter().map(|kv| counter(Some(kv))).sum();
+            let own = |kvs: &[KeyValue], key: &str| {
+                kvs.iter().find(|kv| kv.key() == key.as_bytes()).cloned()
+            };
+            let (n, t) = (own(&ns_kvs, &nk), own(&total_kvs, &tk));
+            let rev = |kv: &Option<KeyValue>| kv.as_ref().map_or(0, |kv| kv.mod_revision());
             let mut then = vec![
                 TxnOp::put(self.key("inv", id), json.clone(), keep()),
                 TxnOp::delete(self.key("pending", id), None),
                 TxnOp::delete(self.key("claims", id), None),
+                TxnOp::delete(self.run_key(ns, id), None),
+                TxnOp::put(index_key.clone(), index.clone(), keep()),
+                TxnOp::put(
+                    nk.clone(),
+                    (counter(n.as_ref()) + bytes).to_string(),
+                    keep(),
+                ),
+                TxnOp::put(
+                    tk.clone(),
+                    (counter(t.as_ref()) + bytes).to_string(),
+                    keep(),
+                ),
             ];
-            if let Some(k) = inv.idempotency_key.as_deref() {
-                let ik = self.idem_key(&inv.function, &inv.owner, k);
+            if let Some(h) = idem.as_deref() {
+                let ik = self.key("idem", h);
                 then.push(TxnOp::txn(
                     Txn::new()
                         .when([Compare::value(ik.clone(), CompareOp::Equal, id)])
@@ -1479,27 +1962,55 @@ impl AsyncStore for EtcdStore {
                 ));
             }
             let txn = Txn::new()
-                .when([Compare::create_revision(
-                    self.key("pending", id),
-                    CompareOp::Greater,
-                    0,
-                )])
-                .and_then(then);
+                .when([
+                    Compare::create_revision(self.key("pending", id), CompareOp::Greater, 0),
+                    Compare::mod_revision(nk.clone(), CompareOp::Equal, rev(&n)),
+                    Compare::mod_revision(tk.clone(), CompareOp::Equal, rev(&t)),
+                ])
+                .and_then(then)
+                .or_else([TxnOp::get(self.key("pending", id), None)]);
             match self.conn.txn(txn).await {
-                Ok(done) if done.value.succeeded() => return Ok(true),
-                Ok(done) if done.retried => {
-                    // An attempt whose answer was lost may have been the one applied.
-                    let now = self.read_invocation(id).await?;
-                    return Ok(now.as_ref() == Some(inv));
+                Ok(done) if done.value.succeeded() => {
+                    finished = Some((true, ns_held + bytes, total_held + bytes));
+                    break;
                 }
-                Ok(_) => return Ok(false),
+                Ok(done) => {
+                    if two_gets(&done.value)[0].is_some() {
+                        // Still unfinished: a counter changed meanwhile.
+                        continue;
+                    }
+                    let mine = if done.retried {
+                        // An attempt whose answer was lost may have been the one applied.
+                        let now = self.read_invocation(id).await?;
+                        now.as_ref() == Some(inv)
+                    } else {
+                        false
+                    };
+                    finished = Some((mine, ns_held + bytes, total_held + bytes));
+                    break;
+                }
                 Err(e) if e.lease_not_found() => self.forget_retention_lease(lease).await,
-                Err(e) => return Err(e.store("finishing an invocation")),
+                Err(e) => return Err(unavailable(e)),
             }
         }
-        Err(StoreError::Unavailable(
-            "finishing an invocation: the retention lease kept vanishing".into(),
-        ))
+        drop(turn);
+        let Some((mine, ns_held, total_held)) = finished else {
+            return Err(StoreError::Unavailable(
+                "finishing an invocation: its lease or byte counters kept changing".into(),
+            ));
+        };
+        let limits = self.limits();
+        if mine
+            && (ns_held > limits.max_bytes_per_namespace as u64
+                || total_held > limits.max_bytes as u64)
+        {
+            // The answer is stored; failing to make room only leaves the store over its bound
+            // until the next finish or the retention lease.
+            if let Err(e) = self.make_room(ns, ns_held, total_held, limits).await {
+                tracing::warn!(error = %e, namespace = %ns, "making room for async results failed");
+            }
+        }
+        Ok(mine)
     }
 
     async fn take_orphans(&self, limit: usize) -> Result<Vec<StoredInvocation>, StoreError> {
@@ -1603,7 +2114,7 @@ impl AsyncStore for EtcdStore {
                     if inv.state != AsyncState::Running
                         && inv.finished_unix_ms.is_some_and(|f| f < before_unix_ms)
                     {
-                        old.push((inv, kv.mod_revision()));
+                        old.push((inv, kv.mod_revision(), kv.lease()));
                     }
                 }
                 true
@@ -1611,32 +2122,30 @@ impl AsyncStore for EtcdStore {
             .await
             .map_err(|e| e.store("expiring invocations"))?;
         let mut gone = 0;
-        for (inv, rev) in old {
-            let mut then = vec![TxnOp::delete(self.key("inv", &inv.id), None)];
-            if let Some(k) = inv.idempotency_key.as_deref() {
-                let ik = self.idem_key(&inv.function, &inv.owner, k);
-                then.push(TxnOp::txn(
-                    Txn::new()
-                        .when([Compare::value(
-                            ik.clone(),
-                            CompareOp::Equal,
-                            inv.id.as_str(),
-                        )])
-                        .and_then([TxnOp::delete(ik, None)]),
-                ));
-            }
-            let txn = Txn::new()
-                .when([
-                    Compare::mod_revision(self.key("inv", &inv.id), CompareOp::Equal, rev),
-                    Compare::create_revision(self.key("pending", &inv.id), CompareOp::Equal, 0),
-                ])
-                .and_then(then);
-            let done = self
-                .conn
-                .txn(txn)
-                .await
-                .map_err(|e| e.store("expiring invocations"))?;
-            if done.value.succeeded() {
+        for (inv, rev, lease) in old {
+            let ns = ns_segment(&inv.function);
+            let bytes = encode_invocation(&inv).map_or(0, |j| j.len() as u64);
+            let idem = inv
+                .idempotency_key
+                .as_deref()
+                .map(|k| idem_hash(&inv.function, &inv.owner, k));
+            let index_key = self.done_key(ns, inv.finished_unix_ms.unwrap_or(0), &inv.id);
+            let guard = vec![
+                Compare::mod_revision(self.key("inv", &inv.id), CompareOp::Equal, rev),
+                Compare::create_revision(self.key("pending", &inv.id), CompareOp::Equal, 0),
+            ];
+            if self
+                .remove_finished(
+                    ns,
+                    &inv.id,
+                    &index_key,
+                    bytes,
+                    idem.as_deref(),
+                    lease,
+                    guard,
+                )
+                .await?
+            {
                 gone += 1;
             }
         }
