@@ -23,34 +23,6 @@ fn invoke_ok(s: &Server, name: &str, args: &str) -> Value {
     r.json()
 }
 
-/// The cgroup (in hierarchy `controller`) of the worker's only function sandbox (ready generic
-/// sandboxes aside).
-fn only_sandbox_cgroup(s: &Server, controller: &str) -> PathBuf {
-    let worker: String = s.status()["worker"]
-        .as_str()
-        .unwrap()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let parent = Path::new("/sys/fs/cgroup")
-        .join(controller)
-        .join("hearth")
-        .join(worker);
-    let dirs: Vec<PathBuf> = std::fs::read_dir(&parent)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir() && !p.ends_with("frozen-anchor"))
-        .filter(|p| {
-            // `hearth-<worker>-<id>`: its bundle is `sandboxes/<id>`.
-            let name = p.file_name().unwrap().to_string_lossy().to_string();
-            !s.is_ready_generic(name.rsplit('-').next().unwrap())
-        })
-        .collect();
-    assert_eq!(dirs.len(), 1, "one sandbox expected: {dirs:?}");
-    dirs.into_iter().next().unwrap()
-}
-
 /// CPU nanoseconds the sandbox's tasks used.
 fn cpu_ns(cgroup: &Path) -> u64 {
     std::fs::read_to_string(cgroup.join("cpuacct.usage"))
@@ -64,7 +36,7 @@ fn cpu_ns(cgroup: &Path) -> u64 {
 /// CPU the worker's only sandbox uses in 500 ms once it is idle: it must first be frozen (an
 /// idle sandbox is, after `runc.idle_freeze_ms`), and then use none.
 fn idle_cpu_ms(s: &Server) -> u64 {
-    let state = only_sandbox_cgroup(s, "freezer").join("freezer.state");
+    let state = s.only_sandbox_cgroup("freezer").join("freezer.state");
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::fs::read_to_string(&state).unwrap().trim() != "FROZEN" {
         assert!(
@@ -73,7 +45,7 @@ fn idle_cpu_ms(s: &Server) -> u64 {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let cg = only_sandbox_cgroup(s, "cpuacct");
+    let cg = s.only_sandbox_cgroup("cpuacct");
     let before = cpu_ns(&cg);
     std::thread::sleep(Duration::from_millis(500));
     (cpu_ns(&cg) - before) / 1_000_000

@@ -11,7 +11,6 @@ mod common;
 
 use common::{runc_available, Server};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
 
 /// Bounds of the runc backend (crates/worker/src/backend/oci.rs), restated: a change there
 /// must be a change here too.
@@ -56,25 +55,7 @@ fn invoke_as(s: &Server, key: &str, name: &str, args: &str) -> Value {
 /// The host pids of the processes in the worker's only function sandbox (ready generic
 /// sandboxes aside).
 fn only_sandbox_pids(s: &Server) -> Vec<u32> {
-    let worker: String = s.status()["worker"]
-        .as_str()
-        .unwrap()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let parent = Path::new("/sys/fs/cgroup/pids/hearth").join(worker);
-    let dirs: Vec<PathBuf> = std::fs::read_dir(&parent)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir() && !p.ends_with("frozen-anchor"))
-        .filter(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().to_string();
-            !s.is_ready_generic(name.rsplit('-').next().unwrap())
-        })
-        .collect();
-    assert_eq!(dirs.len(), 1, "one sandbox expected: {dirs:?}");
-    std::fs::read_to_string(dirs[0].join("cgroup.procs"))
+    std::fs::read_to_string(s.only_sandbox_cgroup("pids").join("cgroup.procs"))
         .unwrap()
         .lines()
         .map(|l| l.trim().parse().unwrap())

@@ -278,6 +278,34 @@ impl Server {
         std::fs::read_dir(point).is_ok_and(|mut d| d.next().is_none())
     }
 
+    /// The cgroup (in hierarchy `controller`) of the worker's only function sandbox (ready generic
+    /// sandboxes aside).
+    pub fn only_sandbox_cgroup(&self, controller: &str) -> PathBuf {
+        let worker: String = self.status()["worker"]
+            .as_str()
+            .unwrap()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let parent = Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join("hearth")
+            .join(worker);
+        let dirs: Vec<PathBuf> = std::fs::read_dir(&parent)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir() && !p.ends_with("frozen-anchor"))
+            .filter(|p| {
+                // `hearth-<worker>-<id>`: its bundle is `sandboxes/<id>`.
+                let name = p.file_name().unwrap().to_string_lossy().to_string();
+                !self.is_ready_generic(name.rsplit('-').next().unwrap())
+            })
+            .collect();
+        assert_eq!(dirs.len(), 1, "one sandbox expected: {dirs:?}");
+        dirs.into_iter().next().unwrap()
+    }
+
     /// Waits (up to 10 s) until the worker's generic pool has a ready sandbox, so that the next
     /// cold start specializes one.
     pub fn wait_generic_ready(&self) {
