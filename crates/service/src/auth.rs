@@ -811,6 +811,18 @@ fn identity_proof(controller_token: &str, nonce: &str, url: &str) -> String {
     b64(&hmac_sha256(controller_token.as_bytes(), msg.as_bytes()))
 }
 
+/// The text of a secret file (`what`: "cluster key", "worker credential"); the error names the
+/// file and the kind of failure, never its contents.
+fn read_secret_file(path: &Path, what: &str) -> Result<String, AuthError> {
+    std::fs::read_to_string(path).map_err(|e| {
+        AuthError::Config(format!(
+            "cannot read the {what} file {}: {}",
+            path.display(),
+            e.kind()
+        ))
+    })
+}
+
 /// The controllers' master secret (`cluster.key`): never sent to anyone; the controller's token
 /// for each worker is derived from it.
 pub struct ClusterKey {
@@ -821,13 +833,7 @@ pub struct ClusterKey {
 impl ClusterKey {
     /// Reads the credential from `path`; an error never shows the file's contents.
     pub fn read(path: &Path) -> Result<Self, AuthError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            AuthError::Config(format!(
-                "cannot read the cluster key file {}: {}",
-                path.display(),
-                e.kind()
-            ))
-        })?;
+        let text = read_secret_file(path, "cluster key")?;
         let token = text.trim().to_string();
         if token.len() < MIN_CLUSTER_KEY_LEN || token.contains(char::is_whitespace) {
             return Err(AuthError::Config(format!(
@@ -897,13 +903,7 @@ impl WorkerSecret {
     /// `hx_…` line of the same credential. The controllers' own `hc_…` key is refused with the
     /// command that makes a worker credential; an error never shows the file's contents.
     pub fn read(path: &Path) -> Result<Self, AuthError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            AuthError::Config(format!(
-                "cannot read the worker credential file {}: {}",
-                path.display(),
-                e.kind()
-            ))
-        })?;
+        let text = read_secret_file(path, "worker credential")?;
         Self::parse(&text).map_err(|why| {
             AuthError::Config(format!(
                 "the worker credential file {} {why}",
