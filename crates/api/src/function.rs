@@ -71,6 +71,15 @@ pub struct FunctionSpec {
     /// Bumped on every update; sandboxes of an older version are never reused.
     #[serde(default)]
     pub version: u64,
+    /// Digest (`sha256:…`) of the runtime image the function was registered with: set by the
+    /// worker at registration (a client's value is replaced), so a runtime rebuilt later under
+    /// the same name never changes what an existing function runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_digest: Option<String>,
+    /// Digest of the dependency layer built from the function's `requirements.txt`: set by the
+    /// worker at registration; None when the function has no requirements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<String>,
 }
 
 /// Retries of a failed async invocation, unless the function says otherwise.
@@ -106,12 +115,21 @@ fn default_timeout_ms() -> u64 {
     30_000
 }
 
+/// A runtime's name: `python3` (the worker's default Python runtime) or a runtime image's
+/// name (`python3.11`); which ones exist is the worker's to say.
+pub fn valid_runtime_name(s: &str) -> bool {
+    (1..=32).contains(&s.len())
+        && s.starts_with(|c: char| c.is_ascii_lowercase())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+}
+
 /// Why a spec was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SpecError {
     #[error("function name must be 1-64 characters of [A-Za-z0-9_-], starting with a letter or digit: {0:?}")]
     BadName(String),
-    #[error("unsupported runtime {0:?} (supported: python3)")]
+    #[error("runtime must be 1-32 characters of [a-z0-9._-], starting with a letter (e.g. python3, python3.11): {0:?}")]
     BadRuntime(String),
     #[error("handler must look like `function` or `module.function` with identifiers: {0:?}")]
     BadHandler(String),
@@ -155,6 +173,8 @@ impl FunctionSpec {
             sim_gpu_cold_ms: 0.0,
             retries: DEFAULT_RETRIES,
             version: 0,
+            runtime_digest: None,
+            layer: None,
         }
     }
 
@@ -163,13 +183,15 @@ impl FunctionSpec {
         if !valid_key(&self.name) {
             return Err(SpecError::BadName(self.name.clone()));
         }
-        if self.runtime != "python3" && self.runtime != "python" {
+        if !valid_runtime_name(&self.runtime) {
             // Echoed back, so cut short: the body may be megabytes.
             return Err(SpecError::BadRuntime(
                 self.runtime.chars().take(32).collect(),
             ));
         }
-        self.runtime = "python3".into();
+        if self.runtime == "python" {
+            self.runtime = "python3".into();
+        }
         check_range(
             "handler",
             0.0,
@@ -352,7 +374,7 @@ mod tests {
             (|s| s.cpus = f64::NAN, "cpus"),
             (|s| s.timeout_ms = 0, "timeout_ms"),
             (|s| s.handler = "main.1x".into(), "handler"),
-            (|s| s.runtime = "node".into(), "runtime"),
+            (|s| s.runtime = "../usr".into(), "runtime"),
             (|s| s.sim_warm_ms = -1.0, "sim_warm_ms"),
             (
                 |s| s.sim_cold_ms = 1e308,

@@ -14,8 +14,10 @@ pub mod errors;
 pub mod facade;
 pub mod gpu;
 pub mod latency;
+pub mod layers;
 pub mod membership;
 pub mod metrics;
+pub mod runtimes;
 pub mod server;
 
 pub use config::{BackendKind, WorkerConfig};
