@@ -11,6 +11,7 @@ pub mod load;
 pub mod provision_cmd;
 pub mod report_cmd;
 pub mod route_bench;
+pub mod runtime_cmd;
 pub mod sim_cmd;
 pub mod stats;
 pub mod trace_cmd;

@@ -42,6 +42,9 @@ enum Command {
     /// Manage the cluster (the operator's key).
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Manage this host's runtime images (root filesystems sandboxes run on).
+    #[command(subcommand)]
+    Runtime(hearth_cli::runtime_cmd::RuntimeCommand),
     /// Invoke a function.
     Invoke {
         name: String,
@@ -421,6 +424,7 @@ fn main() {
             | Command::Function(_)
             | Command::Key(_)
             | Command::Cluster(_)
+            | Command::Runtime(_)
             | Command::Invoke { .. }
             | Command::Result { .. }
             | Command::Prewarm { .. }
@@ -484,6 +488,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Controller(args) => cluster::controller(args),
         Command::Function(cmd) => function(cmd),
         Command::Key(cmd) => key(cmd),
+        Command::Runtime(cmd) => hearth_cli::runtime_cmd::run(cmd),
         Command::Cluster(ClusterCommand::Credential(cmd)) => credential(cmd),
         Command::Invoke {
             name,
