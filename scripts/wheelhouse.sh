@@ -31,7 +31,10 @@ hash=$({
 } | sha256sum | cut -d' ' -f1)
 marker="$DIR/.hearth-wheelhouse"
 
-size() { echo "wheelhouse: $DIR: $(ls "$DIR"/*.whl | wc -l) wheels, $(du -sh "$DIR" | cut -f1) in all"; }
+size() {
+    local w=("$DIR"/*.whl)
+    echo "wheelhouse: $DIR: ${#w[@]} wheels, $(du -sh "$DIR" | cut -f1) in all"
+}
 
 if [ -f "$marker" ] && [ "$(cat "$marker")" = "$hash" ]; then
     echo "wheelhouse: up to date"
