@@ -134,13 +134,38 @@ def combined_table(results: dict, ilu: dict) -> str:
             f"| {fmt(i.get('cold_over_us'), 1e-3, 0)} | {ratio(c['client_over_us'], i.get('cold_over_us'))} "
             f"| {' '.join(c['paths']) or '–'} |"
         )
-    head = (
+    head0 = (
         f"FunctionBench on Hearth ({results['url']}, {results['n']} warm and {results['n']} cold "
         f"invocations per function, {results.get('cpus', '?')} CPUs), beside Ilúvatar's own testbed "
         "(worker_function_benchmarks.json, medians). Ratios: Hearth's client − exec over Ilúvatar's "
         "overhead (the same definition)."
     )
-    return head + "\n\n" + "\n".join(rows)
+    return head0 + "\n\n" + "\n".join(rows) + "\n\n" + targets(results, ilu)
+
+
+def targets(results: dict, ilu: dict) -> str:
+    """Issue 32's targets, one line: cold client − exec ≤ 1 % of Ilúvatar's cold overhead, and warm
+    `timing.overhead` p50 ≤ 0.5 ms, for every function."""
+    cold_ok = warm_ok = 0
+    worst_cold = worst_warm = None
+    names = list(results["functions"])
+    for name in names:
+        r = results["functions"][name]
+        w, c = summarize(r["warm"]), summarize(r["cold"])
+        ref = ilu.get(name, {}).get("cold_over_us")
+        if c["client_over_us"] is not None and ref and not c["errors"]:
+            q = c["client_over_us"] / ref
+            cold_ok += q <= 0.01
+            worst_cold = max(worst_cold or (q, name), (q, name))
+        if w["overhead_us"] is not None and not w["errors"]:
+            warm_ok += w["overhead_us"] <= 500
+            worst_warm = max(worst_warm or (w["overhead_us"], name), (w["overhead_us"], name))
+    wc = f"worst {worst_cold[1]} {worst_cold[0]:.2g}" if worst_cold else "none measured"
+    ww = f"worst {worst_warm[1]} {worst_warm[0]:.0f} µs" if worst_warm else "none measured"
+    return (
+        f"Targets: cold overhead ≤ 1 % of Ilúvatar's: {cold_ok}/{len(names)} functions ({wc}); "
+        f"warm overhead p50 ≤ 0.5 ms: {warm_ok}/{len(names)} ({ww})."
+    )
 
 
 # ---------------------------------------------------------------------------------------------

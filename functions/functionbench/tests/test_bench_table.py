@@ -80,6 +80,9 @@ def test_combined_table_and_ratios(tmp_path):
     assert hello[7:12] == ["6.0", "100", "6.3", "1500", "0.0042"]
     assert hello[12] == "fresh generic" and "errors: warm 0, cold 1" in hello[0]
     assert "layer build failed" in rows[1] and "| – |" in rows[1]
+    # hello's cold starts had an error, lin_pack has no samples: neither meets a target.
+    assert "cold overhead ≤ 1 % of Ilúvatar's: 0/2 functions (none measured)" in p.stdout
+    assert "warm overhead p50 ≤ 0.5 ms: 1/2 (worst hello 60 µs)" in p.stdout
 
 
 def test_run_without_hearth_fails_clearly():
