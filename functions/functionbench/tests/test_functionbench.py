@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -99,7 +100,9 @@ def layers(tmp_path_factory):
             done[key] = str(target)
         return done[key]
 
-    return get
+    yield get
+    for d in done.values():  # up to 600 MB; pytest would keep the last three sessions' copies
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def run(layers, tmp_path, name, args=None, repeat=5):
