@@ -21,6 +21,9 @@ command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)  # bench/burst.sh cross-checks with a third-party load tool
 # The font of `hearth report`'s plots.
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
+# Runtime images: mmdebstrap builds them from Debian's packages, umoci imports OCI archives.
+command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
+command -v umoci >/dev/null 2>&1 || need_apt+=(umoci)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing ${need_apt[*]}" >&2
     apt-get update -qq
@@ -39,4 +42,8 @@ fi
 cargo build --release --locked -p hearth-cli
 # The CUDA shim of GPU sandboxes, beside the binary where the worker looks for it (docs/gpu.md).
 make -s -C runtime/gpu-shim OUT="$(pwd)/target/release"
+# The default runtime image sandboxes run on (docs/runtimes.md), and the wheelhouse dependency
+# builds install from without a network (docs/dependencies.md): the only downloads, both here.
+scripts/build-runtime.sh target/release/hearth
+scripts/wheelhouse.sh
 echo "setup: built $(pwd)/target/release/hearth" >&2

@@ -13,4 +13,4 @@ HEARTH_REQUIRE_RUNC=1 HEARTH_REQUIRE_ETCD=1 cargo test --workspace --locked
 # parts are killed, frozen and stopped (about a minute).
 scripts/chaos.sh --short --hearth target/debug/hearth
 scripts/check-leftovers.sh
-python3 -m pytest runtime/python/tests runtime/gpu-shim/tests -q -p no:cacheprovider
+python3 -m pytest runtime/python/tests runtime/gpu-shim/tests functions/functionbench/tests -q -p no:cacheprovider
