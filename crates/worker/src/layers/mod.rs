@@ -6,6 +6,8 @@
 //! bytecode compiled at build time) and `<dir>/<hex>/layer.json` ([`Layer`]'s record). A layer
 //! directory is complete once its record exists; it is never changed afterwards.
 
+pub mod requirements;
+
 use crate::runtimes::digest_hex;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
