@@ -392,6 +392,8 @@ pub struct WorkerConfig {
     pub provision: ProvisionSettings,
     /// The worker's GPUs (`[gpu]`): found through NVML (`auto`), none, or simulated (`sim`).
     pub gpu: GpuSettings,
+    /// Dependency layers and bytecode builds (`[build]`, docs/dependencies.md).
+    pub build: crate::layers::build::BuildSettings,
     /// SFS's slice of CPU time (and the `alps` slice until its frontend has learned one).
     pub sfs_slice_ms: u64,
     /// A controller to join (`http://HOST:PORT`); the worker pushes its status there.
@@ -503,6 +505,7 @@ impl Default for WorkerConfig {
             cpu_sched: CpuSchedKind::Cfs,
             provision: ProvisionSettings::default(),
             gpu: GpuSettings::default(),
+            build: crate::layers::build::BuildSettings::default(),
             sfs_slice_ms: crate::cpu_sched::DEFAULT_SFS_SLICE_MS,
             controller: None,
             store: None,
@@ -577,6 +580,7 @@ const CONFIG_KEYS: &[&str] = &[
     "cpu_sched",
     "provision",
     "gpu",
+    "build",
     "sfs_slice_ms",
     "controller",
     "store",
@@ -689,6 +693,7 @@ impl WorkerConfig {
             return bad("max_body_bytes and max_code_bytes must be positive".into());
         }
         self.code_intake().check().map_err(ConfigError::Invalid)?;
+        self.build.check().map_err(ConfigError::Invalid)?;
         if self.max_queue == 0 {
             return bad("max_queue must be at least 1".into());
         }
