@@ -442,10 +442,40 @@ impl Registry {
         Ok(true)
     }
 
-    /// Every layer digest a registered function refers to (what must stay on disk).
+    /// Counts `bytes` more of code (the bytecode a build added) for version `version` of
+    /// `name`, within its namespace's `max_code_bytes_per_namespace`. Returns false when the
+    /// function is gone or has a newer version (nothing counted).
+    pub fn add_code_bytes(
+        &self,
+        name: &str,
+        version: u64,
+        bytes: u64,
+    ) -> Result<bool, RegistryError> {
+        let _one_at_a_time = self.commit.lock();
+        match self.get(name) {
+            Some(r) if r.spec.version == version => {}
+            _ => return Ok(false),
+        }
+        let (_, held) = self.namespace_held(name);
+        let mine = self.code_bytes.get(name).map_or(0, |b| *b);
+        let max = self.intake.max_code_bytes_per_namespace;
+        if held.saturating_add(mine).saturating_add(bytes) > max {
+            return Err(RegistryError::NamespaceCode {
+                namespace: hearth_api::namespace::namespace_of(name).to_string(),
+                max,
+                held: held.saturating_add(mine),
+            });
+        }
+        self.code_bytes.insert(name.to_string(), mine + bytes);
+        Ok(true)
+    }
+
+    /// Every layer digest a registered function that is not `failed` refers to (what must
+    /// stay on disk).
     pub fn layers_in_use(&self) -> std::collections::HashSet<String> {
         self.functions
             .iter()
+            .filter(|r| r.state != FunctionState::Failed)
             .filter_map(|r| r.spec.layer.clone())
             .collect()
     }
