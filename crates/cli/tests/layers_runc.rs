@@ -599,3 +599,57 @@ async fn a_build_sandbox_reaches_no_network() {
     );
     drop(listener);
 }
+
+#[test]
+fn the_cli_waits_for_the_build_and_shows_the_state() {
+    if !runc_available() {
+        return;
+    }
+    let f = Fixture::new(&[]);
+    let s = f.start();
+    let code = f.tmp.path().join("calc");
+    std::fs::create_dir_all(&code).unwrap();
+    std::fs::write(code.join("main.py"), USES_HLCALC).unwrap();
+    std::fs::write(code.join("requirements.txt"), "hlcalc\n").unwrap();
+    let code = code.display().to_string();
+    let out = common::hearth(&[
+        "fn", "register", "calc", "--code", &code, "--wait", "--url", &s.url,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"], "ready", "{v}");
+    std::fs::write(
+        f.tmp.path().join("calc/requirements.txt"),
+        "nosuchpackage\n",
+    )
+    .unwrap();
+    let out = common::hearth(&[
+        "fn", "register", "calc", "--code", &code, "--wait", "--url", &s.url,
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("No matching distribution") && err.contains("hearth fn show calc"),
+        "{err}"
+    );
+    let out = common::hearth(&["fn", "list", "--url", &s.url]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("STATE")
+            && text
+                .lines()
+                .any(|l| l.starts_with("calc") && l.contains("failed")),
+        "{text}"
+    );
+    let out = common::hearth(&["fn", "show", "calc", "--url", &s.url]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"], "failed");
+    assert!(v["build_log"]
+        .as_str()
+        .unwrap()
+        .contains("No matching distribution"));
+}
