@@ -1283,6 +1283,18 @@ pub(crate) mod test_wheel {
 
     /// Writes `<dir>/<name>-<version>-<tag>.whl` with `<name>/__init__.py` = `init`.
     pub fn write(dir: &Path, name: &str, version: &str, tag: &str, init: &str) -> PathBuf {
+        write_with(dir, name, version, tag, init, Vec::new())
+    }
+
+    /// [`write`] with more files in the package (`<name>/<file>`).
+    pub fn write_with(
+        dir: &Path,
+        name: &str,
+        version: &str,
+        tag: &str,
+        init: &str,
+        extra: Vec<(String, Vec<u8>)>,
+    ) -> PathBuf {
         let di = format!("{name}-{version}.dist-info");
         let wheel_tag = tag;
         let mut files: Vec<(String, Vec<u8>)> = vec![
@@ -1304,6 +1316,13 @@ pub(crate) mod test_wheel {
         for (n, d) in &files {
             let h = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(Sha256::digest(d));
             record.push_str(&format!("{n},sha256={h},{}\n", d.len()));
+        }
+        // Extra files go in without a hash (allowed by the wheel spec's RECORD): hashing
+        // hundreds of MB in a debug build is most of a test's time.
+        for (f, d) in extra {
+            let n = format!("{name}/{f}");
+            record.push_str(&format!("{n},,\n"));
+            files.push((n, d));
         }
         record.push_str(&format!("{di}/RECORD,,\n"));
         files.push((format!("{di}/RECORD"), record.into_bytes()));
@@ -1434,6 +1453,24 @@ mod sandbox_tests {
             .filter(|n| n != "runc" && n != "root")
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+
+        // A 300 MB wheel of random bytes (it does not compress) against a 64 MiB layer.
+        let mut blob = vec![0u8; 300 << 20];
+        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").unwrap(), &mut blob)
+            .unwrap();
+        test_wheel::write_with(
+            links.path(),
+            "hugepkg",
+            "1.0",
+            "py3-none-any",
+            "",
+            vec![("blob.bin".into(), blob)],
+        );
+        let d = crate::layers::requirements::layer_digest(&rt.digest, "hugepkg\n");
+        let e = b.layer(&d, &rt, "hugepkg\n").await.unwrap_err();
+        assert!(e.message.contains("max_layer_mb = 64"), "{e:?}");
+        assert!(b.store().get(&d).is_none());
+        std::fs::remove_file(links.path().join("hugepkg-1.0-py3-none-any.whl")).unwrap();
 
         // The function's code: bytecode beside each module, named for /code.
         let code = tempfile::tempdir().unwrap();
