@@ -424,6 +424,12 @@ fn failed_builds_say_why_and_harm_nothing() {
             .unwrap()
             .contains(&format!("hearth fn show {name}")));
     }
+    // Nor can sandboxes of it be started ahead.
+    let r = s
+        .client()
+        .post("/v1/functions/missing/prewarm", br#"{"count": 1}"#)
+        .unwrap();
+    assert_eq!(r.status, 409, "{}", r.text());
     // The function without requirements was never affected.
     assert_eq!(show(&s, "hello")["state"], "ready");
     let r = s.invoke("hello", "{}");

@@ -442,6 +442,7 @@ fn prewarm_error(e: PrewarmError) -> ApiError {
         }
         PrewarmError::Gpu(e) => gpu_error(e),
         PrewarmError::OnGpu(_) => ApiError::bad_request(e.to_string()),
+        PrewarmError::NotReady(e) => api_error(e),
     }
 }
 

@@ -146,6 +146,9 @@ pub enum PrewarmError {
          invocations need them, and prewarm makes CPU sandboxes only"
     )]
     OnGpu(String),
+    /// Still building, or its build failed: nothing to start yet (409).
+    #[error("{0}")]
+    NotReady(InvokeError),
 }
 
 /// Why a batch of proactive commands was refused whole (one command's failure is in its

@@ -872,6 +872,7 @@ impl Worker {
             .registry
             .get(name)
             .ok_or_else(|| PrewarmError::UnknownFunction(name.to_string()))?;
+        ready(&reg).map_err(PrewarmError::NotReady)?;
         self.admit_gpu(&reg.spec).map_err(PrewarmError::Gpu)?;
         if reg.spec.device == Device::Gpu {
             return Err(PrewarmError::OnGpu(name.to_string()));
@@ -1126,6 +1127,11 @@ impl Worker {
                 );
                 continue;
             };
+            if let Err(e) = ready(&reg) {
+                // Nothing of it may start before its build is over.
+                results[i] = ProactiveResult::failed(ProactiveFailure::StartFailed, e.to_string());
+                continue;
+            }
             let nothing = |what: &str, has: &str| {
                 ProactiveResult::failed(
                     ProactiveFailure::NothingToDo,
