@@ -1481,7 +1481,12 @@ mod sandbox_tests {
         .unwrap();
         std::fs::create_dir(code.path().join("sub")).unwrap();
         std::fs::write(code.path().join("sub/m.py"), "X = 1\n").unwrap();
+        let t0 = Instant::now();
         let added = b.compile_code(&rt, code.path()).await.unwrap();
+        eprintln!(
+            "code of 2 modules compiled in {:?} ({added} bytes)",
+            t0.elapsed()
+        );
         assert!(added > 0);
         let pyc = std::fs::read(code.path().join("__pycache__/handler.cpython-311.pyc")).unwrap();
         assert!(String::from_utf8_lossy(&pyc).contains("/code/handler.py"));
@@ -1489,6 +1494,26 @@ mod sandbox_tests {
             .path()
             .join("sub/__pycache__/m.cpython-311.pyc")
             .is_file());
+
+        // A 200-module package: every module gets its bytecode.
+        let big = tempfile::tempdir().unwrap();
+        let pkg = big.path().join("pkg200");
+        std::fs::create_dir(&pkg).unwrap();
+        std::fs::write(pkg.join("__init__.py"), "").unwrap();
+        for i in 0..200 {
+            let body: String = (0..10)
+                .map(|j| format!("class C{j}:\n    def f(self, y):\n        return y * {i}\n\n"))
+                .collect();
+            std::fs::write(pkg.join(format!("m{i}.py")), body).unwrap();
+        }
+        let t0 = Instant::now();
+        let added = b.compile_code(&rt, big.path()).await.unwrap();
+        eprintln!(
+            "code of 201 modules compiled in {:?} ({added} bytes)",
+            t0.elapsed()
+        );
+        let pycs = std::fs::read_dir(pkg.join("__pycache__")).unwrap().count();
+        assert_eq!(pycs, 201);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
