@@ -496,7 +496,15 @@ impl Builder {
             code: Some(code_dir.to_path_buf()),
         };
         let (ran, run) = self.run(runtime, job).await?;
-        let result = if ran.ok {
+        // A module that does not compile (a syntax error, Python 2 code in a vendored package)
+        // fails compileall but not the function: it would fail the same way at import, and
+        // vendored code that works today keeps working. What did compile is kept.
+        if !ran.ok && !ran.timed_out && !ran.oom_killed {
+            tracing::info!(log = %self.scrub(&hearth_service::registry::log_tail(&ran.log)),
+                "some of the code did not byte-compile");
+        }
+        let compiled = !ran.timed_out && !ran.oom_killed;
+        let result = if compiled {
             let (out, code) = (run.out.join("code"), code_dir.to_path_buf());
             tokio::task::spawn_blocking(move || copy_bytecode(&out, &code))
                 .await
@@ -1481,6 +1489,7 @@ mod sandbox_tests {
         .unwrap();
         std::fs::create_dir(code.path().join("sub")).unwrap();
         std::fs::write(code.path().join("sub/m.py"), "X = 1\n").unwrap();
+        std::fs::write(code.path().join("py2.py"), "print 'old'\n").unwrap();
         let t0 = Instant::now();
         let added = b.compile_code(&rt, code.path()).await.unwrap();
         eprintln!(
@@ -1494,6 +1503,10 @@ mod sandbox_tests {
             .path()
             .join("sub/__pycache__/m.cpython-311.pyc")
             .is_file());
+        assert!(
+            !code.path().join("__pycache__/py2.cpython-311.pyc").exists(),
+            "a module that does not compile has no bytecode and fails nothing"
+        );
 
         // A 200-module package: every module gets its bytecode.
         let big = tempfile::tempdir().unwrap();
