@@ -659,3 +659,77 @@ fn the_cli_waits_for_the_build_and_shows_the_state() {
         .unwrap()
         .contains("No matching distribution"));
 }
+
+#[test]
+fn layers_and_bytecode_count_against_the_namespace_quotas() {
+    if !runc_available() {
+        return;
+    }
+    let f = Fixture::new(&[
+        ("HEARTH_BUILD__MAX_LAYER_BYTES_PER_NAMESPACE", "20000"),
+        ("HEARTH_MAX_CODE_BYTES_PER_NAMESPACE", "40000"),
+    ]);
+    make_wheel(&f.wheels(), "mid", "1.0", "py3-none-any", "x = 1\n", 50_000);
+    let s = f.start();
+    let r = s.put_fn("calc", with_reqs("hlcalc\n", USES_HLCALC));
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(wait_final(&s, "calc")["state"], "ready");
+    // The layer's files are root's and nobody else may write them.
+    let layer = show(&s, "calc")["layer"].as_str().unwrap().to_string();
+    let site = s
+        .data_dir
+        .join("layers")
+        .join(layer.strip_prefix("sha256:").unwrap())
+        .join("site");
+    for p in [
+        site.clone(),
+        site.join("hlcalc"),
+        site.join("hlcalc/__init__.py"),
+    ] {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&p).unwrap();
+        assert_eq!(m.uid(), 0, "{}", p.display());
+        assert_eq!(m.mode() & 0o022, 0, "{} is writable by others", p.display());
+    }
+    // A layer over the namespace's share fails, and is not kept.
+    let r = s.put_fn("mid", with_reqs("mid\n", "def main(a):\n    return 1\n"));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v = wait_final(&s, "mid");
+    assert_eq!(v["state"], "failed", "{v}");
+    assert!(
+        v["build_log"]
+            .as_str()
+            .unwrap()
+            .contains("max_layer_bytes_per_namespace"),
+        "{v}"
+    );
+    let mid = v["layer"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("sha256:")
+        .unwrap()
+        .to_string();
+    wait_until(
+        "the refused layer is removed",
+        Duration::from_secs(10),
+        || !layer_dirs(&s).contains(&mid),
+    );
+    // Code that fits, whose bytecode does not.
+    let src: String = (0..700)
+        .map(|i| format!("def f{i}(x):\n    return x + {i}\n"))
+        .collect();
+    assert!(src.len() < 30_000);
+    let r = s.put_fn("bulky", json!({"code": {"files": {"main.py": format!("{src}def main(a):\n    return 1\n")}}, "memory_mb": 64}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v = wait_final(&s, "bulky");
+    assert_eq!(v["state"], "failed", "{v}");
+    assert!(
+        v["build_log"]
+            .as_str()
+            .unwrap()
+            .contains("max_code_bytes_per_namespace"),
+        "{v}"
+    );
+    assert_eq!(show(&s, "calc")["state"], "ready");
+    no_build_leftovers(&s);
+}
