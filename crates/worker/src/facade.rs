@@ -80,6 +80,10 @@ pub struct Worker {
     builder: Option<Arc<Builder>>,
     /// The runtime images builds run on.
     runtimes: RuntimeStore,
+    /// Held by a collection of unused layers from reading which are in use until it removed
+    /// the others; taken and let go by a build before it looks for its layer, so that a layer
+    /// a registration just started to use is never removed under it.
+    layers_gc: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Errors of [`Worker::start`].
@@ -287,6 +291,7 @@ impl Worker {
             gpu_exec,
             builder,
             runtimes,
+            layers_gc: Arc::new(tokio::sync::Mutex::new(())),
         });
         worker.recount_namespaces();
         worker.warn_unrunnable_gpu_functions();
@@ -1239,6 +1244,7 @@ impl Worker {
         if reg.state != FunctionState::Building {
             return reg;
         }
+        self.after_layer_collection().await;
         let needs_layer = reg.spec.layer.as_ref().is_some_and(|d| {
             self.builder
                 .as_ref()
@@ -1316,6 +1322,7 @@ impl Worker {
         if requirements::layer_digest(&runtime.digest, &normalized) != *digest {
             return Err("requirements.txt or the runtime changed since registration; register the function again".into());
         }
+        self.after_layer_collection().await;
         builder
             .layer(digest, &runtime, &normalized)
             .await
@@ -1363,11 +1370,20 @@ impl Worker {
         let Some(builder) = &self.builder else {
             return;
         };
-        let keep = self.registry.layers_in_use();
         let store = builder.store().clone();
+        let registry = Arc::clone(&self.registry);
+        let lock = Arc::clone(&self.layers_gc);
         tokio::task::spawn_blocking(move || {
+            let _collecting = lock.blocking_lock();
+            let keep = registry.layers_in_use();
             crate::layers::gc::remove_unreferenced(&store, &keep);
         });
+    }
+
+    /// Waits for a collection of layers that is under way (it may have read the functions'
+    /// layers before this one was registered); one starting later sees it in use.
+    async fn after_layer_collection(&self) {
+        drop(self.layers_gc.lock().await);
     }
 
     /// Waits until `name`'s version `version` is no longer building (`PUT …?wait=true`),
