@@ -577,6 +577,14 @@ impl Builder {
             .map(|p| p.display().to_string())
             .collect();
         paths.push(self.work_dir.display().to_string());
+        paths.push(
+            self.settings
+                .runtime_store
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(crate::runtimes::DEFAULT_STORE_DIR))
+                .display()
+                .to_string(),
+        );
         paths.push(self.data_dir.display().to_string());
         for p in paths.iter().filter(|p| p.len() > 1) {
             log = log.replace(p.as_str(), "<host>");
@@ -955,6 +963,11 @@ fn remove_tree(dir: &Path) -> std::io::Result<()> {
 /// Copies a tree without following links: regular files (mode at most 0755, no set-id bits),
 /// directories and symbolic links (as links); nothing else. Returns bytes of file content.
 fn copy_tree(src: &Path, dest: &Path, owner: Option<u32>) -> std::io::Result<u64> {
+    // What a build left is the sandbox's: its `site` may be a link to a host directory, which
+    // read_dir would follow (entries below are checked one by one).
+    if !std::fs::symlink_metadata(src)?.is_dir() {
+        return Err(std::io::Error::other("not a directory"));
+    }
     let mut bytes = 0u64;
     std::fs::create_dir(dest)?;
     let chown = |p: &Path| match owner {
@@ -1101,6 +1114,10 @@ pub fn top_level_modules(site: &Path) -> Vec<String> {
 /// only `__pycache__/<stem>.cpython-*.pyc` of a `<stem>.py` that is in `code`, regular files.
 fn copy_bytecode(built: &Path, code: &Path) -> std::io::Result<u64> {
     let mut bytes = 0;
+    // `built` is the sandbox's: a directory there may be a link to a host one.
+    if !std::fs::symlink_metadata(built).is_ok_and(|m| m.is_dir()) {
+        return Ok(0);
+    }
     let mut pycs = Vec::new();
     for entry in std::fs::read_dir(code)? {
         let entry = entry?;
@@ -1120,6 +1137,9 @@ fn copy_bytecode(built: &Path, code: &Path) -> std::io::Result<u64> {
         return Ok(bytes);
     }
     let cache = built.join("__pycache__");
+    if !std::fs::symlink_metadata(&cache).is_ok_and(|m| m.is_dir()) {
+        return Ok(bytes);
+    }
     let Ok(entries) = std::fs::read_dir(&cache) else {
         return Ok(bytes);
     };
@@ -1203,6 +1223,42 @@ mod tests {
         )
         .unwrap();
         assert_eq!(top_level_modules(t.path()), ["alpha", "beta", "beta_util"]);
+    }
+
+    #[test]
+    fn links_a_build_left_are_never_followed_into_the_host() {
+        let t = tempfile::tempdir().unwrap();
+        let host = t.path().join("host");
+        std::fs::create_dir_all(host.join("__pycache__")).unwrap();
+        std::fs::write(host.join("secret"), "s").unwrap();
+        std::fs::write(host.join("__pycache__/main.cpython-311.pyc"), "host").unwrap();
+        // A layer whose `site` is a link to a host directory is refused.
+        let out = t.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        std::os::unix::fs::symlink(&host, out.join("site")).unwrap();
+        assert!(copy_tree(&out.join("site"), &t.path().join("copy"), None).is_err());
+        assert!(!t.path().join("copy/secret").exists());
+        // Links below the root are copied as links, never read through.
+        std::fs::remove_file(out.join("site")).unwrap();
+        std::fs::create_dir(out.join("site")).unwrap();
+        std::os::unix::fs::symlink(&host, out.join("site/pkg")).unwrap();
+        copy_tree(&out.join("site"), &t.path().join("copy2"), None).unwrap();
+        assert!(std::fs::symlink_metadata(t.path().join("copy2/pkg"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        // Bytecode from a compiled tree that is a link to the host is not taken.
+        let code = t.path().join("code");
+        std::fs::create_dir(&code).unwrap();
+        std::fs::write(code.join("main.py"), "x").unwrap();
+        let built = t.path().join("built");
+        std::os::unix::fs::symlink(&host, &built).unwrap();
+        assert_eq!(copy_bytecode(&built, &code).unwrap(), 0);
+        let built2 = t.path().join("built2");
+        std::fs::create_dir(&built2).unwrap();
+        std::os::unix::fs::symlink(host.join("__pycache__"), built2.join("__pycache__")).unwrap();
+        assert_eq!(copy_bytecode(&built2, &code).unwrap(), 0);
+        assert!(!code.join("__pycache__").exists());
     }
 
     #[test]
