@@ -1071,7 +1071,8 @@ pub fn top_level_modules(site: &Path) -> Vec<String> {
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if !name.ends_with(".dist-info") {
+        // A `*.dist-info` that is a link (to a host directory) is not read through.
+        if !name.ends_with(".dist-info") || !e.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
         let read = |f: &str| -> Option<String> {
@@ -1222,6 +1223,10 @@ mod tests {
             "beta/__init__.py,sha256=x,1\nbeta_util.py,sha256=y,2\nbeta-2.0.dist-info/RECORD,,\n",
         )
         .unwrap();
+        assert_eq!(top_level_modules(t.path()), ["alpha", "beta", "beta_util"]);
+        let host = tempfile::tempdir().unwrap();
+        std::fs::write(host.path().join("top_level.txt"), "hostname\n").unwrap();
+        std::os::unix::fs::symlink(host.path(), t.path().join("gamma-1.dist-info")).unwrap();
         assert_eq!(top_level_modules(t.path()), ["alpha", "beta", "beta_util"]);
     }
 
