@@ -49,6 +49,8 @@ error_codes! {
     DeadlinePassed => "deadline_passed",
     HandlerError => "handler_error",
     InitError => "init_error",
+    FunctionBuilding => "function_building",
+    FunctionBuildFailed => "function_build_failed",
     SandboxCrashed => "sandbox_crashed",
     SandboxStartFailed => "sandbox_start_failed",
     OutOfMemory => "out_of_memory",

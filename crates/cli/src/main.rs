@@ -228,6 +228,10 @@ enum FnCommand {
         /// Retries of a failed async invocation before it is dead-lettered (0-10, default 2).
         #[arg(long)]
         retries: Option<u32>,
+        /// Return once the function's build (its requirements.txt layer and bytecode) is over:
+        /// exit 0 when it is ready, non-zero with the build log's tail when it failed.
+        #[arg(long)]
+        wait: bool,
         #[command(flatten)]
         url: UrlArg,
     },
@@ -727,6 +731,7 @@ fn function(cmd: FnCommand) -> Result<()> {
             sim_cold_ms,
             gpu,
             retries,
+            wait,
             url,
         } => {
             let mut body = json!({
@@ -767,10 +772,18 @@ fn function(cmd: FnCommand) -> Result<()> {
             if let Some(v) = retries {
                 body["retries"] = json!(v);
             }
-            let r = client(&url)?.put(
-                &format!("/v1/functions/{name}"),
-                body.to_string().as_bytes(),
-            )?;
+            let path = if wait {
+                format!("/v1/functions/{name}?wait=true")
+            } else {
+                format!("/v1/functions/{name}")
+            };
+            let r = client(&url)?.put(&path, body.to_string().as_bytes())?;
+            let failed = wait && r.status < 300 && r.json()["state"] == "failed";
+            if failed {
+                let v = r.json();
+                eprintln!("{}", v["build_log"].as_str().unwrap_or(""));
+                bail!("{name} failed to build (`hearth fn show {name}` shows the build log)");
+            }
             print_response(r)
         }
         FnCommand::List { url } => {
@@ -780,8 +793,8 @@ fn function(cmd: FnCommand) -> Result<()> {
             }
             let v = r.json();
             println!(
-                "{:<32} {:>8} {:>6} {:>10} {:>5} {:>8}",
-                "NAME", "MEMORY", "CPUS", "TIMEOUT", "WARM", "RUNNING"
+                "{:<32} {:<8} {:>8} {:>6} {:>10} {:>5} {:>8}",
+                "NAME", "STATE", "MEMORY", "CPUS", "TIMEOUT", "WARM", "RUNNING"
             );
             for f in v["functions"].as_array().into_iter().flatten() {
                 let name = f["name"].as_str().unwrap_or("");
@@ -790,8 +803,10 @@ fn function(cmd: FnCommand) -> Result<()> {
                     _ => name.to_string(),
                 };
                 println!(
-                    "{:<32} {:>6}Mi {:>6} {:>8}ms {:>5} {:>8}",
+                    "{:<32} {:<8} {:>6}Mi {:>6} {:>8}ms {:>5} {:>8}",
                     name,
+                    // A controller's list has no state: its workers build.
+                    f["state"].as_str().unwrap_or("-"),
                     // Value's Display ignores widths: pad the rendered text.
                     f["memory_mb"].to_string(),
                     f["cpus"].to_string(),

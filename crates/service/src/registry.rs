@@ -95,7 +95,67 @@ pub struct Registered {
     pub spec: Arc<FunctionSpec>,
     /// Host directory mounted read-only at /code in the sandbox; None for code-less sim functions.
     pub code_dir: Option<PathBuf>,
+    /// Whether its dependency layer and bytecode are built: only a `Ready` function runs.
+    pub state: FunctionState,
+    /// On failure, the tail of the build's log (bounded, no host path in it).
+    pub build_log: Option<String>,
 }
+
+/// Where a function's build stands (issue 32 §2). Stored with the function, so it survives a
+/// restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FunctionState {
+    /// Its layer or bytecode is being built: invocations are refused until it is done.
+    Building,
+    /// Runnable.
+    Ready,
+    /// The build failed; `build_log` says why. Registering again is the way out.
+    Failed,
+}
+
+impl FunctionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FunctionState::Building => "building",
+            FunctionState::Ready => "ready",
+            FunctionState::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "building" => Some(FunctionState::Building),
+            "ready" => Some(FunctionState::Ready),
+            "failed" => Some(FunctionState::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// Most bytes of build log kept for a failed function: its last lines.
+pub const MAX_BUILD_LOG_BYTES: usize = 4096;
+
+/// The last lines of `log` that fit in [`MAX_BUILD_LOG_BYTES`] (cut at a line start, or at a
+/// character boundary when one line alone is longer).
+pub fn log_tail(log: &str) -> String {
+    if log.len() <= MAX_BUILD_LOG_BYTES {
+        return log.to_string();
+    }
+    let mut start = log.len() - MAX_BUILD_LOG_BYTES;
+    while !log.is_char_boundary(start) {
+        start += 1;
+    }
+    let tail = &log[start..];
+    match tail.find('\n') {
+        Some(i) if i + 1 < tail.len() => tail[i + 1..].to_string(),
+        _ => tail.to_string(),
+    }
+}
+
+/// Checks a registration's staged code beyond the handler's module and says which dependency
+/// layer it needs (the worker's `requirements.txt` rules); an error is the client's (400).
+pub type CodeCheck = dyn Fn(&FunctionSpec, &Path) -> Result<Option<String>, String> + Send + Sync;
 
 /// Which limit a code upload crossed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,6 +280,9 @@ pub struct Registry {
     retired: DashMap<PathBuf, (String, u64)>,
     /// Versions are decided and committed one registration at a time; unpacking is not.
     commit: Mutex<()>,
+    /// The worker's extra check of staged code (its dependency layer); None: none, and every
+    /// function is ready once registered.
+    code_check: std::sync::OnceLock<Arc<CodeCheck>>,
 }
 
 /// Names of the database and its SQLite side files, all private to the service's user.
@@ -263,6 +326,16 @@ impl Registry {
                  updated_at INTEGER NOT NULL
              );",
         )?;
+        // Build state (issue 32), added to databases of older versions: they were all ready.
+        let has_state = db
+            .prepare("SELECT 1 FROM pragma_table_info('functions') WHERE name = 'state'")?
+            .exists([])?;
+        if !has_state {
+            db.execute_batch(
+                "ALTER TABLE functions ADD COLUMN state TEXT NOT NULL DEFAULT 'ready';
+                 ALTER TABLE functions ADD COLUMN build_log TEXT;",
+            )?;
+        }
         for f in DB_FILES {
             match set_mode(&data_dir.join(f), 0o600) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
@@ -272,16 +345,20 @@ impl Registry {
         let functions = DashMap::new();
         let code_bytes = DashMap::new();
         {
-            let mut stmt = db.prepare("SELECT name, spec, code_dir FROM functions")?;
+            let mut stmt =
+                db.prepare("SELECT name, spec, code_dir, state, build_log FROM functions")?;
             let rows = stmt.query_map([], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
                     r.get::<_, Option<String>>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, Option<String>>(4)?,
                 ))
             })?;
             for row in rows {
-                let (name, spec, code_dir) = row?;
+                let (name, spec, code_dir, state, build_log) = row?;
+                let state = FunctionState::parse(&state).unwrap_or(FunctionState::Failed);
                 match serde_json::from_str::<FunctionSpec>(&spec) {
                     Ok(spec) => {
                         if let Some(dir) = &code_dir {
@@ -292,6 +369,8 @@ impl Registry {
                             Registered {
                                 spec: Arc::new(spec),
                                 code_dir: code_dir.map(PathBuf::from),
+                                state,
+                                build_log,
                             },
                         );
                     }
@@ -311,6 +390,7 @@ impl Registry {
             code_bytes,
             retired: DashMap::new(),
             commit: Mutex::new(()),
+            code_check: std::sync::OnceLock::new(),
         };
         reg.remove_unreferenced_code();
         Ok(reg)
@@ -319,6 +399,85 @@ impl Registry {
     /// The function, if registered (the invocation path's lookup).
     pub fn get(&self, name: &str) -> Option<Registered> {
         self.functions.get(name).map(|r| r.clone())
+    }
+
+    /// Makes every registration with code start `building` and asks `check` about its code
+    /// (the worker's dependency layers); set once, before the first registration.
+    pub fn set_code_check(&self, check: Arc<CodeCheck>) {
+        let _ = self.code_check.set(check);
+    }
+
+    /// Ends the build of version `version` of `name`: `Ok` makes it ready, `Err(log)` failed
+    /// with the log's tail. Returns false (and changes nothing) when the function is gone or
+    /// has a newer version meanwhile: an old build never decides a newer version's state.
+    pub fn finish_build(
+        &self,
+        name: &str,
+        version: u64,
+        result: Result<(), String>,
+    ) -> Result<bool, RegistryError> {
+        let _one_at_a_time = self.commit.lock();
+        let Some(current) = self.get(name) else {
+            return Ok(false);
+        };
+        if current.spec.version != version || current.state != FunctionState::Building {
+            return Ok(false);
+        }
+        let (state, log) = match result {
+            Ok(()) => (FunctionState::Ready, None),
+            Err(log) => (FunctionState::Failed, Some(log_tail(&log))),
+        };
+        self.db.lock().execute(
+            "UPDATE functions SET state = ?2, build_log = ?3 WHERE name = ?1",
+            params![name, state.as_str(), log],
+        )?;
+        self.functions.insert(
+            name.to_string(),
+            Registered {
+                state,
+                build_log: log,
+                ..current
+            },
+        );
+        Ok(true)
+    }
+
+    /// Counts `bytes` more of code (the bytecode a build added) for version `version` of
+    /// `name`, within its namespace's `max_code_bytes_per_namespace`. Returns false when the
+    /// function is gone or has a newer version (nothing counted).
+    pub fn add_code_bytes(
+        &self,
+        name: &str,
+        version: u64,
+        bytes: u64,
+    ) -> Result<bool, RegistryError> {
+        let _one_at_a_time = self.commit.lock();
+        match self.get(name) {
+            Some(r) if r.spec.version == version => {}
+            _ => return Ok(false),
+        }
+        let (_, held) = self.namespace_held(name);
+        let mine = self.code_bytes.get(name).map_or(0, |b| *b);
+        let max = self.intake.max_code_bytes_per_namespace;
+        if held.saturating_add(mine).saturating_add(bytes) > max {
+            return Err(RegistryError::NamespaceCode {
+                namespace: hearth_api::namespace::namespace_of(name).to_string(),
+                max,
+                held: held.saturating_add(mine),
+            });
+        }
+        self.code_bytes.insert(name.to_string(), mine + bytes);
+        Ok(true)
+    }
+
+    /// Every layer digest a registered function that is not `failed` refers to (what must
+    /// stay on disk).
+    pub fn layers_in_use(&self) -> std::collections::HashSet<String> {
+        self.functions
+            .iter()
+            .filter(|r| r.state != FunctionState::Failed)
+            .filter_map(|r| r.spec.layer.clone())
+            .collect()
     }
 
     /// The function's `memory_mb`, if registered (without copying its record: the invocation
@@ -488,6 +647,7 @@ impl Registry {
             self.check_namespace(&spec.name, staged.as_ref().map(|s| s.bytes))?;
         }
         let new_bytes = staged.as_ref().map(|s| s.bytes);
+        let staged_layer = staged.as_ref().map(|s| s.layer.clone());
         let mut spec = spec;
         let previous = self.get(&spec.name);
         spec.version =
@@ -506,13 +666,31 @@ impl Registry {
             // The handler may have changed while the code stayed.
             check_module(&spec, dir)?;
         }
+        // The layer comes with the code: new code says it, kept code keeps it.
+        spec.layer = match &staged_layer {
+            Some(layer) => layer.clone(),
+            None => previous.as_ref().and_then(|p| p.spec.layer.clone()),
+        };
+        let builds = self.code_check.get().is_some() && code_dir.is_some();
+        let state = match &previous {
+            // Nothing to build again: the same code, already built, with the same layer.
+            Some(p)
+                if kept_code && p.state == FunctionState::Ready && p.spec.layer == spec.layer =>
+            {
+                FunctionState::Ready
+            }
+            _ if builds => FunctionState::Building,
+            _ => FunctionState::Ready,
+        };
         let json =
             serde_json::to_string(&spec).map_err(|e| RegistryError::Storage(e.to_string()))?;
         let code_str = code_dir.as_ref().map(|d| d.to_string_lossy().into_owned());
         let written = self.db.lock().execute(
-            "INSERT INTO functions (name, spec, code_dir, updated_at) VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT(name) DO UPDATE SET spec = ?2, code_dir = ?3, updated_at = ?4",
-            params![spec.name, json, code_str, unix_now()],
+            "INSERT INTO functions (name, spec, code_dir, updated_at, state, build_log)
+             VALUES (?1, ?2, ?3, ?4, ?5, NULL)
+             ON CONFLICT(name) DO UPDATE SET spec = ?2, code_dir = ?3, updated_at = ?4,
+                 state = ?5, build_log = NULL",
+            params![spec.name, json, code_str, unix_now(), state.as_str()],
         );
         if let Err(e) = written {
             if !kept_code {
@@ -525,6 +703,8 @@ impl Registry {
         let reg = Registered {
             spec: Arc::new(spec),
             code_dir,
+            state,
+            build_log: None,
         };
         if let (Some(old), false) = (
             previous.as_ref().and_then(|p| p.code_dir.clone()),
@@ -555,6 +735,7 @@ impl Registry {
         let mut staged = Staged {
             dir: Some(dir),
             bytes: 0,
+            layer: None,
         };
         let dir = staged.path().to_path_buf();
         let dir = dir.as_path();
@@ -575,6 +756,9 @@ impl Registry {
         }
         make_readable(dir)?;
         check_module(spec, dir)?;
+        if let Some(check) = self.code_check.get() {
+            staged.layer = check(spec, dir).map_err(RegistryError::BadCode)?;
+        }
         staged.bytes = budget.used_bytes();
         Ok(staged)
     }
@@ -654,6 +838,8 @@ pub struct Staged {
     dir: Option<PathBuf>,
     /// Bytes of file content unpacked.
     bytes: u64,
+    /// The dependency layer the code needs ([`CodeCheck`]).
+    layer: Option<String>,
 }
 
 impl Staged {
@@ -884,6 +1070,91 @@ mod tests {
             )
             .unwrap_err();
         assert!(err.to_string().contains("absolute"), "{err}");
+    }
+
+    #[test]
+    fn build_state_is_kept_per_version_and_survives_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(dir.path()).unwrap();
+        // Without a code check (sim workers, controllers) everything is ready at once.
+        let (r, _) = reg
+            .put(FunctionSpec::new("plain"), Some(files("main")), true)
+            .unwrap();
+        assert_eq!(r.state, FunctionState::Ready);
+        reg.set_code_check(Arc::new(
+            |_spec: &FunctionSpec, dir: &Path| match std::fs::read_to_string(
+                dir.join("requirements.txt"),
+            ) {
+                Ok(t) if t.contains("bad") => Err("requirements.txt line 1: refused".into()),
+                Ok(t) => Ok(Some(format!("layer-of-{}", t.trim()))),
+                Err(_) => Ok(None),
+            },
+        ));
+        let with_reqs = |reqs: &str| {
+            CodeSource::Files(BTreeMap::from([
+                (
+                    "main.py".to_string(),
+                    "def main(a):\n    return a\n".to_string(),
+                ),
+                ("requirements.txt".to_string(), reqs.to_string()),
+            ]))
+        };
+        let err = reg
+            .put(FunctionSpec::new("f"), Some(with_reqs("bad")), true)
+            .unwrap_err();
+        assert!(matches!(err, RegistryError::BadCode(_)), "{err}");
+        assert!(
+            reg.get("f").is_none(),
+            "a refused registration registers nothing"
+        );
+        let (v1, _) = reg
+            .put(FunctionSpec::new("f"), Some(with_reqs("a")), true)
+            .unwrap();
+        assert_eq!(v1.state, FunctionState::Building);
+        assert_eq!(v1.spec.layer.as_deref(), Some("layer-of-a"));
+        let (v2, _) = reg
+            .put(FunctionSpec::new("f"), Some(with_reqs("b")), true)
+            .unwrap();
+        assert_eq!(v2.spec.layer.as_deref(), Some("layer-of-b"));
+        // The old version's build ends last: it decides nothing.
+        assert!(!reg.finish_build("f", v1.spec.version, Ok(())).unwrap());
+        assert_eq!(reg.get("f").unwrap().state, FunctionState::Building);
+        let long = format!("/secret/host/path\n{}\nlast line", "x".repeat(10_000));
+        assert!(reg.finish_build("f", v2.spec.version, Err(long)).unwrap());
+        let got = reg.get("f").unwrap();
+        assert_eq!(got.state, FunctionState::Failed);
+        let log = got.build_log.unwrap();
+        assert!(
+            log.len() <= MAX_BUILD_LOG_BYTES && log.ends_with("last line"),
+            "{}",
+            log.len()
+        );
+        assert!(!log.contains("/secret"));
+        assert!(
+            !reg.finish_build("f", v2.spec.version, Ok(())).unwrap(),
+            "final is final"
+        );
+        // Re-registering the same code builds again; an update that keeps built code does not.
+        let (v3, _) = reg.put(FunctionSpec::new("f"), None, true).unwrap();
+        assert_eq!(v3.state, FunctionState::Building);
+        assert!(reg.finish_build("f", v3.spec.version, Ok(())).unwrap());
+        let mut spec = FunctionSpec::new("f");
+        spec.memory_mb = 256;
+        let (v4, _) = reg.put(spec, None, true).unwrap();
+        assert_eq!(v4.state, FunctionState::Ready);
+        assert_eq!(v4.spec.layer.as_deref(), Some("layer-of-b"));
+        let (_, _) = reg
+            .put(FunctionSpec::new("g"), Some(with_reqs("b")), true)
+            .unwrap();
+        assert_eq!(
+            reg.layers_in_use(),
+            std::collections::HashSet::from(["layer-of-b".to_string()])
+        );
+        drop(reg);
+        let reg = Registry::open(dir.path()).unwrap();
+        assert_eq!(reg.get("f").unwrap().state, FunctionState::Ready);
+        assert_eq!(reg.get("g").unwrap().state, FunctionState::Building);
+        assert_eq!(reg.get("plain").unwrap().state, FunctionState::Ready);
     }
 
     #[test]

@@ -26,9 +26,10 @@ use hearth_service::async_api::{self, ListQuery};
 use hearth_service::auth::{Access, Action, Principal};
 use hearth_service::error::ApiError;
 use hearth_service::http::{
-    invoke_request, json_bytes, metrics_for, present, prewarm_count, registered,
-    registration_request, InvokeQuery,
+    invoke_request, json_bytes, metrics_for, present, prewarm_count, registration_request,
+    InvokeQuery,
 };
+use hearth_service::registry::{FunctionState, Registered};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -120,23 +121,56 @@ fn require_function_writer(w: &Worker, p: &Principal) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `PUT /v1/functions/{name}` body: the spec's fields plus `code`.
+/// `PUT /v1/functions/{name}` query: `wait=true` answers once the build is over.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegisterQuery {
+    #[serde(default)]
+    wait: bool,
+}
+
+/// `PUT /v1/functions/{name}` body: the spec's fields plus `code`. Answers at once, with
+/// `"state": "building"` while its dependencies are built (or, with `?wait=true`, when the
+/// state is final).
 async fn register(
     State(w): State<Arc<Worker>>,
     Extension(p): Extension<Principal>,
     Path(name): Path<String>,
     headers: HeaderMap,
+    query: Result<Query<RegisterQuery>, QueryRejection>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let key = p.authorized_key(&name, Access::Manage)?;
     require_function_writer(&w, &p)?;
+    let Query(q) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let cluster_version = async_api::function_version(&headers, &p)?;
     let (spec, code) = registration_request(&name, &key, body, w.config().max_code_bytes)?;
-    let (reg, created) = w
+    let (mut reg, created) = w
         .register_versioned(spec, code, cluster_version)
         .await
         .map_err(register_error)?;
-    Ok(registered(&reg.spec, created))
+    if q.wait && reg.state == FunctionState::Building {
+        if let Some(now) = w.wait_built(&reg.spec.name, reg.spec.version).await {
+            reg = now;
+        }
+    }
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(present_function(&reg))).into_response())
+}
+
+/// A function as the API shows it: its spec, its build `state`, and when that failed the
+/// tail of its `build_log`.
+fn present_function(r: &Registered) -> Value {
+    let mut v = present(&r.spec);
+    v["state"] = json!(r.state.as_str());
+    if let (FunctionState::Failed, Some(log)) = (r.state, &r.build_log) {
+        v["build_log"] = json!(log);
+    }
+    v
 }
 
 async fn list(
@@ -154,7 +188,7 @@ async fn list(
         .into_iter()
         .filter(|r| all || namespace_of(&r.spec.name) == p.namespace())
         .map(|r| {
-            let mut v = present(&r.spec);
+            let mut v = present_function(&r);
             if let Some(s) = stats.function(&r.spec.name) {
                 v["pool"] = json!(s);
             }
@@ -175,7 +209,7 @@ async fn show(
         .get(&name)
         .ok_or_else(|| ApiError::unknown_function(&name))?;
     let stats = w.stats().pool;
-    let mut v = present(&r.spec);
+    let mut v = present_function(&r);
     let pool = stats
         .function(&name)
         .map(|s| json!(s))
@@ -260,6 +294,20 @@ pub fn api_error(e: InvokeError) -> ApiError {
     match e {
         InvokeError::ShuttingDown => ApiError::shutting_down(),
         InvokeError::UnknownFunction(name) => ApiError::unknown_function(&name),
+        InvokeError::Building(name) => {
+            let mut e = ApiError::new(StatusCode::CONFLICT, ErrorCode::FunctionBuilding, message)
+                .with("function", json!(name))
+                .with("state", json!("building"));
+            e.retry_after_s = Some(1);
+            e
+        }
+        InvokeError::BuildFailed(name) => ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorCode::FunctionBuildFailed,
+            message,
+        )
+        .with("function", json!(name))
+        .with("state", json!("failed")),
         InvokeError::QueueFull { .. } => {
             let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::QueueFull, message);
             e.retry_after_s = Some(1);
@@ -394,6 +442,7 @@ fn prewarm_error(e: PrewarmError) -> ApiError {
         }
         PrewarmError::Gpu(e) => gpu_error(e),
         PrewarmError::OnGpu(_) => ApiError::bad_request(e.to_string()),
+        PrewarmError::NotReady(e) => api_error(e),
     }
 }
 

@@ -392,6 +392,8 @@ pub struct WorkerConfig {
     pub provision: ProvisionSettings,
     /// The worker's GPUs (`[gpu]`): found through NVML (`auto`), none, or simulated (`sim`).
     pub gpu: GpuSettings,
+    /// Dependency layers and bytecode builds (`[build]`, docs/dependencies.md).
+    pub build: crate::layers::build::BuildSettings,
     /// SFS's slice of CPU time (and the `alps` slice until its frontend has learned one).
     pub sfs_slice_ms: u64,
     /// A controller to join (`http://HOST:PORT`); the worker pushes its status there.
@@ -503,6 +505,7 @@ impl Default for WorkerConfig {
             cpu_sched: CpuSchedKind::Cfs,
             provision: ProvisionSettings::default(),
             gpu: GpuSettings::default(),
+            build: crate::layers::build::BuildSettings::default(),
             sfs_slice_ms: crate::cpu_sched::DEFAULT_SFS_SLICE_MS,
             controller: None,
             store: None,
@@ -577,6 +580,7 @@ const CONFIG_KEYS: &[&str] = &[
     "cpu_sched",
     "provision",
     "gpu",
+    "build",
     "sfs_slice_ms",
     "controller",
     "store",
@@ -689,6 +693,7 @@ impl WorkerConfig {
             return bad("max_body_bytes and max_code_bytes must be positive".into());
         }
         self.code_intake().check().map_err(ConfigError::Invalid)?;
+        self.build.check().map_err(ConfigError::Invalid)?;
         if self.max_queue == 0 {
             return bad("max_queue must be at least 1".into());
         }
@@ -1011,6 +1016,51 @@ mod tests {
             assert_eq!(RuncConfig::default().gpu_shim_path, None);
             Ok(())
         });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, test-only
+    fn the_build_section_loads_and_an_index_is_refused_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.toml");
+        std::fs::write(
+            &path,
+            "backend = \"sim\"\n[build]\nmemory_mb = 512\ntimeout_s = 60\nmax_layer_mb = 128\n\
+             find_links = [\"/srv/wheels\"]\nmax_layer_bytes_per_namespace = 1000000\n",
+        )
+        .unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HEARTH_BUILD__CPUS", "0.5");
+            let c = WorkerConfig::load(Some(&path)).map_err(|e| e.to_string())?;
+            assert_eq!(c.build.memory_mb, 512);
+            assert_eq!(c.build.timeout_s, 60);
+            assert_eq!(c.build.max_layer_mb, 128);
+            assert_eq!(c.build.cpus, 0.5);
+            assert_eq!(c.build.find_links, [PathBuf::from("/srv/wheels")]);
+            assert_eq!(c.build.max_layer_bytes_per_namespace, 1_000_000);
+            assert!(c.build.no_index);
+            Ok(())
+        });
+        for bad in [
+            "[build]\nindex_url = \"https://pypi.org/simple\"\nno_index = false\n",
+            "[build]\nextra_index_url = [\"https://x.example/simple\"]\nno_index = false\n",
+            "[build]\ntimeout_s = 0\n",
+            "[build]\nfind_links = [\"relative/dir\"]\n",
+            "[build]\nno_such_key = 1\n",
+        ] {
+            std::fs::write(&path, format!("backend = \"sim\"\n{bad}")).unwrap();
+            figment::Jail::expect_with(|_| {
+                let e = WorkerConfig::load(Some(&path)).unwrap_err().to_string();
+                assert!(
+                    e.contains("build") || e.contains("no_such_key"),
+                    "{bad}: {e}"
+                );
+                if bad.contains("index_url") {
+                    assert!(e.contains("proxy"), "{e}");
+                }
+                Ok(())
+            });
+        }
     }
 
     #[test]

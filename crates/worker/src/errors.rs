@@ -11,6 +11,18 @@ pub enum InvokeError {
     ShuttingDown,
     #[error("function {0:?} is not registered")]
     UnknownFunction(String),
+    /// Its dependency layer or bytecode is still being built (409 `function_building`).
+    #[error(
+        "function {0:?} is still being built (its dependencies and bytecode); retry once \
+         `hearth fn show {0}` says ready"
+    )]
+    Building(String),
+    /// Its build failed (409 `function_build_failed`): registering it again is the way out.
+    #[error(
+        "function {0:?} failed to build; `hearth fn show {0}` shows the build log; register \
+         it again to retry"
+    )]
+    BuildFailed(String),
     #[error("the worker's invocation queue is full ({length} waiting); retry later")]
     QueueFull { length: usize },
     #[error(
@@ -134,6 +146,9 @@ pub enum PrewarmError {
          invocations need them, and prewarm makes CPU sandboxes only"
     )]
     OnGpu(String),
+    /// Still building, or its build failed: nothing to start yet (409).
+    #[error("{0}")]
+    NotReady(InvokeError),
 }
 
 /// Why a batch of proactive commands was refused whole (one command's failure is in its

@@ -12,9 +12,13 @@ use crate::errors::{
 };
 use crate::gpu::executor::SIM_GPU_RESULT;
 use crate::gpu::{GpuExecutor, GpuRefusal, GpuRunError};
+use crate::layers::build::Builder;
+use crate::layers::requirements::{self, REQUIREMENTS_FILE};
+use crate::layers::LayerStore;
 use crate::metrics::{
     start_label, ColdLabel, FnLabel, GpuStartLabel, Metrics, Outcome, QueueLabel,
 };
+use crate::runtimes::{Runtime, RuntimeStore, DEFAULT_RUNTIME, DEFAULT_STORE_DIR};
 use bytes::Bytes;
 use hearth_api::{
     raw_json, ColdPath, Device, FunctionSpec, GpuInfo, GpuPlacement, InvokeAnswer, LoadStatus,
@@ -34,7 +38,7 @@ use hearth_service::dedup::Dedup;
 use hearth_service::delivery::{Accepted, Attempted, Delivery, DeliverySettings, Runner};
 use hearth_service::in_flight::InFlightTracker;
 use hearth_service::quota::{MemoryClaim, QuotaError, QuotaGuard, Quotas};
-use hearth_service::registry::{CodeSource, Registered, Registry, RegistryError};
+use hearth_service::registry::{CodeSource, FunctionState, Registered, Registry, RegistryError};
 use hearth_service::serving::open_data_dir;
 use hearth_service::store::sqlite::SqliteAsyncStore;
 use hearth_service::store::{StoreError, StoredInvocation};
@@ -71,6 +75,15 @@ pub struct Worker {
     gpus: Vec<GpuInfo>,
     /// The GPU scheduler and its devices; `None` without GPUs.
     gpu_exec: Option<Arc<GpuExecutor>>,
+    /// Builds dependency layers and bytecode (runc workers); None: a function is ready as
+    /// soon as it is registered.
+    builder: Option<Arc<Builder>>,
+    /// The runtime images builds run on.
+    runtimes: RuntimeStore,
+    /// Held by a collection of unused layers from reading which are in use until it removed
+    /// the others; taken and let go by a build before it looks for its layer, so that a layer
+    /// a registration just started to use is never removed under it.
+    layers_gc: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Errors of [`Worker::start`].
@@ -130,6 +143,35 @@ impl Worker {
             BackendKind::Sim => Backend::Sim(crate::backend::sim::SimBackend::new()),
         };
         backend.cleanup_all().await;
+        let runtimes = RuntimeStore::new(
+            config
+                .build
+                .runtime_store
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_STORE_DIR)),
+        );
+        let builder = match config.backend {
+            BackendKind::Runc => {
+                let b = Builder::new(
+                    config.build.clone(),
+                    &config.runc.runc_path,
+                    &data_dir,
+                    &id,
+                    config.runc.uid_base,
+                    LayerStore::new(data_dir.join("layers")),
+                )
+                .await
+                .map_err(|e| {
+                    SandboxError::StartFailed(format!("preparing the build sandboxes: {e}"))
+                })?;
+                let rts = runtimes.clone();
+                registry.set_code_check(Arc::new(
+                    move |spec: &FunctionSpec, dir: &std::path::Path| code_layer(&rts, spec, dir),
+                ));
+                Some(b)
+            }
+            BackendKind::Sim => None,
+        };
         let (gpus, nvml) = {
             // NVML loads a library and initializes the driver: not on an async thread.
             let settings = config.gpu.clone();
@@ -247,12 +289,23 @@ impl Worker {
             cpu_sched,
             gpus,
             gpu_exec,
+            builder,
+            runtimes,
+            layers_gc: Arc::new(tokio::sync::Mutex::new(())),
         });
         worker.recount_namespaces();
         worker.warn_unrunnable_gpu_functions();
         let _ = runner.0.set(Arc::downgrade(&worker));
         // Async invocations a crash left unfinished run again now.
         worker.delivery.start_background();
+        // Builds a restart interrupted run again: their inputs (code, requirements) are all
+        // on disk, so the function gets ready without its owner registering it again.
+        for reg in worker.registry.list() {
+            if reg.state == FunctionState::Building {
+                worker.start_build(reg);
+            }
+        }
+        worker.collect_layers();
         tokio::spawn(housekeeping(Arc::downgrade(&worker)));
         Ok(worker)
     }
@@ -422,6 +475,7 @@ impl Worker {
             .registry
             .get(name)
             .ok_or_else(|| InvokeError::UnknownFunction(name.to_string()))?;
+        ready(&reg)?;
         let spec = &reg.spec;
         self.admit_gpu(spec).map_err(|e| {
             self.metrics.outcome(&spec.name, Outcome::rejected);
@@ -773,6 +827,7 @@ impl Worker {
             .registry
             .get(&name)
             .ok_or_else(|| InvokeError::UnknownFunction(name.clone()))?;
+        ready(&reg)?;
         self.admit_gpu(&reg.spec).map_err(InvokeError::Gpu)?;
         let retries = retries.unwrap_or(reg.spec.retries);
         self.delivery
@@ -822,6 +877,7 @@ impl Worker {
             .registry
             .get(name)
             .ok_or_else(|| PrewarmError::UnknownFunction(name.to_string()))?;
+        ready(&reg).map_err(PrewarmError::NotReady)?;
         self.admit_gpu(&reg.spec).map_err(PrewarmError::Gpu)?;
         if reg.spec.device == Device::Gpu {
             return Err(PrewarmError::OnGpu(name.to_string()));
@@ -850,7 +906,7 @@ impl Worker {
     /// the registration and whether the function is new. The code is copied or unpacked on a
     /// blocking thread.
     pub async fn register(
-        &self,
+        self: &Arc<Self>,
         spec: FunctionSpec,
         code: Option<CodeSource>,
     ) -> Result<(Registered, bool), RegisterError> {
@@ -870,6 +926,10 @@ impl Worker {
             self.driver.retire(&prev);
         }
         self.recount_namespaces();
+        let reg = self.build_at_registration(reg).await;
+        if reg.state != FunctionState::Building {
+            self.collect_layers();
+        }
         Ok((reg, created))
     }
 
@@ -877,7 +937,7 @@ impl Worker {
     /// `version`: a version already registered here (by this or another controller), or an
     /// older one, changes nothing, so its warm sandboxes stay.
     pub async fn register_versioned(
-        &self,
+        self: &Arc<Self>,
         spec: FunctionSpec,
         code: Option<CodeSource>,
         version: Option<u64>,
@@ -907,6 +967,7 @@ impl Worker {
             .ok_or_else(|| UnregisterError::UnknownFunction(name.to_string()))?;
         self.driver.retire(&removed);
         self.recount_namespaces();
+        self.collect_layers();
         Ok(())
     }
 
@@ -1071,6 +1132,11 @@ impl Worker {
                 );
                 continue;
             };
+            if let Err(e) = ready(&reg) {
+                // Nothing of it may start before its build is over.
+                results[i] = ProactiveResult::failed(ProactiveFailure::StartFailed, e.to_string());
+                continue;
+            }
             let nothing = |what: &str, has: &str| {
                 ProactiveResult::failed(
                     ProactiveFailure::NothingToDo,
@@ -1168,6 +1234,262 @@ pub const PROACTIVE_CREATE_WAIT: Duration = Duration::from_secs(30);
 const MAX_FUNCTION_KEY_LEN: usize = hearth_api::namespace::MAX_NAMESPACE_LEN + 1 + 64;
 
 /// A function's proactive sandboxes as the wire counts them.
+/// Function builds (issue 32 §2, docs/dependencies.md): a function with code is `building`
+/// from its registration until its bytecode and its dependency layer are there.
+impl Worker {
+    /// Right after a registration: the code's bytecode is compiled while the request waits
+    /// (a build sandbox, a fraction of a second); a layer that is already stored makes the
+    /// function ready at once, one to build is built in the background (`building`).
+    async fn build_at_registration(self: &Arc<Self>, reg: Registered) -> Registered {
+        if reg.state != FunctionState::Building {
+            return reg;
+        }
+        self.after_layer_collection().await;
+        let needs_layer = reg.spec.layer.as_ref().is_some_and(|d| {
+            self.builder
+                .as_ref()
+                .is_none_or(|b| b.store().get(d).is_none())
+        });
+        if needs_layer {
+            self.start_build(reg.clone());
+            return reg;
+        }
+        let result = self.build(&reg).await;
+        self.end_build(&reg, result);
+        self.registry.get(&reg.spec.name).unwrap_or(reg)
+    }
+
+    /// Builds `reg` in the background and records the outcome.
+    fn start_build(self: &Arc<Self>, reg: Registered) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let result = me.build(&reg).await;
+            me.end_build(&reg, result);
+            me.collect_layers();
+        });
+    }
+
+    fn end_build(&self, reg: &Registered, result: Result<(), String>) {
+        let name = &reg.spec.name;
+        if let Err(log) = &result {
+            tracing::info!(function = %name, version = reg.spec.version, error = %log.lines().last().unwrap_or(""), "build failed");
+        }
+        match self.registry.finish_build(name, reg.spec.version, result) {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!(function = %name, version = reg.spec.version,
+                "a build ended after its version was replaced: its result is dropped"),
+            Err(e) => {
+                tracing::warn!(function = %name, error = %e, "could not record a build's end")
+            }
+        }
+    }
+
+    /// The bytecode of `reg`'s code, then its layer. `Err` holds the build log to show.
+    async fn build(&self, reg: &Registered) -> Result<(), String> {
+        let Some(builder) = &self.builder else {
+            return Ok(());
+        };
+        let spec = &reg.spec;
+        let runtime = runtime_of(&self.runtimes, spec);
+        let Some(runtime) = runtime else {
+            if spec.layer.is_some() {
+                return Err(no_runtime(spec));
+            }
+            tracing::warn!(function = %spec.name, "no runtime image: the code is not byte-compiled");
+            return Ok(());
+        };
+        if let Some(dir) = &reg.code_dir {
+            let bytes = builder
+                .compile_code(&runtime, dir)
+                .await
+                .map_err(|f| f.log())?;
+            self.registry
+                .add_code_bytes(&spec.name, spec.version, bytes)
+                .map_err(|e| format!("the bytecode does not fit: {e}"))?;
+        }
+        let Some(digest) = &spec.layer else {
+            return Ok(());
+        };
+        let normalized = match &reg.code_dir {
+            Some(dir) => {
+                let dir = dir.clone();
+                tokio::task::spawn_blocking(move || read_requirements(&dir))
+                    .await
+                    .map_err(|e| format!("reading requirements.txt failed: {e}"))??
+            }
+            None => return Err("the function has no code to read requirements.txt from".into()),
+        };
+        if requirements::layer_digest(&runtime.digest, &normalized) != *digest {
+            return Err("requirements.txt or the runtime changed since registration; register the function again".into());
+        }
+        self.after_layer_collection().await;
+        builder
+            .layer(digest, &runtime, &normalized)
+            .await
+            .map_err(|f| f.log())?;
+        self.check_layer_quota(&spec.name, digest)
+    }
+
+    /// Refuses a layer that takes its namespace's layers over `max_layer_bytes_per_namespace`
+    /// (each distinct layer its functions use counts once; a layer shared with another
+    /// namespace counts for both).
+    fn check_layer_quota(&self, name: &str, digest: &str) -> Result<(), String> {
+        let Some(builder) = &self.builder else {
+            return Ok(());
+        };
+        let ns = hearth_api::namespace::namespace_of(name);
+        let mut layers: std::collections::BTreeSet<String> = self
+            .registry
+            .list()
+            .into_iter()
+            .filter(|r| {
+                hearth_api::namespace::namespace_of(&r.spec.name) == ns
+                    && r.state != FunctionState::Failed
+            })
+            .filter_map(|r| r.spec.layer.clone())
+            .collect();
+        layers.insert(digest.to_string());
+        let bytes: u64 = layers
+            .iter()
+            .filter_map(|d| builder.store().get(d))
+            .map(|l| l.bytes)
+            .sum();
+        let max = builder.settings().max_layer_bytes_per_namespace;
+        if bytes > max {
+            return Err(format!(
+                "the dependency layers of namespace {ns:?} would take {bytes} bytes, over its \
+                 limit of {max} bytes (build.max_layer_bytes_per_namespace)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Removes the layers no function refers to any more (after an unregistration, an
+    /// update, a build's end, and at start), on a blocking thread.
+    fn collect_layers(&self) {
+        let Some(builder) = &self.builder else {
+            return;
+        };
+        let store = builder.store().clone();
+        let registry = Arc::clone(&self.registry);
+        let lock = Arc::clone(&self.layers_gc);
+        tokio::task::spawn_blocking(move || {
+            let _collecting = lock.blocking_lock();
+            let keep = registry.layers_in_use();
+            crate::layers::gc::remove_unreferenced(&store, &keep);
+        });
+    }
+
+    /// Waits for a collection of layers that is under way (it may have read the functions'
+    /// layers before this one was registered); one starting later sees it in use.
+    async fn after_layer_collection(&self) {
+        drop(self.layers_gc.lock().await);
+    }
+
+    /// Waits until `name`'s version `version` is no longer building (`PUT …?wait=true`),
+    /// at most `build.timeout_s` and a margin; returns what is registered then.
+    pub async fn wait_built(&self, name: &str, version: u64) -> Option<Registered> {
+        let limit = self
+            .builder
+            .as_ref()
+            .map_or(0, |b| b.settings().timeout_s.saturating_mul(2) + 30);
+        let until = Instant::now() + Duration::from_secs(limit);
+        loop {
+            let reg = self.registry.get(name)?;
+            if reg.state != FunctionState::Building
+                || reg.spec.version != version
+                || Instant::now() >= until
+            {
+                return Some(reg);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The build sandboxes (tests probe what a build can reach).
+    pub fn builder(&self) -> Option<&Arc<Builder>> {
+        self.builder.as_ref()
+    }
+
+    /// The runtime a function's builds run on.
+    pub fn runtime_for(&self, spec: &FunctionSpec) -> Option<Runtime> {
+        runtime_of(&self.runtimes, spec)
+    }
+}
+
+/// `Ok` when `reg` may run: not building, not failed.
+fn ready(reg: &Registered) -> Result<(), InvokeError> {
+    match reg.state {
+        FunctionState::Ready => Ok(()),
+        FunctionState::Building => Err(InvokeError::Building(display_name(&reg.spec.name))),
+        FunctionState::Failed => Err(InvokeError::BuildFailed(display_name(&reg.spec.name))),
+    }
+}
+
+/// A function's name as its owner wrote it (without the default namespace).
+fn display_name(key: &str) -> String {
+    let (ns, name) = hearth_api::namespace::split_key(key);
+    if ns == hearth_api::namespace::DEFAULT_NAMESPACE {
+        name.to_string()
+    } else {
+        format!("{ns}/{name}")
+    }
+}
+
+/// The runtime image a function's builds use: the one it was registered with, else the
+/// default one.
+fn runtime_of(store: &RuntimeStore, spec: &FunctionSpec) -> Option<Runtime> {
+    match &spec.runtime_digest {
+        Some(d) => store.by_digest(d),
+        None => store.resolve(DEFAULT_RUNTIME),
+    }
+}
+
+fn no_runtime(spec: &FunctionSpec) -> String {
+    format!(
+        "the runtime image {} is not installed on this worker (`hearth runtime build`): \
+         requirements.txt cannot be installed without it",
+        spec.runtime_digest.as_deref().unwrap_or(DEFAULT_RUNTIME)
+    )
+}
+
+/// The normalized `requirements.txt` at the top of `dir` ("" when there is none): a regular
+/// file, bounded, checked by [`requirements::normalize`].
+fn read_requirements(dir: &std::path::Path) -> Result<String, String> {
+    let path = dir.join(REQUIREMENTS_FILE);
+    let meta = match std::fs::symlink_metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+        Err(e) => return Err(format!("requirements.txt cannot be read ({})", e.kind())),
+    };
+    if !meta.is_file() {
+        return Err("requirements.txt must be a regular file".into());
+    }
+    if meta.len() > requirements::MAX_REQUIREMENTS_BYTES as u64 {
+        return Err(requirements::RequirementsError::TooLarge.to_string());
+    }
+    let text = std::fs::read(&path)
+        .map_err(|e| format!("requirements.txt cannot be read ({})", e.kind()))?;
+    requirements::normalize(&text).map_err(|e| e.to_string())
+}
+
+/// The registry's code check on a runc worker: which layer the staged code in `dir` needs.
+fn code_layer(
+    store: &RuntimeStore,
+    spec: &FunctionSpec,
+    dir: &std::path::Path,
+) -> Result<Option<String>, String> {
+    let normalized = read_requirements(dir)?;
+    if normalized.is_empty() {
+        return Ok(None);
+    }
+    let runtime = runtime_of(store, spec).ok_or_else(|| no_runtime(spec))?;
+    Ok(Some(requirements::layer_digest(
+        &runtime.digest,
+        &normalized,
+    )))
+}
+
 fn proactive_counts(f: &FunctionPoolStats) -> ProactiveCounts {
     ProactiveCounts {
         active: f.proactive_idle + f.proactive_busy,

@@ -921,6 +921,8 @@ def main(args):
             Registered {
                 spec: Arc::new(spec),
                 code_dir: Some(code.clone()),
+                state: hearth_service::registry::FunctionState::Ready,
+                build_log: None,
             }
         };
         let (f, g) = (reg("f"), reg("g"));

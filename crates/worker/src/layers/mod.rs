@@ -6,7 +6,10 @@
 //! bytecode compiled at build time) and `<dir>/<hex>/layer.json` ([`Layer`]'s record). A layer
 //! directory is complete once its record exists; it is never changed afterwards.
 
+pub mod build;
+pub mod gc;
 pub mod proxy;
+pub mod requirements;
 
 use crate::runtimes::digest_hex;
 use serde::{Deserialize, Serialize};
@@ -48,6 +51,12 @@ impl LayerStore {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Bytes on disk of the complete layer `digest` (its record's count), for the
+    /// namespaces' layer quota.
+    pub fn bytes_of(&self, digest: &str) -> Option<u64> {
+        self.get(digest).map(|l| l.bytes)
     }
 
     /// The complete layer stored under `digest`, if any.
