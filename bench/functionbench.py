@@ -249,14 +249,24 @@ def register(bin_: str, api: Api, key: str, name: str, code: str, memory: int, w
     return "still building after 900 s"
 
 
+def error_text(doc) -> str:
+    """` code: message` of an API error answer, one line, at most 120 characters, no `|` (the
+    table is markdown); empty when the answer has none."""
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict):
+        err = ": ".join(str(err[k]) for k in ("code", "message") if isinstance(err.get(k), str))
+    if not isinstance(err, str) or not err:
+        return ""
+    return " " + " ".join(err.split()).replace("|", "/")[:120]
+
+
 def invoke(api: Api, name: str, args: dict) -> dict:
     t0 = time.perf_counter()
     status, doc = api.call("POST", f"/v1/functions/{name}/invoke", args)
     client = (time.perf_counter() - t0) * 1e6
     t = doc.get("timing") if isinstance(doc, dict) else None
     if status != 200 or not isinstance(t, dict):
-        err = doc.get("error") if isinstance(doc, dict) else None
-        return {"error": f"HTTP {status}" + (f" {err}" if isinstance(err, str) else "")}
+        return {"error": f"HTTP {status}" + error_text(doc)}
     return {
         "client": client,
         "exec": t.get("exec", 0),

@@ -1,5 +1,5 @@
 """chameleon (FunctionBench): renders a big HTML table with the Chameleon page-template engine,
-args["rows"] × args["cols"] cells (defaults 300 × 20, at most 2000 × 200); the template is
+args["rows"] × args["cols"] cells (defaults 500 × 20, at most 2000 × 200); the template is
 compiled once per sandbox, as a web application would. Returns the HTML's size, cell count and
 SHA-256."""
 
@@ -24,7 +24,7 @@ def _int(args: dict, key: str, default: int, lo: int, hi: int) -> int:
 
 def main(args: dict) -> dict:
     global _template
-    rows = _int(args, "rows", 300, 1, 2000)
+    rows = _int(args, "rows", 500, 1, 2000)
     cols = _int(args, "cols", 20, 1, 200)
     t0 = time.perf_counter()
     if _template is None:

@@ -95,3 +95,17 @@ def test_run_without_hearth_fails_clearly():
     assert f"no Hearth at http://127.0.0.1:{port}" in p.stderr and "Traceback" not in p.stderr
     bad = bench("run", "--n", "0", "--hearth", sys.executable)
     assert bad.returncode == 2 and "N must be" in bad.stderr
+
+
+def test_error_text_is_one_bounded_markdown_safe_line():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("functionbench_bench", SCRIPT)
+    fb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fb)
+    doc = {"error": {"code": "init_error", "message": "x failed: ModuleNotFoundError | y\n" + "z" * 500}}
+    t = fb.error_text(doc)
+    assert t.startswith(" init_error: x failed: ModuleNotFoundError / y z")
+    assert "|" not in t and "\n" not in t and len(t) <= 121
+    assert fb.error_text({"error": "busy"}) == " busy"
+    assert fb.error_text({}) == fb.error_text([]) == fb.error_text({"error": 5}) == ""

@@ -228,7 +228,7 @@ def test_pyaes_known_answer(layers, tmp_path):
 
 def test_chameleon(layers, tmp_path):
     r = ok(run(layers, tmp_path, "chameleon"))
-    assert r["cells"] == 300 * 20 and r["bytes"] > 300 * 20 * 20
+    assert r["cells"] == 500 * 20 and r["bytes"] > 500 * 20 * 20
     small = ok(run(layers, tmp_path, "chameleon", {"rows": 3, "cols": 2}, repeat=1))
     assert small["cells"] == 6
     assert run(layers, tmp_path, "chameleon", {"rows": 10**6}, repeat=0)["error"] == "ValueError"
