@@ -484,7 +484,7 @@ impl Driver {
                 Some(s) => s.acquire().await.ok(),
                 None => None,
             };
-            self.backend.create_generic(id, memory_mb).await
+            self.backend.create_generic(id, memory_mb, None).await
         };
         match made {
             Ok(sb) => self.with_state(|st, now| {
