@@ -879,7 +879,10 @@ mod tests {
         let env = env_of(&spec);
         assert!(env.contains(&"HEARTH_DEPS=/hearth/deps"), "{env:?}");
         assert!(!env.iter().any(|e| e.starts_with("HEARTH_PREIMPORT")));
-        assert_eq!(env.iter().filter(|e| e.starts_with("HEARTH_DEPS")).count(), 1);
+        assert_eq!(
+            env.iter().filter(|e| e.starts_with("HEARTH_DEPS")).count(),
+            1
+        );
         let deps = mount(&spec, DEPS_MOUNT);
         assert_eq!(deps["source"], "/data/sandboxes/1/deps");
         for o in ["ro", "nosuid", "nodev"] {
