@@ -522,7 +522,7 @@ impl<'a> Simulation<'a> {
                     let took = self.workload.function(f).init_us;
                     self.start_sandbox(w, sandbox, took, false);
                 }
-                EngineAction::CreateGeneric { sandbox } => {
+                EngineAction::CreateGeneric { sandbox, .. } => {
                     self.start_sandbox(w, sandbox, self.config.generic_create_us, true);
                 }
             }
