@@ -284,7 +284,11 @@ enum Purpose<'a> {
     },
     /// A generic sandbox: the agent without a handler, `/code` an empty mount point; with a
     /// layer (its digest), the layer mounted and its modules imported before it is ready.
-    Generic { layer: Option<&'a str> },
+    /// `memory_mb` is its limit from the start (in the spec).
+    Generic {
+        layer: Option<&'a str>,
+        memory_mb: u64,
+    },
 }
 
 impl Purpose<'_> {
@@ -292,7 +296,7 @@ impl Purpose<'_> {
     fn layer(&self) -> Option<&str> {
         match self {
             Purpose::Function { spec, .. } => spec.layer.as_deref(),
-            Purpose::Generic { layer } => *layer,
+            Purpose::Generic { layer, .. } => *layer,
         }
     }
 }
@@ -554,21 +558,9 @@ impl RuncBackend {
         memory_mb: u64,
         layer: Option<&str>,
     ) -> Result<RuncSandbox, SandboxError> {
-        let mut sb = self.make(id, Purpose::Generic { layer }).await?;
-        sb.memory_mb = memory_mb;
-        // The limit is set here rather than in the spec: `make` has no function to take it from.
-        if let Err(e) = set_limits(
-            &sb.cgroups_path,
-            memory_mb,
-            0.0,
-            self.cfg.cpu_shares(memory_mb),
-        ) {
-            self.destroy(sb).await;
-            return Err(SandboxError::StartFailed(format!(
-                "limiting the sandbox: {e}"
-            )));
-        }
-        Ok(sb)
+        // The limit is in the spec: a pre-import runs the layer's package code before the
+        // agent answers, and must never run without it.
+        self.make(id, Purpose::Generic { layer, memory_mb }).await
     }
 
     async fn make(&self, id: SandboxId, purpose: Purpose<'_>) -> Result<RuncSandbox, SandboxError> {
@@ -619,7 +611,7 @@ impl RuncBackend {
                             Purpose::Function { spec, code_dir, .. } => {
                                 (Some(code_dir.to_path_buf()), spec.memory_mb)
                             }
-                            Purpose::Generic { .. } => (None, 0),
+                            Purpose::Generic { memory_mb, .. } => (None, memory_mb),
                         };
                         return Ok(RuncSandbox {
                             container,
@@ -646,7 +638,7 @@ impl RuncBackend {
             Err(e) => {
                 let memory_mb = match purpose {
                     Purpose::Function { spec, .. } => spec.memory_mb,
-                    Purpose::Generic { .. } => 0,
+                    Purpose::Generic { memory_mb, .. } => memory_mb,
                 };
                 self.diagnose(&cgroups_path, memory_mb, &dir, &mut log, &e.to_string())
                     .await
@@ -844,7 +836,9 @@ impl RuncBackend {
                     gpu,
                 )
             }
-            Purpose::Generic { .. } => (point.as_path(), "", Vec::new(), 0, 0.0, None),
+            Purpose::Generic { memory_mb, .. } => {
+                (point.as_path(), "", Vec::new(), memory_mb, 0.0, None)
+            }
         };
         let code_dir = code_dir.to_path_buf();
         let rootfs = dir.join(ROOTFS);
@@ -1844,6 +1838,13 @@ def main(args):
             .create_generic(SandboxId(2), 256, Some(&digest))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
+        // Its limit came with its spec: the pre-import ran under it.
+        let limit = std::fs::read_to_string(format!(
+            "/sys/fs/cgroup/memory{}/memory.limit_in_bytes",
+            g.cgroups_path
+        ))
+        .unwrap();
+        assert_eq!(limit.trim(), (256u64 << 20).to_string());
         let mut sb = b.specialize(g, &spec, &code).await.unwrap();
         let r = b.invoke(&mut sb, b"{}").await.unwrap();
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
