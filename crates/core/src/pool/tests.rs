@@ -1118,3 +1118,26 @@ fn a_key_short_of_memory_backs_off_while_another_key_refills() {
     );
     p.check_invariants().unwrap();
 }
+
+#[test]
+fn the_default_keys_floor_is_its_own_whatever_the_other_keys_want() {
+    let mut p = generic_pool(8192, 1, 2);
+    let bare = fill(&mut p, 0);
+    // The bare one is taken; two layers each want one: only max − min = 1 place is theirs.
+    assert_eq!(generic_of(p.acquire(ms(1), "plain", 64)), Some(bare[0]));
+    for f in ["a", "b", "c"] {
+        p.set_generic_key(f, None, Some(f));
+        let _ = p.acquire(ms(2), f, 64);
+    }
+    let made = created_keyed(&drain(&mut p));
+    let layered = made.iter().filter(|(_, k, _)| !k.is_default()).count();
+    let default = made.iter().filter(|(_, k, _)| k.is_default()).count();
+    assert_eq!((default, layered), (1, 1), "{made:?}");
+    assert!(!p.generic.wants_refill());
+    assert_eq!(
+        p.next_timeout().map(|t| t > ms(2)),
+        Some(true),
+        "no busy timer"
+    );
+    p.check_invariants().unwrap();
+}
