@@ -2,7 +2,8 @@
 
 Run as ``python3 -I -S hearth_agent.py`` (standard library only, no site-packages).
 Configuration: HEARTH_SOCKET, HEARTH_CODE_DIR, HEARTH_HANDLER, HEARTH_GENERIC (or --socket,
---code-dir, --handler, --generic). Protocol: 16-byte request header (u32 BE length, u8 op, 3 zero
+--code-dir, --handler, --generic); HEARTH_DEPS (a dependency layer, on sys.path right after the
+code) and HEARTH_PREIMPORT (modules a generic agent imports before it listens), set by the worker. Protocol: 16-byte request header (u32 BE length, u8 op, 3 zero
 bytes, u64 request id), 24-byte response header (u32 BE length, u16 status, u16 flags, u64
 exec_us, u64 the request's id echoed), then, when flags bit 1 is set, a u64 BE of device memory
 bytes; ops H (health), I (invoke), L (load,
@@ -13,6 +14,7 @@ generic mode only), P/S (prefetch / swap out a GPU sandbox's memory through the 
 import importlib
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -105,6 +107,42 @@ def _last_traceback_lines():
     import traceback
 
     return "\n".join(traceback.format_exc().splitlines()[-TRACEBACK_LINES:])
+
+
+# A module name as HEARTH_PREIMPORT may give it: dotted identifiers (the worker validates too).
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+MAX_PREIMPORT = 64  # names imported at most; a layer provides a handful
+
+
+def add_deps(deps_dir):
+    """Puts a dependency layer on sys.path. Called before the code dir is inserted at 0, so the
+    function's own modules still win over the layer's (code, then deps, then the stdlib)."""
+    if deps_dir and deps_dir not in sys.path:
+        sys.path.insert(0, deps_dir)
+
+
+def preimport(names):
+    """Imports the layer's top-level modules before the agent reports ready, so that a handler's
+    ``import numpy`` is a sys.modules lookup. A module that fails to import is logged and
+    skipped: the handler then imports it itself and gets its own error. Returns (imported, us)."""
+    t0 = perf_counter_ns()
+    done = 0
+    for name in names.split(",")[:MAX_PREIMPORT] if names else ():
+        name = name.strip()
+        if not name:
+            continue
+        if not _MODULE_NAME.match(name) or len(name) > 200:
+            sys.stderr.write("hearth_agent: preimport: skipped an invalid module name\n")
+            continue
+        try:
+            importlib.import_module(name)
+            done += 1
+        except BaseException as exc:  # ImportError, SystemExit from module code, ...
+            sys.stderr.write(
+                "hearth_agent: preimport of %s failed: %s: %s\n"
+                % (name, type(exc).__name__, str(exc)[:MAX_MESSAGE])
+            )
+    return done, (perf_counter_ns() - t0) // 1000
 
 
 def load_handler(code_dir, spec):
@@ -273,6 +311,7 @@ class Agent:
         environ = os.environ
         # The handler sees the environment of a sandbox made for it: nothing says it was generic.
         environ.pop("HEARTH_GENERIC", None)
+        environ.pop("HEARTH_PREIMPORT", None)
         for key, value in (("HEARTH_HANDLER", handler_spec), ("HEARTH_CODE_DIR", code_dir)):
             try:
                 environ[key] = value
@@ -553,8 +592,16 @@ def main(argv=None):
     opts = _parse_args(sys.argv[1:] if argv is None else argv)
 
     shim = find_shim()
+    add_deps(os.environ.get("HEARTH_DEPS") or "")
     if opts["generic"]:
+        imported, preimport_us = preimport(os.environ.get("HEARTH_PREIMPORT") or "")
         agent = Agent(None, 0, None, generic=True, shim=shim)
+        if imported:
+            agent.health_body = b'{"status":"generic","pid":%d,"preimported":%d,"preimport_us":%d}' % (
+                os.getpid(),
+                imported,
+                preimport_us,
+            )
         init_error = None
     else:
         handler, init_us, init_error = load_handler(opts["code_dir"], opts["handler"])

@@ -72,6 +72,9 @@ impl From<hearth_core::ColdReason> for ColdReason {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ColdPath {
+    /// A pre-made generic sandbox of the function's dependency layer, its modules already
+    /// imported, was specialized to the function (issue 32).
+    Preimported,
     /// A pre-made generic sandbox was specialized to the function.
     Generic,
     /// The sandbox was created from nothing.
@@ -81,6 +84,7 @@ pub enum ColdPath {
 impl ColdPath {
     pub fn as_str(self) -> &'static str {
         match self {
+            ColdPath::Preimported => "preimported",
             ColdPath::Generic => "generic",
             ColdPath::Fresh => "fresh",
         }

@@ -4,6 +4,7 @@ use crate::client::{Client, Response};
 use crate::stats::percentile;
 use hearth_api::InvokeAnswer;
 use serde_json::{json, Value};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Registers a benchmark function that sleeps `exec_ms` (a no-op for 0). With the sim backend the
@@ -236,7 +237,8 @@ fn answer(r: &Response) -> Option<InvokeAnswer> {
     InvokeAnswer::parse(&r.body)
 }
 
-/// One measured cold start: how its sandbox was made (`generic` or `fresh`), its init and the
+/// One measured cold start: how its sandbox was made (`preimported`, `generic` or `fresh`), its
+/// init and the
 /// client's end-to-end time, in µs.
 pub struct ColdSample {
     pub path: String,
@@ -252,26 +254,45 @@ const GENERIC_READY_WAIT: Duration = Duration::from_secs(10);
 /// waits until a generic sandbox is ready (up to 10 s), so that the rounds measure the path a
 /// cold start takes on a worker at rest.
 pub fn cold_starts(url: &str, rounds: usize) -> Result<Vec<ColdSample>, String> {
-    let mut c = Client::new(url).map_err(|e| e.to_string())?;
     let spec = json!({
         "code": {"files": {"main.py": "def main(args):\n    return {\"greeting\": \"Hello, \" + args.get(\"name\", \"world\") + \"!\"}\n"}},
         "memory_mb": 64,
         "sim_cold_ms": 0,
-    })
-    .to_string();
+    });
+    cold_starts_of(url, "hearth-bench-hello", &spec, rounds)
+}
+
+/// How long a round waits for its registration to be ready (a dependency layer may be built).
+const REGISTRATION_READY_WAIT: Duration = Duration::from_secs(600);
+
+/// Cold starts of the function `spec` (a registration body with its code) under `name`, as
+/// [`cold_starts`] does for hello: each round registers it afresh, waits for the registration
+/// to be ready (its layer built) and for the worker's generic pools to be at rest, then
+/// invokes it once. The function is deleted at the end.
+pub fn cold_starts_of(
+    url: &str,
+    name: &str,
+    spec: &Value,
+    rounds: usize,
+) -> Result<Vec<ColdSample>, String> {
+    let mut c = Client::new(url).map_err(|e| e.to_string())?;
+    let body = spec.to_string();
+    let (fn_path, invoke_path) = (
+        format!("/v1/functions/{name}"),
+        format!("/v1/functions/{name}/invoke"),
+    );
     let mut samples = Vec::new();
     for _ in 0..rounds {
         let r = c
-            .put("/v1/functions/hearth-bench-hello", spec.as_bytes())
+            .put(&fn_path, body.as_bytes())
             .map_err(|e| e.to_string())?;
         if r.status >= 300 {
             return Err(format!("registering: {} {}", r.status, r.text()));
         }
+        wait_for_registration(&mut c, &fn_path)?;
         wait_for_generic(&mut c)?;
         let t = Instant::now();
-        let r = c
-            .post("/v1/functions/hearth-bench-hello/invoke", b"{}")
-            .map_err(|e| e.to_string())?;
+        let r = c.post(&invoke_path, b"{}").map_err(|e| e.to_string())?;
         let us = t.elapsed().as_micros() as u64;
         let Some(a) = answer(&r).filter(|a| a.cold) else {
             return Err(format!(
@@ -286,19 +307,94 @@ pub fn cold_starts(url: &str, rounds: usize) -> Result<Vec<ColdSample>, String> 
             e2e_us: us,
         });
     }
-    let _ = c.delete("/v1/functions/hearth-bench-hello");
+    let _ = c.delete(&fn_path);
     Ok(samples)
 }
 
-/// Waits until the worker's generic pool has a ready sandbox; returns at once if it has no
-/// pool (a controller, the sim backend, `generic_pool = 0`).
+/// Waits until `GET fn_path` says `"state": "ready"` (a registration whose dependency layer is
+/// still being built is not); a server that reports no state is ready at once. A failed
+/// registration (`"state": "failed"`) is an error.
+fn wait_for_registration(c: &mut Client, fn_path: &str) -> Result<(), String> {
+    let deadline = Instant::now() + REGISTRATION_READY_WAIT;
+    loop {
+        let r = c.get(fn_path).map_err(|e| e.to_string())?;
+        let v: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        match v["state"].as_str() {
+            None | Some("ready") => return Ok(()),
+            Some("failed") => return Err(format!("the registration failed: {}", r.text())),
+            Some(_) if Instant::now() > deadline => {
+                return Err("the registration was not ready within 600 s".into())
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// The host's own import of `modules` (comma-separated) with `site` first on `sys.path`, in
+/// µs: `runs` subprocesses of `python` (`-I -S`, as the agent runs), each timing its import
+/// in-process (the interpreter's start excluded, as a sandbox's init excludes it). Sorted.
+pub fn host_imports(
+    python: &Path,
+    site: &Path,
+    modules: &str,
+    runs: usize,
+) -> Result<Vec<u64>, String> {
+    let names: Vec<&str> = modules
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .collect();
+    let valid = |m: &str| {
+        m.split('.').all(|p| {
+            p.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+    };
+    if names.is_empty() || !names.iter().all(|m| valid(m)) {
+        return Err(format!(
+            "--host-import wants dotted module names, got {modules:?}"
+        ));
+    }
+    let script = format!(
+        "import sys, time\nsys.path.insert(0, sys.argv[1])\nt = time.perf_counter()\nimport {}\nprint(int((time.perf_counter() - t) * 1e6))\n",
+        names.join(", ")
+    );
+    let mut out = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let o = std::process::Command::new(python)
+            .args(["-I", "-S", "-c", &script])
+            .arg(site)
+            .output()
+            .map_err(|e| format!("running {}: {e}", python.display()))?;
+        if !o.status.success() {
+            let err = String::from_utf8_lossy(&o.stderr);
+            let last = err.lines().last().unwrap_or("");
+            return Err(format!("the host import failed: {last}"));
+        }
+        let us = String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse::<u64>()
+            .map_err(|e| format!("the host import printed no time: {e}"))?;
+        out.push(us);
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Waits until the worker's generic pools are at rest: a sandbox ready and none being made
+/// (a key's pool refills after each of its cold starts); returns at once if it has no pool (a
+/// controller, the sim backend, `generic_pool = 0`).
 fn wait_for_generic(c: &mut Client) -> Result<(), String> {
     let deadline = Instant::now() + GENERIC_READY_WAIT;
     loop {
         let r = c.get("/v1/status").map_err(|e| e.to_string())?;
         let status: Value = serde_json::from_slice(&r.body).unwrap_or_default();
         let pool = &status["generic_pool"];
-        if !pool.is_object() || pool["ready"].as_u64().unwrap_or(0) > 0 {
+        if !pool.is_object()
+            || (pool["ready"].as_u64().unwrap_or(0) > 0 && pool["creating"].as_u64() == Some(0))
+        {
             return Ok(());
         }
         if Instant::now() > deadline {
@@ -358,6 +454,38 @@ mod tests {
         assert_eq!(a.timing.controller, None);
         assert!(answer(&response(200, b"{}")).is_none());
         assert!(answer(&response(503, b)).is_none());
+    }
+
+    #[test]
+    fn a_preimported_cold_start_is_read() {
+        let b = br#"{"result":{},"cold":true,"cold_reason":"new","cold_path":"preimported","worker":"w","timing":{"queue":0,"init":9000,"exec":7,"overhead":5,"e2e":12}}"#;
+        let a = answer(&response(200, b)).unwrap();
+        assert_eq!(a.cold_path.map(|p| p.as_str()), Some("preimported"));
+    }
+
+    #[test]
+    fn the_host_import_is_timed_in_process_and_checked() {
+        let site = tempfile::tempdir().unwrap();
+        let pkg = site.path().join("benchpkg");
+        std::fs::create_dir(&pkg).unwrap();
+        std::fs::write(pkg.join("__init__.py"), "import time\ntime.sleep(0.02)\n").unwrap();
+        let python = std::path::Path::new("/usr/bin/python3");
+        if !python.exists() {
+            eprintln!("skipped: no /usr/bin/python3");
+            return;
+        }
+        let us = super::host_imports(python, site.path(), "benchpkg", 3).unwrap();
+        assert_eq!(us.len(), 3);
+        assert!(us.iter().all(|u| (20_000..2_000_000).contains(u)), "{us:?}");
+        assert!(us.windows(2).all(|w| w[0] <= w[1]));
+        for bad in ["", "os; import x", "a..b", "a b"] {
+            assert!(
+                super::host_imports(python, site.path(), bad, 1).is_err(),
+                "{bad}"
+            );
+        }
+        let err = super::host_imports(python, site.path(), "no_such_mod_xyz", 1).unwrap_err();
+        assert!(err.contains("ModuleNotFoundError"), "{err}");
     }
 
     #[test]

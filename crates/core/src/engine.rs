@@ -17,8 +17,8 @@ use crate::characteristics::{Characteristics, CharacteristicsReport};
 use crate::load::LoadAverage;
 use crate::policy::queue::{InvocationQueue, KeyInputs, QueueDiscipline};
 use crate::pool::{
-    Acquire, ColdReason, DestroyReason, PoolAction, PoolConfig, PoolStats, ProactiveError,
-    ProactiveEvicted, SandboxId, SandboxPool,
+    Acquire, ColdReason, DestroyReason, GenericKey, PoolAction, PoolConfig, PoolStats,
+    ProactiveError, ProactiveEvicted, SandboxId, SandboxPool,
 };
 use crate::regulator::{Regulator, RegulatorConfig};
 use crate::time::Micros;
@@ -135,7 +135,13 @@ pub enum EngineAction {
     },
     /// Make a generic sandbox for the pool that cold starts specialize (report it with
     /// [`WorkerEngine::on_generic_ready`] or [`WorkerEngine::on_generic_failed`]).
-    CreateGeneric { sandbox: SandboxId },
+    /// Of `key` (its runtime; with a layer, mounted and its modules imported before it is
+    /// ready), with the memory limit `memory_mb` (what it reserves).
+    CreateGeneric {
+        sandbox: SandboxId,
+        key: GenericKey,
+        memory_mb: u64,
+    },
 }
 
 /// How an invocation ended, as far as the engine cares.
@@ -632,7 +638,15 @@ impl WorkerEngine {
                 PoolAction::Prewarm { sandbox, function } => {
                     EngineAction::Prewarm { sandbox, function }
                 }
-                PoolAction::CreateGeneric { sandbox } => EngineAction::CreateGeneric { sandbox },
+                PoolAction::CreateGeneric {
+                    sandbox,
+                    key,
+                    memory_mb,
+                } => EngineAction::CreateGeneric {
+                    sandbox,
+                    key,
+                    memory_mb,
+                },
             });
         }
     }
@@ -786,6 +800,17 @@ impl WorkerEngine {
     pub fn on_generic_ready(&mut self, now: Micros, sandbox: SandboxId) {
         self.pool.on_generic_ready(now, sandbox);
         self.dispatch(now);
+    }
+
+    /// Which generic sandboxes `function`'s cold starts take
+    /// ([`crate::pool::SandboxPool::set_generic_key`]).
+    pub fn set_generic_key(&mut self, function: &str, runtime: Option<&str>, layer: Option<&str>) {
+        self.pool.set_generic_key(function, runtime, layer);
+    }
+
+    /// The key of a generic sandbox ready or being made.
+    pub fn generic_key_of(&self, sandbox: SandboxId) -> Option<&GenericKey> {
+        self.pool.generic_key_of(sandbox)
     }
 
     /// A generic sandbox failed to start (the driver cleaned up what existed of it).

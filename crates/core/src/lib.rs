@@ -90,7 +90,7 @@
 //!                 // start it, then report engine.on_sandbox_ready or on_prewarm_failed
 //!                 engine.on_sandbox_ready(now, sandbox, Some(50_000));
 //!             }
-//!             EngineAction::CreateGeneric { sandbox } => {
+//!             EngineAction::CreateGeneric { sandbox, .. } => {
 //!                 // make a generic sandbox, then report on_generic_ready or on_generic_failed
 //!                 engine.on_generic_ready(now, sandbox);
 //!             }
@@ -129,8 +129,9 @@ pub use engine::{
 pub use policy::keepalive::{KeepAliveConfig, KeepAliveKind, KeepAlivePolicy};
 pub use policy::queue::QueueDiscipline;
 pub use pool::{
-    Acquire, ColdReason, DestroyReason, GenericConfig, GenericStats, PoolAction, PoolConfig,
-    PoolConfigError, PoolStats, ProactiveError, ProactiveEvicted, SandboxId, SandboxPool,
+    Acquire, ColdReason, DestroyReason, GenericConfig, GenericKey, GenericStats, PoolAction,
+    PoolConfig, PoolConfigError, PoolStats, ProactiveError, ProactiveEvicted, SandboxId,
+    SandboxPool,
 };
 pub use regulator::{AimdConfig, RegulatorConfig};
 pub use time::Micros;

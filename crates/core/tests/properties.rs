@@ -28,6 +28,14 @@ use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
 
 const FUNCTIONS: [&str; 4] = ["f0", "f1", "f2", "f3"];
+/// Each function's dependency layer: two share one (their generic sandboxes are one key's),
+/// one has its own, one has none (the default key).
+const LAYERS: [Option<&str>; 4] = [
+    None,
+    Some("sha256:np"),
+    Some("sha256:np"),
+    Some("sha256:pil"),
+];
 const MS: Micros = 1000;
 
 #[derive(Debug, Clone)]
@@ -223,6 +231,8 @@ struct Driver {
     /// Generic sandboxes being made, and ready ones (neither taken nor destroyed).
     generic_creating: Vec<SandboxId>,
     generic_ready: HashSet<SandboxId>,
+    /// The layer of each generic sandbox made (its key's).
+    generic_layer: HashMap<SandboxId, Option<String>>,
     /// Sandboxes of function versions that were retired: never to run anything again.
     retired: HashSet<SandboxId>,
     /// The function each known sandbox serves.
@@ -234,8 +244,12 @@ struct Driver {
 
 impl Driver {
     fn new(config: EngineConfig, memory: [u64; 4]) -> Self {
+        let mut engine = WorkerEngine::new(config);
+        for (f, layer) in FUNCTIONS.iter().zip(LAYERS) {
+            engine.set_generic_key(f, None, layer);
+        }
         Driver {
-            engine: WorkerEngine::new(config),
+            engine,
             now: 0,
             memory,
             waiting: Vec::new(),
@@ -246,6 +260,7 @@ impl Driver {
             prewarming: Vec::new(),
             generic_creating: Vec::new(),
             generic_ready: HashSet::new(),
+            generic_layer: HashMap::new(),
             retired: HashSet::new(),
             owner: HashMap::new(),
             soft: HashSet::new(),
@@ -291,6 +306,13 @@ impl Driver {
                     if let Some(g) = run.generic {
                         prop_assert!(self.generic_ready.remove(&g), "{g} is not a ready generic");
                         prop_assert!(!self.owner.contains_key(&g), "{g} belongs to a function");
+                        let layer = self.generic_layer.remove(&g).flatten();
+                        prop_assert_eq!(
+                            layer.as_deref(),
+                            LAYERS.get(f).copied().flatten(),
+                            "{} specialized a generic sandbox of another layer",
+                            &run.function
+                        );
                     }
                     self.in_flight.push(run);
                 }
@@ -317,7 +339,10 @@ impl Driver {
                     self.owner.insert(sandbox, f.unwrap_or(usize::MAX));
                     self.prewarming.push(sandbox);
                 }
-                EngineAction::CreateGeneric { sandbox } => {
+                EngineAction::CreateGeneric { sandbox, key, .. } => {
+                    prop_assert!(key.runtime.is_none(), "a runtime nobody asked for");
+                    self.generic_layer
+                        .insert(sandbox, key.layer.as_deref().map(str::to_string));
                     prop_assert!(
                         !self.owner.contains_key(&sandbox)
                             && !self.generic_ready.contains(&sandbox),

@@ -70,8 +70,17 @@ pub struct ScaleEvent {
 }
 
 impl SimWorker {
-    fn new(config: &SimConfig, names: &Arc<[Arc<str>]>, phase: Phase) -> Result<Self> {
+    fn new(
+        config: &SimConfig,
+        names: &Arc<[Arc<str>]>,
+        layers: &[(Arc<str>, Arc<str>)],
+        phase: Phase,
+    ) -> Result<Self> {
         let mut engine = WorkerEngine::new(config.engine());
+        // Functions of a layer take the pre-imported generic sandboxes of its key only.
+        for (function, layer) in layers {
+            engine.set_generic_key(function, None, Some(layer));
+        }
         let elastic = match &config.elastic {
             Some(e) => {
                 let c =
@@ -217,6 +226,12 @@ pub struct Simulation<'a> {
     autoscaler: Option<Autoscaler>,
     /// Function names, shared by every worker's CPU model.
     names: Arc<[Arc<str>]>,
+    /// (function, layer) of the functions with a dependency layer, said to every worker's
+    /// engine.
+    layers: Arc<[(Arc<str>, Arc<str>)]>,
+    /// A pre-imported generic sandbox's import, per layer: the longest `import_us` of the
+    /// layer's functions (their imports are the layer's modules).
+    layer_import_us: HashMap<Arc<str>, Micros>,
 }
 
 /// Runs `workload` on the cluster `config` describes, reporting to `sink`.
@@ -238,8 +253,26 @@ impl<'a> Simulation<'a> {
             other => Router::new(other, config.workers, worker_name, workload)?,
         };
         let names: Arc<[Arc<str>]> = workload.functions.iter().map(|f| f.name.clone()).collect();
+        let layers: Arc<[(Arc<str>, Arc<str>)]> = workload
+            .functions
+            .iter()
+            .filter_map(|f| Some((f.name.clone(), f.layer.clone()?)))
+            .collect();
+        let mut layer_import_us: HashMap<Arc<str>, Micros> = HashMap::new();
+        for f in &workload.functions {
+            if f.import_us > f.init_us {
+                return Err(SimError::Config(format!(
+                    "function {}: import_us {} exceeds its init_us {} (the import is part of it)",
+                    f.name, f.import_us, f.init_us
+                )));
+            }
+            if let Some(l) = &f.layer {
+                let e = layer_import_us.entry(l.clone()).or_insert(0);
+                *e = (*e).max(f.import_us);
+            }
+        }
         let workers = (0..config.workers)
-            .map(|_| SimWorker::new(&config, &names, Phase::Active))
+            .map(|_| SimWorker::new(&config, &names, &layers, Phase::Active))
             .collect::<Result<Vec<_>>>()?;
         if config.elastic.is_some() && config.autoscale.is_some() {
             return Err(SimError::Config(
@@ -320,6 +353,8 @@ impl<'a> Simulation<'a> {
             sink,
             autoscaler,
             names,
+            layers,
+            layer_import_us,
         };
         for w in 0..sim.workers.len() {
             sim.prewarm(w)?;
@@ -522,8 +557,16 @@ impl<'a> Simulation<'a> {
                     let took = self.workload.function(f).init_us;
                     self.start_sandbox(w, sandbox, took, false);
                 }
-                EngineAction::CreateGeneric { sandbox } => {
-                    self.start_sandbox(w, sandbox, self.config.generic_create_us, true);
+                EngineAction::CreateGeneric { sandbox, key, .. } => {
+                    // A pre-imported one imports its layer's modules before it is ready.
+                    let import = key
+                        .layer
+                        .as_ref()
+                        .and_then(|l| self.layer_import_us.get(l))
+                        .copied()
+                        .unwrap_or(0);
+                    let took = self.config.generic_create_us.saturating_add(import);
+                    self.start_sandbox(w, sandbox, took, true);
                 }
             }
         }
@@ -565,11 +608,20 @@ impl<'a> Simulation<'a> {
             }
         }
         let f = self.workload.function(self.arrivals[id as usize].function);
-        // A generic sandbox has the sandbox made already: only the rest of the init is left.
+        // A generic sandbox has the sandbox made already: only the rest of the init is left;
+        // one of the function's layer (the pool hands out its own key's only) has the
+        // dependencies imported too: only the specialization is left.
         let init_us = match (run.cold, run.generic) {
             (None, _) => 0,
             (Some(_), None) => f.init_us,
-            (Some(_), Some(_)) => f.init_us.saturating_sub(self.config.generic_create_us),
+            (Some(_), Some(_)) => {
+                let rest = f.init_us.saturating_sub(self.config.generic_create_us);
+                if f.layer.is_some() {
+                    rest.saturating_sub(f.import_us)
+                } else {
+                    rest
+                }
+            }
         };
         let job = self.jobs.insert(Job {
             id,
@@ -997,7 +1049,12 @@ impl<'a> Simulation<'a> {
                 Direction::Out => {
                     for _ in 0..d.count {
                         let w = self.workers.len();
-                        let worker = SimWorker::new(&self.config, &self.names, Phase::Starting)?;
+                        let worker = SimWorker::new(
+                            &self.config,
+                            &self.names,
+                            &self.layers,
+                            Phase::Starting,
+                        )?;
                         self.workers.push(worker);
                         self.events
                             .push(self.now + start_us, Kind::WorkerUp { worker: w as u32 });

@@ -36,6 +36,12 @@ pub struct SimFunction {
     /// sandbox is not reused. None: no limit (the metadata has no column for it, and `hearth
     /// load trace` registers a generous one).
     pub timeout_us: Option<Micros>,
+    /// The part of `init_us` spent importing dependencies (the API's `sim_import_ms`): what a
+    /// pre-imported generic sandbox of the function's layer saves besides the sandbox's creation.
+    pub import_us: Micros,
+    /// The function's dependency layer (any name: a digest for a worker); functions of one layer
+    /// share pre-imported generic sandboxes. None: no layer, bare generic sandboxes.
+    pub layer: Option<Arc<str>>,
 }
 
 impl SimFunction {
@@ -51,6 +57,8 @@ impl SimFunction {
             deadline_us: None,
             prewarm: 0,
             timeout_us: None,
+            import_us: 0,
+            layer: None,
         }
     }
 

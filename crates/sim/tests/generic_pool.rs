@@ -194,3 +194,90 @@ fn ready_generic_sandboxes_give_way_to_a_cold_start_that_needs_their_memory() {
     let (on, records) = run(&w, &cluster(320, POOL));
     assert_eq!((on.completed, on.dropped), (4, 0), "{records:?}");
 }
+
+/// `n` functions of `layer` (10 ms of work, 300 ms init of which `import_ms` import its
+/// modules, 128 MiB), each invoked once, 500 ms apart from 1 s on.
+fn layered(n: u32, layer: Option<&str>, import_ms: u64) -> Vec<hearth_sim::SimFunction> {
+    (0..n)
+        .map(|i| {
+            let mut f = function(&format!("{}{i}", layer.unwrap_or("bare")), 10, 300, 128);
+            f.layer = layer.map(std::sync::Arc::from);
+            f.import_us = ms(import_ms);
+            f
+        })
+        .collect()
+}
+
+/// Issue 32: a cold start that takes a pre-imported generic sandbox of its layer pays only the
+/// specialization (init − creation − import); a bare generic one pays init − creation; a fresh
+/// one all of it. A key's pool fills from that key's own cold starts only.
+#[test]
+fn a_preimported_sandbox_of_the_layer_saves_the_import_too() {
+    let arrivals: Vec<(u64, u32)> = (0..10).map(|i| (secs(1) + ms(500) * i, i as u32)).collect();
+    // With a layer: the first cold start of the key finds no sandbox of it (the default key's
+    // ready one is not its own) and pays the full 300 ms; the key's pool then refills (40 ms +
+    // 200 ms of import, well within the 500 ms gap) and every later one pays 300 − 40 − 200.
+    let w = workload(layered(10, Some("L"), 200), &arrivals);
+    let (stats, records) = run(&w, &cluster(8192, POOL));
+    assert_eq!((stats.completed, stats.dropped, stats.cold), (10, 0, 10));
+    let inits: Vec<Micros> = records.iter().filter_map(init_of).collect();
+    assert_eq!(inits[0], ms(300), "{inits:?}");
+    assert!(
+        inits[1..]
+            .iter()
+            .all(|i| *i == ms(300) - GENERIC_CREATE - ms(200)),
+        "{inits:?}"
+    );
+    // The same functions without a layer: bare generic sandboxes, only the creation saved.
+    let w = workload(layered(10, None, 200), &arrivals);
+    let (_, records) = run(&w, &cluster(8192, POOL));
+    assert!(
+        records
+            .iter()
+            .filter_map(init_of)
+            .all(|i| i == ms(300) - GENERIC_CREATE),
+        "{records:?}"
+    );
+    // Pool off: every cold start pays it all.
+    let w = workload(layered(10, Some("L"), 200), &arrivals);
+    let (_, records) = run(&w, &cluster(8192, GenericConfig::OFF));
+    assert!(records.iter().filter_map(init_of).all(|i| i == ms(300)));
+}
+
+#[test]
+fn layers_never_share_their_preimported_sandboxes() {
+    // Two layers, alternating: each key's pool fills from its own cold starts, so after the
+    // first of each, both find their own; a third layer seen once pays the full init.
+    let mut fs = layered(5, Some("L"), 200);
+    fs.extend(layered(5, Some("M"), 100));
+    fs.extend(layered(1, Some("N"), 250));
+    let mut arrivals: Vec<(u64, u32)> = (0..5)
+        .flat_map(|i| {
+            let t = secs(1) + ms(1_000) * i;
+            [(t, i as u32), (t + ms(500), 5 + i as u32)]
+        })
+        .collect();
+    arrivals.push((secs(20), 10));
+    let w = workload(fs, &arrivals);
+    let (stats, records) = run(&w, &cluster(8192, POOL));
+    assert_eq!((stats.completed, stats.cold), (11, 11));
+    let init = |id: u32| init_of(records.iter().find(|r| r.id == id).unwrap()).unwrap();
+    // Arrival order: L0 M0 L1 M1 ... ; record ids follow arrivals.
+    assert_eq!((init(0), init(1)), (ms(300), ms(300)));
+    for k in 1..5 {
+        assert_eq!(init(2 * k), ms(300) - GENERIC_CREATE - ms(200), "L{k}");
+        assert_eq!(init(2 * k + 1), ms(300) - GENERIC_CREATE - ms(100), "M{k}");
+    }
+    assert_eq!(init(10), ms(300), "a layer seen once has no pool yet");
+}
+
+#[test]
+fn an_import_longer_than_the_init_is_refused() {
+    let mut f = function("f", 10, 100, 128);
+    f.layer = Some("L".into());
+    f.import_us = ms(101);
+    let w = workload(vec![f], &[(0, 0)]);
+    let mut out = Collect::default();
+    let err = simulate(&w, &cluster(8192, POOL), &mut out).unwrap_err();
+    assert!(err.to_string().contains("import_us"), "{err}");
+}

@@ -65,7 +65,12 @@ enum LifecycleMsg {
         sandbox: SandboxId,
         function: String,
     },
-    CreateGeneric(SandboxId),
+    CreateGeneric {
+        sandbox: SandboxId,
+        /// The dependency layer it mounts and pre-imports (its key's), by digest.
+        layer: Option<Arc<str>>,
+        memory_mb: u64,
+    },
     Flush(oneshot::Sender<()>),
 }
 
@@ -265,8 +270,18 @@ impl Driver {
                         function: function.to_string(),
                     });
                 }
-                EngineAction::CreateGeneric { sandbox } => {
-                    let _ = self.lifecycle.send(LifecycleMsg::CreateGeneric(sandbox));
+                // The runtime of the key is the default one: only layers make keys here (a
+                // function's runtime digest is not yet part of its key).
+                EngineAction::CreateGeneric {
+                    sandbox,
+                    key,
+                    memory_mb,
+                } => {
+                    let _ = self.lifecycle.send(LifecycleMsg::CreateGeneric {
+                        sandbox,
+                        layer: key.layer,
+                        memory_mb,
+                    });
                 }
             }
         }
@@ -316,6 +331,10 @@ impl Driver {
             if let Some(e) = st.elastic.as_mut() {
                 e.on_arrival(&spec.name, spec.memory_mb);
             }
+            // A function of a layer takes pre-imported generic sandboxes of that layer only
+            // (no allocation unless its layer changed).
+            st.engine
+                .set_generic_key(&spec.name, None, spec.layer.as_deref());
             let id = st.engine.on_invocation(
                 now,
                 Arrival {
@@ -389,7 +408,15 @@ impl Driver {
                             .await
                             .map(|s| (s, ColdPath::Fresh))
                     }
-                    other => other.map(|s| (s, ColdPath::Generic)),
+                    // A generic sandbox of the function's layer had its modules imported.
+                    other => other.map(|s| {
+                        let path = if reg.spec.layer.is_some() {
+                            ColdPath::Preimported
+                        } else {
+                            ColdPath::Generic
+                        };
+                        (s, path)
+                    }),
                 },
                 None => me
                     .create(run.sandbox, &reg)
@@ -475,16 +502,18 @@ impl Driver {
         }
     }
 
-    /// Makes a generic sandbox for the pool (a creation turn like any sandbox) and reports it.
-    async fn create_generic(&self, id: SandboxId) {
-        let memory_mb = self.state.lock().engine.config().pool.generic.memory_mb;
+    /// Makes a generic sandbox for the pool (a creation turn like any sandbox) and reports it:
+    /// with `layer`, the layer mounted and its modules imported before it is ready.
+    async fn create_generic(&self, id: SandboxId, memory_mb: u64, layer: Option<Arc<str>>) {
         let made = {
             let _creating = self.in_creation.begin();
             let _turn = match &self.creations {
                 Some(s) => s.acquire().await.ok(),
                 None => None,
             };
-            self.backend.create_generic(id, memory_mb).await
+            self.backend
+                .create_generic(id, memory_mb, layer.as_deref())
+                .await
         };
         match made {
             Ok(sb) => self.with_state(|st, now| {
@@ -839,12 +868,16 @@ async fn lifecycle(driver: Arc<Driver>, mut rx: mpsc::UnboundedReceiver<Lifecycl
                     }
                 });
             }
-            LifecycleMsg::CreateGeneric(sandbox) => {
+            LifecycleMsg::CreateGeneric {
+                sandbox,
+                layer,
+                memory_mb,
+            } => {
                 let d = Arc::clone(&driver);
                 let creating = driver.in_creation.begin();
                 tokio::spawn(async move {
                     let _creating = creating;
-                    d.create_generic(sandbox).await
+                    d.create_generic(sandbox, memory_mb, layer).await
                 });
             }
             LifecycleMsg::Flush(done) => {

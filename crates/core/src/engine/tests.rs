@@ -932,3 +932,72 @@ fn an_invocation_larger_than_the_reactive_part_is_too_large_without_a_proactive_
     let run = run_of(admit(&mut e, ms(1), big));
     assert_eq!((run.sandbox, run.cold), (sb, None));
 }
+
+/// The engine hands the driver each generic sandbox's key and memory, and a cold start of a
+/// function of a layer specializes only a sandbox of that layer.
+#[test]
+fn generic_sandboxes_come_with_their_key_and_a_run_takes_its_own() {
+    let mut c = config(QueueDiscipline::Fcfs, 8);
+    c.pool.generic = crate::pool::GenericConfig {
+        max: 4,
+        min: 1,
+        memory_mb: 64,
+        window_us: secs(30),
+    };
+    let mut e = WorkerEngine::new(c);
+    e.set_generic_key("np", None, Some("sha256:np"));
+    e.on_timeout(0);
+    let mut made = Vec::new();
+    while let Some(a) = e.poll_action() {
+        if let EngineAction::CreateGeneric {
+            sandbox,
+            key,
+            memory_mb,
+        } = a
+        {
+            made.push((sandbox, key, memory_mb));
+        }
+    }
+    // At start only the default key's floor: bare, 64 MiB.
+    assert_eq!(made.len(), 1);
+    assert!(made[0].1.is_default() && made[0].2 == 64);
+    e.on_generic_ready(ms(1), made[0].0);
+    let arrival = |f| Arrival {
+        function: f,
+        memory_mb: 512,
+        deadline_us: None,
+        drop_late: false,
+    };
+    let first = e.on_invocation(ms(2), arrival("np"));
+    let mut runs = Vec::new();
+    let mut layered = Vec::new();
+    while let Some(a) = e.poll_action() {
+        match a {
+            EngineAction::Run(r) => runs.push(r),
+            EngineAction::CreateGeneric {
+                sandbox,
+                key,
+                memory_mb,
+            } => layered.push((sandbox, key, memory_mb)),
+            _ => {}
+        }
+    }
+    // The bare sandbox is not the layer's: created from nothing; the layer's pool refills
+    // with a sandbox that reserves its function's memory.
+    assert_eq!(runs.len(), 1);
+    assert_eq!((runs[0].invocation, runs[0].generic), (first, None));
+    assert_eq!(layered.len(), 1, "{layered:?}");
+    assert_eq!(layered[0].1.layer.as_deref(), Some("sha256:np"));
+    assert_eq!(layered[0].2, 512);
+    assert_eq!(e.generic_key_of(layered[0].0), Some(&layered[0].1));
+    e.on_generic_ready(ms(3), layered[0].0);
+    e.set_generic_key("np2", None, Some("sha256:np"));
+    let _ = e.on_invocation(ms(4), arrival("np2"));
+    let run = std::iter::from_fn(|| e.poll_action())
+        .find_map(|a| match a {
+            EngineAction::Run(r) => Some(r),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(run.generic, Some(layered[0].0));
+}

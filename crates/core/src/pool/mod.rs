@@ -21,7 +21,7 @@ mod proactive;
 mod types;
 
 pub use function::FnId;
-pub use generic::{GenericConfig, GenericStats};
+pub use generic::{GenericConfig, GenericKey, GenericStats};
 pub use types::{
     Acquire, ColdReason, DestroyReason, FunctionPoolStats, PoolAction, PoolConfig, PoolConfigError,
     PoolStats, ProactiveError, ProactiveEvicted, SandboxId,
@@ -58,6 +58,8 @@ pub struct SandboxPool {
     used_generic_mb: u64,
     /// The generic pool's target when it was last refilled (for stats, which have no clock).
     generic_target: u32,
+    /// Functions whose generic sandboxes are not the default key's (a layer, another runtime).
+    generic_keys: HashMap<FnId, GenericKey>,
     /// The proactive pool's size (clamped to the budget) and the memory of its sandboxes.
     proactive_mb: u64,
     used_proactive_mb: u64,
@@ -85,6 +87,7 @@ impl SandboxPool {
             used_warm_mb: 0,
             used_generic_mb: 0,
             generic_target: 0,
+            generic_keys: HashMap::new(),
             used_proactive_mb: 0,
             budget_cut: false,
             actions: VecDeque::new(),
@@ -114,7 +117,7 @@ impl SandboxPool {
     /// generic sandboxes being made (a ready one can be reclaimed). An invocation short of
     /// memory waits for it rather than being refused.
     pub fn returning_mb(&self) -> u64 {
-        self.used_running_mb + self.generic.creating_count() * self.generic.config.memory_mb
+        self.used_running_mb + self.generic.creating_mb()
     }
 
     fn intern(&mut self, name: &str) -> FnId {
@@ -145,7 +148,7 @@ impl SandboxPool {
         if self.idle_count(function) > 0 {
             return Some(true);
         }
-        let ready_generic = self.generic.ready_count() * self.generic.config.memory_mb;
+        let ready_generic = self.generic.ready_mb();
         (self.free_mb() + self.used_warm_mb + ready_generic >= memory_mb).then_some(false)
     }
 
@@ -208,10 +211,12 @@ impl SandboxPool {
             return Acquire::Warm(id);
         }
         let reason = self.cold_reason(now, fid);
-        // The generic sandbox's memory becomes part of the function's reservation.
-        let generic = self.generic.take(now);
-        if generic.is_some() {
-            self.used_generic_mb -= self.generic.config.memory_mb;
+        // The generic sandbox's memory becomes part of the function's reservation. Only one of
+        // the function's own key serves it (another layer or runtime would not).
+        let key = self.generic_keys.get(&fid).cloned().unwrap_or_default();
+        let generic = self.generic.take(now, &key, memory_mb);
+        if let Some((_, mb)) = generic {
+            self.used_generic_mb -= mb;
         }
         let acquired = match self.reserve(now, fid, memory_mb, false) {
             Ok(sandbox) => {
@@ -222,13 +227,13 @@ impl SandboxPool {
                 Acquire::Cold {
                     sandbox,
                     reason,
-                    generic,
+                    generic: generic.map(|(g, _)| g),
                 }
             }
             Err(free_mb) => {
-                if let Some(g) = generic {
-                    self.generic.put_back(g);
-                    self.used_generic_mb += self.generic.config.memory_mb;
+                if let Some((g, mb)) = generic {
+                    self.generic.put_back(&key, g, mb);
+                    self.used_generic_mb += mb;
                 }
                 Acquire::NoMemory {
                     needed_mb: memory_mb,
@@ -248,25 +253,30 @@ impl SandboxPool {
         }
         self.generic.prune(now);
         self.generic_target = self.generic.target(now);
-        while let Some(id) = self.generic.surplus(now) {
-            self.used_generic_mb -= self.generic.config.memory_mb;
+        for (id, mb) in self.generic.surplus(now) {
+            self.used_generic_mb -= mb;
             self.actions.push_back(PoolAction::Destroy {
                 sandbox: id,
                 reason: DestroyReason::Expired,
             });
         }
-        let memory_mb = self.generic.config.memory_mb;
-        for _ in 0..self.generic.deficit(now) {
+        // Keys emptied by the surplus are forgotten now.
+        self.generic.prune(now);
+        // Each round makes one sandbox or holds one key back, so the loop ends.
+        while let Some((key, memory_mb)) = self.generic.next_deficit(now) {
             if self.free_mb() < memory_mb {
-                self.generic.back_off(now);
-                break;
+                self.generic.back_off(&key, now);
+                continue;
             }
             let sandbox = SandboxId(self.next_id);
             self.next_id += 1;
             self.used_generic_mb += memory_mb;
-            self.generic.creating(sandbox);
-            self.actions
-                .push_back(PoolAction::CreateGeneric { sandbox });
+            self.generic.creating(&key, sandbox, memory_mb);
+            self.actions.push_back(PoolAction::CreateGeneric {
+                sandbox,
+                key,
+                memory_mb,
+            });
         }
     }
 
@@ -281,8 +291,8 @@ impl SandboxPool {
     /// A generic sandbox failed to start: its memory is released; the driver cleans up what
     /// exists of it, and the pool waits a while before trying again.
     pub fn on_generic_failed(&mut self, now: Micros, id: SandboxId) {
-        if self.generic.on_failed(now, id) {
-            self.used_generic_mb -= self.generic.config.memory_mb;
+        if let Some(mb) = self.generic.on_failed(now, id) {
+            self.used_generic_mb -= mb;
         }
     }
 
@@ -290,6 +300,35 @@ impl SandboxPool {
     pub fn function_of(&self, id: SandboxId) -> Option<Arc<str>> {
         let slot = self.slots.get(&id)?;
         self.names.get(slot.function.0 as usize).cloned()
+    }
+
+    /// The generic sandboxes a cold start of `function` takes: those of its runtime
+    /// (`None`: the worker's default) and dependency layer (`None`: a bare interpreter). The
+    /// driver says it before the function's invocations; without a word, the default key.
+    /// Allocates nothing when nothing changes, so it may be said on every invocation.
+    pub fn set_generic_key(&mut self, function: &str, runtime: Option<&str>, layer: Option<&str>) {
+        let default = runtime.is_none() && layer.is_none();
+        let fid = match self.ids.get(function) {
+            Some(fid) => *fid,
+            None if default => return,
+            None => self.intern(function),
+        };
+        match self.generic_keys.get(&fid) {
+            Some(k) if k.is(runtime, layer) => {}
+            None if default => {}
+            _ if default => {
+                self.generic_keys.remove(&fid);
+            }
+            _ => {
+                self.generic_keys
+                    .insert(fid, GenericKey::new(runtime, layer));
+            }
+        }
+    }
+
+    /// The key of a generic sandbox ready or being made.
+    pub fn generic_key_of(&self, id: SandboxId) -> Option<&GenericKey> {
+        self.generic.key_of(id)
     }
 
     /// Whether `id` is a generic sandbox (ready or being made). For tests.
@@ -322,8 +361,8 @@ impl SandboxPool {
     /// Destroys idle sandboxes while the pool is over its budget.
     fn shed(&mut self, now: Micros) {
         while self.over_budget_mb() > 0 {
-            if let Some(g) = self.generic.pop_ready() {
-                self.used_generic_mb -= self.generic.config.memory_mb;
+            if let Some((g, mb)) = self.generic.pop_ready() {
+                self.used_generic_mb -= mb;
                 self.actions.push_back(PoolAction::Destroy {
                     sandbox: g,
                     reason: DestroyReason::Evicted,
@@ -367,17 +406,17 @@ impl SandboxPool {
     ) -> Result<SandboxId, u64> {
         let free = self.free_mb();
         if free < memory_mb {
-            let ready_generic = self.generic.ready_count() * self.generic.config.memory_mb;
+            let ready_generic = self.generic.ready_mb();
             if prewarm || free + self.used_warm_mb + ready_generic < memory_mb {
                 return Err(free);
             }
             // Ready generic sandboxes first: remade in the background for the price of a
             // creation, where an evicted warm sandbox costs its function a cold start.
             while self.free_mb() < memory_mb {
-                let Some(g) = self.generic.pop_ready() else {
+                let Some((g, mb)) = self.generic.pop_ready() else {
                     break;
                 };
-                self.used_generic_mb -= self.generic.config.memory_mb;
+                self.used_generic_mb -= mb;
                 self.actions.push_back(PoolAction::Destroy {
                     sandbox: g,
                     reason: DestroyReason::Evicted,
@@ -754,8 +793,8 @@ impl SandboxPool {
             self.retire(&name);
         }
         self.prewarms.clear();
-        for id in self.generic.drain() {
-            self.used_generic_mb -= self.generic.config.memory_mb;
+        for (id, mb) in self.generic.drain() {
+            self.used_generic_mb -= mb;
             self.actions.push_back(PoolAction::Destroy {
                 sandbox: id,
                 reason: DestroyReason::Shutdown,
@@ -918,12 +957,12 @@ impl SandboxPool {
                 self.used_running_mb, self.used_warm_mb
             ));
         }
-        let generic = self.generic.held() * self.generic.config.memory_mb;
+        self.generic.check()?;
+        let generic = self.generic.held_mb();
         if generic != self.used_generic_mb {
             return Err(format!(
-                "generic memory: {} held × {} MiB, kept {}",
+                "generic memory: {} held ({generic} MiB), kept {}",
                 self.generic.held(),
-                self.generic.config.memory_mb,
                 self.used_generic_mb
             ));
         }

@@ -466,7 +466,7 @@ fn created(actions: &[PoolAction]) -> Vec<SandboxId> {
     actions
         .iter()
         .filter_map(|a| match a {
-            PoolAction::CreateGeneric { sandbox } => Some(*sandbox),
+            PoolAction::CreateGeneric { sandbox, .. } => Some(*sandbox),
             _ => None,
         })
         .collect()
@@ -971,5 +971,173 @@ fn a_budget_cut_never_goes_under_the_proactive_pool() {
     });
     assert_eq!(p.set_memory_budget(0, 100), 256);
     assert_eq!(p.reactive_budget_mb(), 0);
+    p.check_invariants().unwrap();
+}
+
+/// Creations of generic sandboxes with their keys and memory.
+fn created_keyed(actions: &[PoolAction]) -> Vec<(SandboxId, GenericKey, u64)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            PoolAction::CreateGeneric {
+                sandbox,
+                key,
+                memory_mb,
+            } => Some((*sandbox, key.clone(), *memory_mb)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn generic_of(a: Acquire) -> Option<SandboxId> {
+    match a {
+        Acquire::Cold { generic, .. } => generic,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_cold_start_takes_a_generic_sandbox_of_its_own_key_only() {
+    let mut p = generic_pool(4096, 1, 4);
+    let bare = fill(&mut p, 0);
+    assert_eq!(bare.len(), 1);
+    p.set_generic_key("np", None, Some("sha256:layer"));
+    // The default key's ready sandbox would not have numpy: the cold start makes its own.
+    assert_eq!(generic_of(p.acquire(ms(1), "np", 256)), None);
+    let made = created_keyed(&drain(&mut p));
+    let layer = GenericKey::new(None, Some("sha256:layer"));
+    // One pre-imported sandbox for the layer, reserving what its function needs (its
+    // imports live in it before the function does), never less than a bare one.
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!((made[0].1.clone(), made[0].2), (layer.clone(), 256));
+    assert_eq!(p.generic_key_of(made[0].0), Some(&layer));
+    p.on_generic_ready(ms(2), made[0].0);
+    assert_eq!(p.stats().memory_generic_mb, 32 + 256);
+    assert_eq!(p.stats().generic.keys, 2);
+    // A second function of the same layer takes it; a plain one takes the bare one.
+    p.set_generic_key("np2", None, Some("sha256:layer"));
+    assert_eq!(generic_of(p.acquire(ms(3), "np2", 128)), Some(made[0].0));
+    assert_eq!(generic_of(p.acquire(ms(4), "plain", 64)), Some(bare[0]));
+    // Another runtime is another key, even with the same layer.
+    p.set_generic_key("other", Some("sha256:rt"), Some("sha256:layer"));
+    let _ = drain(&mut p);
+    assert_eq!(generic_of(p.acquire(ms(5), "other", 64)), None);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn a_function_back_on_the_default_key_takes_bare_sandboxes_again() {
+    let mut p = generic_pool(4096, 1, 2);
+    let bare = fill(&mut p, 0);
+    p.set_generic_key("f", None, Some("sha256:l"));
+    p.set_generic_key("f", None, None);
+    assert_eq!(generic_of(p.acquire(ms(1), "f", 64)), Some(bare[0]));
+    // Saying the default key of an unknown function interns nothing.
+    p.set_generic_key("never-invoked", None, None);
+    assert!(p.function_of(SandboxId(999)).is_none());
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn keys_drain_after_their_window_and_only_the_default_key_keeps_its_floor() {
+    let mut p = generic_pool(4096, 1, 8);
+    fill(&mut p, 0);
+    for (i, f) in ["a", "b"].iter().enumerate() {
+        p.set_generic_key(f, None, Some(&format!("sha256:{f}")));
+        let _ = p.acquire(ms(1 + i as u64), f, 128);
+    }
+    let made = created_keyed(&drain(&mut p));
+    assert_eq!(made.len(), 2, "{made:?}");
+    for (id, ..) in &made {
+        p.on_generic_ready(ms(10), *id);
+    }
+    assert_eq!(p.stats().generic.ready, 3);
+    // The window passes with no cold start: both layer keys drain and are forgotten; the
+    // default key keeps its one.
+    let t = p.next_timeout().expect("the layer keys shrink later");
+    assert!(t > secs(10) && t <= secs(10) + ms(10), "{t}");
+    p.on_timeout(secs(11));
+    let gone = destroyed(&drain(&mut p));
+    assert_eq!(gone.len(), 2);
+    assert!(made.iter().all(|(id, ..)| gone.contains(id)));
+    let s = p.stats();
+    assert_eq!(
+        (s.generic.ready, s.generic.keys, s.memory_generic_mb),
+        (1, 1, 32)
+    );
+    assert_eq!(p.next_timeout(), None);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn all_keys_together_hold_at_most_max_and_a_refill_never_evicts() {
+    // Room for `w` warm (512) and a few generic sandboxes.
+    let mut p = generic_pool(1024, 0, 3);
+    run_cold(&mut p, "w", 512, 10, 0, ms(1));
+    let _ = drain(&mut p);
+    for i in 0..5 {
+        let f = format!("f{i}");
+        p.set_generic_key(&f, None, Some(&format!("sha256:{i}")));
+        let id = match p.acquire(ms(2 + i), &f, 64) {
+            Acquire::Cold { sandbox, .. } => sandbox,
+            other => panic!("{other:?}"),
+        };
+        p.release(ms(3 + i), id, false);
+        p.check_invariants().unwrap();
+    }
+    let actions = drain(&mut p);
+    let made = created_keyed(&actions);
+    assert!(evicted(&actions).is_empty(), "a refill evicted");
+    assert_eq!(p.idle_count("w"), 1);
+    assert!(made.len() <= 3, "{made:?}");
+    assert!(p.stats().generic.creating + p.stats().generic.ready <= 3);
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn a_key_short_of_memory_backs_off_while_another_key_refills() {
+    // The default key's 32 fits, the layer's 256 does not once `w` is warm and `np` runs.
+    let mut p = generic_pool(400, 1, 4);
+    run_cold(&mut p, "w", 100, 10, 0, ms(1));
+    let _ = drain(&mut p);
+    p.set_generic_key("np", None, Some("sha256:l"));
+    let _ = p.acquire(ms(2), "np", 256);
+    let actions = drain(&mut p);
+    // 400 − 100 (w) − 32 (the bare one made with `w`) − 256 (np running) = 12: the layer's
+    // sandbox (256) waits; nothing is evicted for it.
+    assert!(created_keyed(&actions).is_empty(), "{actions:?}");
+    assert!(evicted(&actions).is_empty());
+    assert_eq!(p.stats().generic.ready + p.stats().generic.creating, 1);
+    let t = p.next_timeout().expect("a retry later");
+    assert!(t >= ms(2) + secs(1), "{t}");
+    // Once `np` ends and its sandbox is gone, the retry makes the layer's sandbox.
+    p.on_timeout(ms(2) + secs(1));
+    assert!(
+        created_keyed(&drain(&mut p)).is_empty(),
+        "np still holds its memory"
+    );
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn the_default_keys_floor_is_its_own_whatever_the_other_keys_want() {
+    let mut p = generic_pool(8192, 1, 2);
+    let bare = fill(&mut p, 0);
+    // The bare one is taken; two layers each want one: only max − min = 1 place is theirs.
+    assert_eq!(generic_of(p.acquire(ms(1), "plain", 64)), Some(bare[0]));
+    for f in ["a", "b", "c"] {
+        p.set_generic_key(f, None, Some(f));
+        let _ = p.acquire(ms(2), f, 64);
+    }
+    let made = created_keyed(&drain(&mut p));
+    let layered = made.iter().filter(|(_, k, _)| !k.is_default()).count();
+    let default = made.iter().filter(|(_, k, _)| k.is_default()).count();
+    assert_eq!((default, layered), (1, 1), "{made:?}");
+    assert!(!p.generic.wants_refill());
+    assert_eq!(
+        p.next_timeout().map(|t| t > ms(2)),
+        Some(true),
+        "no busy timer"
+    );
     p.check_invariants().unwrap();
 }

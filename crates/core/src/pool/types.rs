@@ -1,6 +1,6 @@
 //! The pool's vocabulary: identities, configuration, decisions, actions and statistics.
 
-use super::generic::{GenericConfig, GenericStats};
+use super::generic::{GenericConfig, GenericKey, GenericStats};
 use crate::policy::keepalive::KeepAliveConfig;
 use crate::time::Micros;
 use serde::Serialize;
@@ -173,7 +173,13 @@ pub enum PoolAction {
     },
     /// Make generic sandbox `sandbox` (its memory is reserved). Report
     /// [`SandboxPool::on_generic_ready`] or [`SandboxPool::on_generic_failed`].
-    CreateGeneric { sandbox: SandboxId },
+    /// Of `key` (its runtime; with a layer, mounted and its modules imported before it is
+    /// ready), with the cgroup limit `memory_mb` (what it reserves).
+    CreateGeneric {
+        sandbox: SandboxId,
+        key: GenericKey,
+        memory_mb: u64,
+    },
 }
 
 /// Per-function counts for status reports.

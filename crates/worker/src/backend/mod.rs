@@ -183,15 +183,17 @@ impl Backend {
         }
     }
 
-    /// Starts a generic sandbox for the pool that cold starts specialize (runc only).
+    /// Starts a generic sandbox for the pool that cold starts specialize (runc only); with
+    /// `layer` (a digest) pre-imported: the layer mounted and its modules imported.
     pub async fn create_generic(
         &self,
         id: SandboxId,
         memory_mb: u64,
+        layer: Option<&str>,
     ) -> Result<Sandbox, SandboxError> {
         match self {
             Backend::Runc(b) => b
-                .create_generic(id, memory_mb)
+                .create_generic(id, memory_mb, layer)
                 .await
                 .map(|s| Sandbox::Runc(Box::new(s))),
             Backend::Sim(_) => Err(SandboxError::StartFailed(

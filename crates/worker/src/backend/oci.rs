@@ -52,6 +52,45 @@ pub struct OciParams<'a> {
     /// A GPU sandbox: its device nodes, the driver's libraries and the CUDA shim. Never
     /// generic (GPU sandboxes are not pooled).
     pub gpu: Option<&'a GpuParams>,
+    /// Host mount point bound read-only at [`DEPS_MOUNT`] (`HEARTH_DEPS`): the function's
+    /// dependency layer as an overlay named by descriptor, like the code
+    /// ([`super::code_mount`]); None without a layer.
+    pub deps_dir: Option<&'a Path>,
+    /// Modules a generic sandbox imports before it reports ready (`HEARTH_PREIMPORT`), already
+    /// checked by [`preimport_list`]; ignored unless `generic`.
+    pub preimport: &'a str,
+}
+
+/// Where a dependency layer's packages appear in a sandbox.
+pub use crate::layers::DEPS_MOUNT;
+
+/// The most modules a generic sandbox pre-imports, and the longest name.
+pub const MAX_PREIMPORT: usize = 64;
+const MAX_MODULE_NAME: usize = 200;
+
+/// Whether `name` is a dotted Python identifier (ASCII), as `HEARTH_PREIMPORT` carries them.
+pub fn valid_module_name(name: &str) -> bool {
+    name.len() <= MAX_MODULE_NAME
+        && name.split('.').all(|part| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+}
+
+/// `HEARTH_PREIMPORT`'s value for a layer's modules: the valid names (dotted identifiers), at
+/// most [`MAX_PREIMPORT`], comma-separated. A layer's record is the worker's own, but a package
+/// names its modules itself: nothing else may reach the agent's environment.
+pub fn preimport_list(modules: &[String]) -> String {
+    let names: Vec<&str> = modules
+        .iter()
+        .map(String::as_str)
+        .filter(|m| valid_module_name(m))
+        .take(MAX_PREIMPORT)
+        .collect();
+    names.join(",")
 }
 
 /// A character device of the host given to a sandbox.
@@ -197,6 +236,7 @@ const BASE_DIRS: &[&str] = &[
     "hearth/agent",
     "hearth/run",
     "hearth/gpu",
+    "hearth/deps",
     "tmp",
     "proc",
     "dev",
@@ -346,6 +386,12 @@ fn env_list(p: &OciParams) -> Vec<String> {
         },
         format!("HEARTH_MAX_RESULT_BYTES={}", p.max_result_bytes),
     ];
+    if p.deps_dir.is_some() {
+        env.push(format!("HEARTH_DEPS={DEPS_MOUNT}"));
+        if p.generic && !p.preimport.is_empty() {
+            env.push(format!("HEARTH_PREIMPORT={}", p.preimport));
+        }
+    }
     let user = p.env.iter().filter(|(k, v)| {
         user_env_allowed(k, v) && !(gpu && GPU_RESERVED_ENV.contains(&k.as_str()))
     });
@@ -435,10 +481,15 @@ fn mounts(p: &OciParams) -> Vec<Value> {
             bind(CODE_MOUNT, p.code_dir, false)
         },
         bind(RUN_MOUNT, p.run_dir, true),
+    ];
+    if let Some(deps) = p.deps_dir {
+        mounts.push(bind(DEPS_MOUNT, deps, false));
+    }
+    mounts.extend([
         json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                "options": ["nosuid", "nodev", "mode=1777", format!("size={}m", p.tmp_size_mb),
                            format!("nr_inodes={}", p.tmp_inodes)]}),
-    ];
+    ]);
     if let Some(gpu) = p.gpu {
         mounts.extend(gpu_mounts(gpu));
     }
@@ -684,6 +735,8 @@ mod tests {
             tmp_inodes: 4096,
             generic: false,
             gpu: None,
+            deps_dir: None,
+            preimport: "",
         }
     }
 
@@ -807,6 +860,51 @@ mod tests {
         // A function's sandbox keeps the host's mounts private to it.
         let spec = runtime_spec(&params(&user));
         assert!(!options(mount(&spec, "/code")).contains(&"rslave"));
+    }
+
+    #[test]
+    fn a_layer_is_bound_read_only_and_only_a_generic_sandbox_preimports() {
+        let user = vec![("HEARTH_DEPS".to_string(), "/evil".to_string())];
+        let spec = runtime_spec(&params(&user));
+        assert!(!env_of(&spec).iter().any(|e| e.starts_with("HEARTH_DEPS")));
+        assert!(spec["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["destination"] != DEPS_MOUNT));
+        let mut p = params(&user);
+        p.deps_dir = Some(Path::new("/data/sandboxes/1/deps"));
+        p.preimport = "numpy,PIL";
+        let spec = runtime_spec(&p);
+        let env = env_of(&spec);
+        assert!(env.contains(&"HEARTH_DEPS=/hearth/deps"), "{env:?}");
+        assert!(!env.iter().any(|e| e.starts_with("HEARTH_PREIMPORT")));
+        assert_eq!(
+            env.iter().filter(|e| e.starts_with("HEARTH_DEPS")).count(),
+            1
+        );
+        let deps = mount(&spec, DEPS_MOUNT);
+        assert_eq!(deps["source"], "/data/sandboxes/1/deps");
+        for o in ["ro", "nosuid", "nodev"] {
+            assert!(options(deps).contains(&o), "{deps}");
+        }
+        p.generic = true;
+        let env = env_of(&runtime_spec(&p)).join(" ");
+        assert!(env.contains("HEARTH_PREIMPORT=numpy,PIL"), "{env}");
+    }
+
+    #[test]
+    fn preimport_lists_only_dotted_identifiers() {
+        let names: Vec<String> = [
+            "numpy", "PIL", "a.b_c", "_x", "9bad", "a..b", "a b", "x,y", "", "é", "ok.",
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        assert_eq!(preimport_list(&names), "numpy,PIL,a.b_c,_x");
+        let many: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
+        assert_eq!(preimport_list(&many).split(',').count(), MAX_PREIMPORT);
+        assert!(!valid_module_name(&"a".repeat(201)));
     }
 
     #[test]

@@ -26,6 +26,7 @@ use super::{GpuOpError, SandboxError};
 use crate::agent_client::{AgentConn, AgentError, AgentReply, GpuMemory};
 use crate::config::RuncConfig;
 use crate::cpu_sched::SandboxCpu;
+use crate::layers::{Layer, LayerStore};
 use hearth_api::{FunctionSpec, GpuInfo};
 use hearth_core::SandboxId;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -64,6 +65,8 @@ const SANDBOX_DEVICE: u32 = 0;
 
 pub struct RuncBackend {
     cfg: RuncConfig,
+    /// Dependency layers (`<data>/layers`), mounted into the sandboxes of their functions.
+    layers: LayerStore,
     state_root: PathBuf,
     sandboxes_dir: PathBuf,
     /// `/hearth/<worker>`: the cgroup parent of every sandbox of this worker.
@@ -197,6 +200,9 @@ pub struct RuncSandbox {
     uid: u32,
     /// The function's code directory on the host; `None` while generic.
     code_dir: Option<PathBuf>,
+    /// The digest of the dependency layer mounted at [`oci::DEPS_MOUNT`] (a generic sandbox
+    /// only serves functions of the same layer).
+    layer: Option<String>,
     cgroups_path: String,
     memory_mb: u64,
     conn: AgentConn,
@@ -276,13 +282,31 @@ enum Purpose<'a> {
         /// A GPU sandbox's devices, libraries and shim.
         gpu: Option<&'a GpuParams>,
     },
-    /// A generic sandbox: the agent without a handler, `/code` an empty mount point.
-    Generic,
+    /// A generic sandbox: the agent without a handler, `/code` an empty mount point; with a
+    /// layer (its digest), the layer mounted and its modules imported before it is ready.
+    /// `memory_mb` is its limit from the start (in the spec).
+    Generic {
+        layer: Option<&'a str>,
+        memory_mb: u64,
+    },
+}
+
+impl Purpose<'_> {
+    /// The digest of the dependency layer the sandbox mounts.
+    fn layer(&self) -> Option<&str> {
+        match self {
+            Purpose::Function { spec, .. } => spec.layer.as_deref(),
+            Purpose::Generic { layer, .. } => *layer,
+        }
+    }
 }
 
 /// A sandbox's code mount point, in its bundle: the function's code (an overlay), or for a
 /// generic sandbox the empty tmpfs its code is later mounted onto.
 const CODE_POINT: &str = "code";
+/// A sandbox's dependency layer mount point, in its bundle (an overlay of the layer's `site/`,
+/// bound at [`oci::DEPS_MOUNT`]).
+const DEPS_POINT: &str = "deps";
 /// A sandbox's root tmpfs, in its bundle.
 const ROOTFS: &str = "rootfs";
 /// An empty directory in the bundle: the code overlay's second (empty) layer.
@@ -337,6 +361,7 @@ impl RuncBackend {
             "sandbox uids of this worker"
         );
         let b = RuncBackend {
+            layers: LayerStore::new(data_dir.join("layers")),
             state_root: data_dir.join("runc"),
             sandboxes_dir: data_dir.join("sandboxes"),
             cgroup_parent: format!("/hearth/{worker}"),
@@ -525,26 +550,17 @@ impl RuncBackend {
     }
 
     /// Starts a generic sandbox (memory limit `memory_mb`) and waits until its agent listens.
+    /// With `layer` (a digest), the layer is mounted and its modules imported first: a
+    /// pre-imported sandbox, for the functions of that layer only.
     pub async fn create_generic(
         &self,
         id: SandboxId,
         memory_mb: u64,
+        layer: Option<&str>,
     ) -> Result<RuncSandbox, SandboxError> {
-        let mut sb = self.make(id, Purpose::Generic).await?;
-        sb.memory_mb = memory_mb;
-        // The limit is set here rather than in the spec: `make` has no function to take it from.
-        if let Err(e) = set_limits(
-            &sb.cgroups_path,
-            memory_mb,
-            0.0,
-            self.cfg.cpu_shares(memory_mb),
-        ) {
-            self.destroy(sb).await;
-            return Err(SandboxError::StartFailed(format!(
-                "limiting the sandbox: {e}"
-            )));
-        }
-        Ok(sb)
+        // The limit is in the spec: a pre-import runs the layer's package code before the
+        // agent answers, and must never run without it.
+        self.make(id, Purpose::Generic { layer, memory_mb }).await
     }
 
     async fn make(&self, id: SandboxId, purpose: Purpose<'_>) -> Result<RuncSandbox, SandboxError> {
@@ -554,8 +570,12 @@ impl RuncBackend {
         let cgroups_path = self.cgroups_path(&container);
         let started = Instant::now();
         self.freeze_anchor();
+        let layer = self.find_layer(purpose.layer()).await?;
         let uid = self.take_uid()?;
-        let prepared = match self.write_bundle(&dir, purpose, &cgroups_path, uid).await {
+        let prepared = match self
+            .write_bundle(&dir, purpose, layer.as_ref(), &cgroups_path, uid)
+            .await
+        {
             Ok(()) => start_log_copier(&dir, self.cfg.log_file_bytes),
             Err(e) => Err(e),
         };
@@ -591,13 +611,14 @@ impl RuncBackend {
                             Purpose::Function { spec, code_dir, .. } => {
                                 (Some(code_dir.to_path_buf()), spec.memory_mb)
                             }
-                            Purpose::Generic => (None, 0),
+                            Purpose::Generic { memory_mb, .. } => (None, memory_mb),
                         };
                         return Ok(RuncSandbox {
                             container,
                             dir,
                             uid,
                             code_dir,
+                            layer: layer.map(|l| l.digest),
                             cpu: self
                                 .cpu_sched
                                 .then(|| Arc::new(SandboxCpu::new(&cgroups_path))),
@@ -617,7 +638,7 @@ impl RuncBackend {
             Err(e) => {
                 let memory_mb = match purpose {
                     Purpose::Function { spec, .. } => spec.memory_mb,
-                    Purpose::Generic => 0,
+                    Purpose::Generic { memory_mb, .. } => memory_mb,
                 };
                 self.diagnose(&cgroups_path, memory_mb, &dir, &mut log, &e.to_string())
                     .await
@@ -626,6 +647,23 @@ impl RuncBackend {
         self.remove(&container, &dir, &mut log).await;
         self.give_back_uid(uid, &cgroups_path);
         Err(failure)
+    }
+
+    /// The stored layer of `digest` (reading its record off the runtime). A function whose
+    /// layer this worker lacks cannot start here: the error names no host path.
+    async fn find_layer(&self, digest: Option<&str>) -> Result<Option<Layer>, SandboxError> {
+        let Some(digest) = digest else {
+            return Ok(None);
+        };
+        let (store, d) = (self.layers.clone(), digest.to_string());
+        let found = tokio::task::spawn_blocking(move || store.get(&d))
+            .await
+            .map_err(|e| SandboxError::StartFailed(format!("reading the layer: {e}")))?;
+        found.map(Some).ok_or_else(|| {
+            SandboxError::StartFailed(format!(
+                "the dependency layer {digest} is not on this worker"
+            ))
+        })
     }
 
     /// A uid for a new sandbox, from the worker's range.
@@ -682,6 +720,11 @@ impl RuncBackend {
         if sb.code_dir.is_some() {
             return Err(SandboxError::StartFailed(
                 "the sandbox already belongs to a function".into(),
+            ));
+        }
+        if sb.layer != spec.layer {
+            return Err(SandboxError::StartFailed(
+                "the generic sandbox's dependency layer is not the function's".into(),
             ));
         }
         let fail = |what: &str, e: std::io::Error| {
@@ -761,11 +804,18 @@ impl RuncBackend {
         &self,
         dir: &Path,
         purpose: Purpose<'_>,
+        layer: Option<&Layer>,
         cgroups_path: &str,
         uid: u32,
     ) -> std::io::Result<()> {
         let run_dir = dir.join("run");
         let point = dir.join(CODE_POINT);
+        let deps_point = dir.join(DEPS_POINT);
+        let site_dir = layer.map(|l| l.site_dir.clone());
+        let preimport = match (purpose, layer) {
+            (Purpose::Generic { .. }, Some(l)) => oci::preimport_list(&l.modules),
+            _ => String::new(),
+        };
         let (code_dir, handler, env, memory_mb, cpus, gpu) = match purpose {
             Purpose::Function {
                 spec,
@@ -786,7 +836,9 @@ impl RuncBackend {
                     gpu,
                 )
             }
-            Purpose::Generic => (point.as_path(), "", Vec::new(), 0, 0.0, None),
+            Purpose::Generic { memory_mb, .. } => {
+                (point.as_path(), "", Vec::new(), memory_mb, 0.0, None)
+            }
         };
         let code_dir = code_dir.to_path_buf();
         let rootfs = dir.join(ROOTFS);
@@ -807,11 +859,13 @@ impl RuncBackend {
             tmp_size_mb: self.cfg.tmp_size_mb,
             max_result_bytes: self.max_result_bytes,
             tmp_inodes: self.cfg.tmp_inodes,
-            generic: matches!(purpose, Purpose::Generic),
+            generic: matches!(purpose, Purpose::Generic { .. }),
             gpu,
+            deps_dir: site_dir.as_ref().map(|_| deps_point.as_path()),
+            preimport: &preimport,
         })
         .to_string();
-        let generic = matches!(purpose, Purpose::Generic);
+        let generic = matches!(purpose, Purpose::Generic { .. });
         let (dir, cfg) = (dir.to_path_buf(), self.cfg.clone());
         tokio::task::spawn_blocking(move || {
             let private = |d: &Path| std::fs::DirBuilder::new().mode(0o700).create(d);
@@ -822,12 +876,19 @@ impl RuncBackend {
             // Covered by the mount that becomes the sandbox's `/code`, whose root has the
             // code directory's mode (or the mount point tmpfs's 0755).
             private(&point)?;
+            let empty = dir.join(EMPTY_LAYER);
+            if !generic || site_dir.is_some() {
+                private(&empty)?;
+            }
             if generic {
                 code_mount::prepare_mount_point(&point)?;
             } else {
-                let empty = dir.join(EMPTY_LAYER);
-                private(&empty)?;
                 code_mount::mount_code(&code_dir, &point, &empty)?;
+            }
+            // The layer as the code: an overlay named by descriptor, read-only, nosuid, nodev.
+            if let Some(site) = &site_dir {
+                private(&deps_point)?;
+                code_mount::mount_code(site, &deps_point, &empty)?;
             }
             use std::io::Write;
             private_file(&dir.join("config.json"))?.write_all(config.as_bytes())
@@ -1178,6 +1239,7 @@ fn discard_bundle(dir: &Path) {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     code_mount::unmount_all(&dir.join(CODE_POINT));
+    code_mount::unmount_all(&dir.join(DEPS_POINT));
     for sub in ["run", ROOTFS] {
         if let Ok(path) = CString::new(dir.join(sub).as_os_str().as_bytes()) {
             // SAFETY: `path` is a NUL-terminated path that outlives the call. EINVAL (not a
@@ -1628,5 +1690,190 @@ mod uid_tests {
         assert_eq!(pool.take(), None);
         pool.give_back(3_000_000_000);
         assert_eq!(pool.take(), Some(3_000_000_000));
+    }
+}
+
+#[cfg(test)]
+mod layer_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    const HANDLER: &str = r#"
+import os, sys, time
+t0 = time.perf_counter()
+import slowpkg
+IMPORT_MS = (time.perf_counter() - t0) * 1000
+
+def main(args):
+    try:
+        open("/hearth/deps/slowpkg/evil.py", "w").write("x")
+        write = "written"
+    except OSError as e:
+        write = e.errno
+    mounts = [l for l in open("/proc/self/mountinfo") if " /hearth/deps " in l]
+    return {"value": slowpkg.m7.VALUE, "file": slowpkg.__file__, "path": sys.path[:2],
+            "write": write, "mounts": mounts, "import_ms": IMPORT_MS,
+            "env": {k: v for k, v in os.environ.items() if k.startswith("HEARTH_")}}
+"#;
+
+    fn usable() -> bool {
+        let ok = unsafe { libc::geteuid() } == 0
+            && Path::new("/sys/fs/cgroup/freezer").is_dir()
+            && std::process::Command::new("runc")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success());
+        if !ok {
+            eprintln!("skipping: the layer sandbox test needs root, runc and a cgroup v1 freezer");
+        }
+        ok
+    }
+
+    /// A layer in the store's layout whose package takes measurable time to import (300
+    /// modules), world-readable as a built layer is.
+    fn write_layer(store: &Path, digest: &str) -> PathBuf {
+        let hex = crate::runtimes::digest_hex(digest).unwrap();
+        let site = store.join(hex).join("site");
+        let pkg = site.join("slowpkg");
+        std::fs::create_dir_all(&pkg).unwrap();
+        let mut init = String::new();
+        for i in 0..300 {
+            init.push_str(&format!("from . import m{i}\n"));
+            let body: String = (0..20)
+                .map(|j| format!("def f{j}(x):\n    return x + {j}\n"))
+                .collect();
+            std::fs::write(pkg.join(format!("m{i}.py")), format!("VALUE = {i}\n{body}")).unwrap();
+        }
+        std::fs::write(pkg.join("__init__.py"), init).unwrap();
+        let layer = Layer {
+            digest: digest.to_string(),
+            runtime_digest: format!("sha256:{}", "ab".repeat(32)),
+            requirements: "slowpkg==1\n".into(),
+            bytes: 1,
+            modules: vec!["slowpkg".into(), "bad name".into(), "missing_mod".into()],
+            site_dir: PathBuf::new(),
+        };
+        std::fs::write(
+            store.join(hex).join("layer.json"),
+            serde_json::to_vec(&layer).unwrap(),
+        )
+        .unwrap();
+        for e in walk(store) {
+            let mode = if e.is_dir() { 0o755 } else { 0o644 };
+            std::fs::set_permissions(&e, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        site
+    }
+
+    fn walk(dir: &Path) -> Vec<PathBuf> {
+        let mut out = vec![dir.to_path_buf()];
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_layer_is_mounted_read_only_without_its_path_and_preimported_in_a_generic_sandbox() {
+        if !usable() {
+            return;
+        }
+        let tmp = tempfile::Builder::new()
+            .prefix("hlay")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let data = tmp.path().join("d");
+        let digest = format!("sha256:{}", "5e".repeat(32));
+        write_layer(&data.join("layers"), &digest);
+        let code = tmp.path().join("code");
+        std::fs::create_dir(&code).unwrap();
+        std::fs::write(code.join("main.py"), HANDLER).unwrap();
+        for p in [tmp.path(), &code] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let b = RuncBackend::new(
+            RuncConfig::default(),
+            &data,
+            &format!("lt{}", std::process::id()),
+            1 << 20,
+            false,
+        )
+        .await
+        .unwrap();
+        let mut spec = FunctionSpec::new("f");
+        spec.memory_mb = 256;
+        spec.layer = Some(digest.clone());
+
+        // A function's own sandbox: the layer right after the code, read-only, no host path.
+        let mut sb = b
+            .create(SandboxId(1), &spec, &code)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let r = b.invoke(&mut sb, b"{}").await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(r.status, 200, "{v}");
+        assert_eq!(v["value"], 7);
+        assert_eq!(v["file"], "/hearth/deps/slowpkg/__init__.py");
+        assert_eq!(v["path"], serde_json::json!(["/code", "/hearth/deps"]));
+        assert_eq!(v["write"], libc::EROFS, "{v}");
+        assert_eq!(v["env"]["HEARTH_DEPS"], "/hearth/deps");
+        assert!(v["env"].get("HEARTH_PREIMPORT").is_none(), "{v}");
+        let mounts = v["mounts"].as_array().unwrap();
+        assert_eq!(mounts.len(), 1, "{v}");
+        let line = mounts[0].as_str().unwrap();
+        let host = tmp.path().to_string_lossy().to_string();
+        assert!(!line.contains(&host) && !line.contains("5e5e"), "{line}");
+        assert!(line.contains(" ro,") && line.contains("nosuid") && line.contains("nodev"));
+        let cold_import_ms = v["import_ms"].as_f64().unwrap();
+        b.destroy(sb).await;
+
+        // A generic sandbox of a layer: its modules imported before it is ready (the bad name
+        // and the missing module skipped), the handler's import then a dictionary lookup.
+        let g = b
+            .create_generic(SandboxId(2), 256, Some(&digest))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Its limit came with its spec: the pre-import ran under it.
+        let limit = std::fs::read_to_string(format!(
+            "/sys/fs/cgroup/memory{}/memory.limit_in_bytes",
+            g.cgroups_path
+        ))
+        .unwrap();
+        assert_eq!(limit.trim(), (256u64 << 20).to_string());
+        let mut sb = b.specialize(g, &spec, &code).await.unwrap();
+        let r = b.invoke(&mut sb, b"{}").await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(r.status, 200, "{v}");
+        assert_eq!(v["value"], 7);
+        assert!(v["env"].get("HEARTH_PREIMPORT").is_none(), "{v}");
+        let warm_import_ms = v["import_ms"].as_f64().unwrap();
+        assert!(
+            warm_import_ms * 10.0 < cold_import_ms,
+            "pre-imported {warm_import_ms} ms vs {cold_import_ms} ms"
+        );
+        b.destroy(sb).await;
+
+        // Keys never mix: a bare generic sandbox refuses a function of a layer, and a
+        // function of an absent layer cannot start.
+        let g = b.create_generic(SandboxId(3), 256, None).await.unwrap();
+        assert!(matches!(
+            b.specialize(g, &spec, &code).await,
+            Err(SandboxError::StartFailed(_))
+        ));
+        spec.layer = Some(format!("sha256:{}", "77".repeat(32)));
+        match b.create(SandboxId(4), &spec, &code).await {
+            Err(SandboxError::StartFailed(e)) => assert!(!e.contains(&host), "{e}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("started without its layer"),
+        }
+        assert_eq!(b.uids_in_use(), 0);
+        b.cleanup_all().await;
+        let left = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!left.contains(&host), "mounts left behind");
     }
 }
