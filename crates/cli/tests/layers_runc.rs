@@ -733,3 +733,44 @@ fn layers_and_bytecode_count_against_the_namespace_quotas() {
     assert_eq!(show(&s, "calc")["state"], "ready");
     no_build_leftovers(&s);
 }
+
+#[test]
+fn registrations_that_need_the_same_layer_share_one_build() {
+    if !runc_available() {
+        return;
+    }
+    let f = Fixture::new(&[]);
+    make_wheel(
+        &f.wheels(),
+        "shared",
+        "1.0",
+        "py3-none-any",
+        "x = 3\n",
+        30 << 20,
+    );
+    let s = f.start();
+    let code = |n: u32| with_reqs(&format!("# {n}\nShared\n"), "def main(a):\n    return 1\n");
+    for n in 0..3 {
+        let r = s.put_fn(&format!("s{n}"), code(n));
+        assert_eq!(r.status, 201, "{}", r.text());
+        // Not in the store yet when each registered: they waited for the one running build.
+        assert_eq!(r.json()["state"], "building", "{}", r.text());
+    }
+    let layers: Vec<Value> = (0..3)
+        .map(|n| {
+            let v = wait_final(&s, &format!("s{n}"));
+            assert_eq!(v["state"], "ready", "{v}");
+            v["layer"].clone()
+        })
+        .collect();
+    assert!(layers.iter().all(|l| *l == layers[0]), "{layers:?}");
+    let built = s.log_text().matches("layer built").count();
+    assert_eq!(
+        built,
+        1,
+        "one build for three registrations: {}",
+        s.log_text()
+    );
+    assert_eq!(layer_dirs(&s).len(), 1, "{:?}", layer_dirs(&s));
+    no_build_leftovers(&s);
+}
