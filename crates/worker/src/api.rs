@@ -47,6 +47,7 @@ pub fn router(worker: Arc<Worker>) -> Router {
                 .delete(remove),
         )
         .route("/v1/functions", get(list))
+        .route("/v1/runtimes", get(runtimes))
         .route(
             "/v1/functions/{name}/invoke",
             post(invoke).layer(DefaultBodyLimit::max(max_body)),
@@ -171,6 +172,23 @@ fn present_function(r: &Registered) -> Value {
         v["build_log"] = json!(log);
     }
     v
+}
+
+/// `GET /v1/runtimes`: the runtime images functions may name (any key that may manage
+/// functions may read it).
+async fn runtimes(
+    State(w): State<Arc<Worker>>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<Value>, ApiError> {
+    if p.require(Action::Operate).is_err() {
+        p.require(Action::Manage(p.namespace()))?;
+    }
+    let all: Vec<Value> = w
+        .runtimes()
+        .into_iter()
+        .map(|r| json!({"name": r.name, "digest": r.digest, "bytes": r.bytes, "source": r.source}))
+        .collect();
+    Ok(Json(json!({ "runtimes": all })))
 }
 
 async fn list(
@@ -425,7 +443,9 @@ fn start_error(name: &str, e: SandboxError) -> ApiError {
 
 fn register_error(e: RegisterError) -> ApiError {
     match e {
-        RegisterError::TooMuchMemory { .. } => ApiError::bad_request(e.to_string()),
+        RegisterError::TooMuchMemory { .. } | RegisterError::UnknownRuntime { .. } => {
+            ApiError::bad_request(e.to_string())
+        }
         RegisterError::Gpu(e) => gpu_error(e),
         RegisterError::Code(e) => e.into(),
     }

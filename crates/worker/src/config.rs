@@ -184,6 +184,11 @@ pub struct RuncConfig {
     /// Unset: `libhearth_cuda_shim.so` beside the worker's binary, else
     /// `/usr/local/lib/hearth/libhearth_cuda_shim.so`. Looked for at the first GPU sandbox.
     pub gpu_shim_path: Option<PathBuf>,
+    /// The host's store of runtime images (docs/runtimes.md): a sandbox's `/usr` and `/etc`
+    /// come from the image its function was registered with, never from the host.
+    pub runtime_store: PathBuf,
+    /// The image `runtime: "python3"` means (`hearth runtime build python3.11`).
+    pub default_runtime: String,
 }
 
 impl RuncConfig {
@@ -271,6 +276,8 @@ impl Default for RuncConfig {
             cpu_shares_per_gb: 0,
             cpuset: None,
             gpu_shim_path: None,
+            runtime_store: PathBuf::from(crate::runtimes::DEFAULT_STORE_DIR),
+            default_runtime: crate::runtimes::DEFAULT_RUNTIME.to_string(),
         }
     }
 }

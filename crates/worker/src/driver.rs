@@ -67,6 +67,8 @@ enum LifecycleMsg {
     },
     CreateGeneric {
         sandbox: SandboxId,
+        /// The runtime image it runs on (None: the default one), by digest.
+        runtime: Option<Arc<str>>,
         /// The dependency layer it mounts and pre-imports (its key's), by digest.
         layer: Option<Arc<str>>,
         memory_mb: u64,
@@ -270,8 +272,6 @@ impl Driver {
                         function: function.to_string(),
                     });
                 }
-                // The runtime of the key is the default one: only layers make keys here (a
-                // function's runtime digest is not yet part of its key).
                 EngineAction::CreateGeneric {
                     sandbox,
                     key,
@@ -279,6 +279,7 @@ impl Driver {
                 } => {
                     let _ = self.lifecycle.send(LifecycleMsg::CreateGeneric {
                         sandbox,
+                        runtime: key.runtime,
                         layer: key.layer,
                         memory_mb,
                     });
@@ -331,10 +332,15 @@ impl Driver {
             if let Some(e) = st.elastic.as_mut() {
                 e.on_arrival(&spec.name, spec.memory_mb);
             }
-            // A function of a layer takes pre-imported generic sandboxes of that layer only
-            // (no allocation unless its layer changed).
+            // A function takes generic sandboxes of its own runtime image (the default one's
+            // key names none) and, with a layer, pre-imported ones of that layer only (no
+            // allocation unless its key changed).
+            let runtime = spec
+                .runtime_digest
+                .as_deref()
+                .filter(|d| Some(*d) != self.backend.default_runtime_digest());
             st.engine
-                .set_generic_key(&spec.name, None, spec.layer.as_deref());
+                .set_generic_key(&spec.name, runtime, spec.layer.as_deref());
             let id = st.engine.on_invocation(
                 now,
                 Arrival {
@@ -504,7 +510,13 @@ impl Driver {
 
     /// Makes a generic sandbox for the pool (a creation turn like any sandbox) and reports it:
     /// with `layer`, the layer mounted and its modules imported before it is ready.
-    async fn create_generic(&self, id: SandboxId, memory_mb: u64, layer: Option<Arc<str>>) {
+    async fn create_generic(
+        &self,
+        id: SandboxId,
+        memory_mb: u64,
+        runtime: Option<Arc<str>>,
+        layer: Option<Arc<str>>,
+    ) {
         let made = {
             let _creating = self.in_creation.begin();
             let _turn = match &self.creations {
@@ -512,7 +524,7 @@ impl Driver {
                 None => None,
             };
             self.backend
-                .create_generic(id, memory_mb, layer.as_deref())
+                .create_generic(id, memory_mb, runtime.as_deref(), layer.as_deref())
                 .await
         };
         match made {
@@ -870,6 +882,7 @@ async fn lifecycle(driver: Arc<Driver>, mut rx: mpsc::UnboundedReceiver<Lifecycl
             }
             LifecycleMsg::CreateGeneric {
                 sandbox,
+                runtime,
                 layer,
                 memory_mb,
             } => {
@@ -877,7 +890,7 @@ async fn lifecycle(driver: Arc<Driver>, mut rx: mpsc::UnboundedReceiver<Lifecycl
                 let creating = driver.in_creation.begin();
                 tokio::spawn(async move {
                     let _creating = creating;
-                    d.create_generic(sandbox, memory_mb, layer).await
+                    d.create_generic(sandbox, memory_mb, runtime, layer).await
                 });
             }
             LifecycleMsg::Flush(done) => {

@@ -111,6 +111,9 @@ pub enum RegisterError {
     /// The code or its storage (the registry's error says which, and its HTTP answer).
     #[error("{0}")]
     Code(#[from] hearth_service::registry::RegistryError),
+    /// The spec names a runtime this worker has no image of.
+    #[error("runtime {name:?} is not installed on this worker (installed: {available})")]
+    UnknownRuntime { name: String, available: String },
 }
 
 /// Why a function could not be deleted.

@@ -18,7 +18,7 @@ use crate::layers::LayerStore;
 use crate::metrics::{
     start_label, ColdLabel, FnLabel, GpuStartLabel, Metrics, Outcome, QueueLabel,
 };
-use crate::runtimes::{Runtime, RuntimeStore, DEFAULT_RUNTIME, DEFAULT_STORE_DIR};
+use crate::runtimes::{Runtime, RuntimeStore, DEFAULT_RUNTIME};
 use bytes::Bytes;
 use hearth_api::{
     raw_json, ColdPath, Device, FunctionSpec, GpuInfo, GpuPlacement, InvokeAnswer, LoadStatus,
@@ -143,17 +143,13 @@ impl Worker {
             BackendKind::Sim => Backend::Sim(crate::backend::sim::SimBackend::new()),
         };
         backend.cleanup_all().await;
-        let runtimes = RuntimeStore::new(
-            config
-                .build
-                .runtime_store
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_STORE_DIR)),
-        );
+        let runtimes = RuntimeStore::new(&config.runc.runtime_store);
         let builder = match config.backend {
             BackendKind::Runc => {
+                let mut build = config.build.clone();
+                build.runtime_store = Some(config.runc.runtime_store.clone());
                 let b = Builder::new(
-                    config.build.clone(),
+                    build,
                     &config.runc.runc_path,
                     &data_dir,
                     &id,
@@ -917,6 +913,7 @@ impl Worker {
             });
         }
         self.admit_gpu(&spec)?;
+        let spec = self.pin_runtime(spec)?;
         let (reg, previous) = self
             .registry
             .put_blocking(spec, code, self.driver.backend().needs_code())
@@ -931,6 +928,43 @@ impl Worker {
             self.collect_layers();
         }
         Ok((reg, created))
+    }
+
+    /// Records the digest of the runtime image `spec.runtime` names now (`python3`: the
+    /// worker's default runtime), replacing whatever the client sent: a function keeps
+    /// running on that image even when the name is rebuilt later.
+    fn pin_runtime(&self, mut spec: FunctionSpec) -> Result<FunctionSpec, RegisterError> {
+        if !self.driver.backend().needs_code() {
+            spec.runtime_digest = None;
+            return Ok(spec);
+        }
+        let name = if spec.runtime == "python3" {
+            self.config.runc.default_runtime.as_str()
+        } else {
+            spec.runtime.as_str()
+        };
+        let rt = self
+            .runtimes
+            .resolve(name)
+            .ok_or_else(|| RegisterError::UnknownRuntime {
+                name: spec.runtime.clone(),
+                available: {
+                    let names: Vec<String> =
+                        self.runtimes.list().into_iter().map(|r| r.name).collect();
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        format!("python3, {}", names.join(", "))
+                    }
+                },
+            })?;
+        spec.runtime_digest = Some(rt.digest);
+        Ok(spec)
+    }
+
+    /// The runtime images of this host (`GET /v1/runtimes`).
+    pub fn runtimes(&self) -> Vec<Runtime> {
+        self.runtimes.list()
     }
 
     /// [`Self::register`] from a controller that names the function's cluster-wide

@@ -161,7 +161,10 @@ async fn a_preimported_sandbox_leaves_only_the_specialization_on_the_cold_path()
         // generic (layer mounted, nothing imported) and pre-imported: made first (off the cold
         // path, as the pool does), then specialized; only the specialization is timed.
         for (layer, out) in [(&mounted, &mut generic), (&preimported, &mut pre)] {
-            let g = b.create_generic(next(), 256, Some(layer)).await.unwrap();
+            let g = b
+                .create_generic(next(), 256, None, Some(layer))
+                .await
+                .unwrap();
             let t = Instant::now();
             let mut sb = b.specialize(g, &spec(layer), &code).await.unwrap();
             out.push(t.elapsed().as_micros() as u64);

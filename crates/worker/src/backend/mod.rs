@@ -101,6 +101,14 @@ impl Backend {
         }
     }
 
+    /// The digest of the default runtime image sandboxes run on (runc only).
+    pub fn default_runtime_digest(&self) -> Option<&str> {
+        match self {
+            Backend::Runc(b) => Some(b.default_runtime_digest()),
+            Backend::Sim(_) => None,
+        }
+    }
+
     /// Whether functions must come with code.
     pub fn needs_code(&self) -> bool {
         matches!(self, Backend::Runc(_))
@@ -189,11 +197,12 @@ impl Backend {
         &self,
         id: SandboxId,
         memory_mb: u64,
+        runtime: Option<&str>,
         layer: Option<&str>,
     ) -> Result<Sandbox, SandboxError> {
         match self {
             Backend::Runc(b) => b
-                .create_generic(id, memory_mb, layer)
+                .create_generic(id, memory_mb, runtime, layer)
                 .await
                 .map(|s| Sandbox::Runc(Box::new(s))),
             Backend::Sim(_) => Err(SandboxError::StartFailed(

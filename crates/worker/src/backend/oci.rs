@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 
 /// Inputs for one sandbox's OCI runtime spec.
 pub struct OciParams<'a> {
+    /// The runtime image's root file system on the host: `/usr` and `/etc` are bound from it
+    /// (read-only), so nothing of the host's own software or configuration is visible.
+    pub runtime_root: &'a Path,
     /// The sandbox's root (absolute): a small tmpfs of its own laid out by
     /// [`prepare_base_rootfs`], holding the agent at [`AGENT_MOUNT`]; read-only inside.
     pub rootfs: &'a Path,
@@ -469,8 +472,8 @@ fn mounts(p: &OciParams) -> Vec<Value> {
         // read-only, so libraries can read their memory and CPU limits.
         json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
                "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]}),
-        bind("/usr", Path::new("/usr"), false),
-        bind("/etc", Path::new("/etc"), false),
+        bind("/usr", &p.runtime_root.join("usr"), false),
+        bind("/etc", &p.runtime_root.join("etc"), false),
         if p.generic {
             let mut code = bind(CODE_MOUNT, p.code_dir, false);
             if let Some(o) = code["options"].as_array_mut() {
@@ -718,6 +721,7 @@ mod tests {
 
     fn params<'a>(env: &'a [(String, String)]) -> OciParams<'a> {
         OciParams {
+            runtime_root: Path::new("/var/lib/hearth/runtimes/ab/rootfs"),
             rootfs: Path::new("/data/sandboxes/1/rootfs"),
             code_dir: Path::new("/data/sandboxes/1/code"),
             run_dir: Path::new("/data/run/s1"),
@@ -780,8 +784,8 @@ mod tests {
     fn mounts_are_in_place() {
         let spec = runtime_spec(&params(&[]));
         for (dest, src, rw) in [
-            ("/usr", "/usr", false),
-            ("/etc", "/etc", false),
+            ("/usr", "/var/lib/hearth/runtimes/ab/rootfs/usr", false),
+            ("/etc", "/var/lib/hearth/runtimes/ab/rootfs/etc", false),
             ("/code", "/data/sandboxes/1/code", false),
             ("/hearth/run", "/data/run/s1", true),
         ] {

@@ -27,6 +27,7 @@ use crate::agent_client::{AgentConn, AgentError, AgentReply, GpuMemory};
 use crate::config::RuncConfig;
 use crate::cpu_sched::SandboxCpu;
 use crate::layers::{Layer, LayerStore};
+use crate::runtimes::{Runtime, RuntimeStore};
 use hearth_api::{FunctionSpec, GpuInfo};
 use hearth_core::SandboxId;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -65,6 +66,10 @@ const SANDBOX_DEVICE: u32 = 0;
 
 pub struct RuncBackend {
     cfg: RuncConfig,
+    /// Runtime images (`runc.runtime_store`): each sandbox's `/usr` and `/etc`.
+    runtimes: RuntimeStore,
+    /// `runc.default_runtime`, resolved at start (a worker without it refuses to start).
+    default_runtime: Runtime,
     /// Dependency layers (`<data>/layers`), mounted into the sandboxes of their functions.
     layers: LayerStore,
     state_root: PathBuf,
@@ -286,12 +291,22 @@ enum Purpose<'a> {
     /// layer (its digest), the layer mounted and its modules imported before it is ready.
     /// `memory_mb` is its limit from the start (in the spec).
     Generic {
+        /// The runtime image's digest; None: the worker's default runtime.
+        runtime: Option<&'a str>,
         layer: Option<&'a str>,
         memory_mb: u64,
     },
 }
 
 impl Purpose<'_> {
+    /// The digest of the runtime image the sandbox runs on (None: the default one).
+    fn runtime(&self) -> Option<&str> {
+        match self {
+            Purpose::Function { spec, .. } => spec.runtime_digest.as_deref(),
+            Purpose::Generic { runtime, .. } => *runtime,
+        }
+    }
+
     /// The digest of the dependency layer the sandbox mounts.
     fn layer(&self) -> Option<&str> {
         match self {
@@ -360,7 +375,21 @@ impl RuncBackend {
             count = cfg.uid_count,
             "sandbox uids of this worker"
         );
+        let runtimes = RuntimeStore::new(&cfg.runtime_store);
+        let default_runtime = runtimes.resolve(&cfg.default_runtime).ok_or_else(|| {
+            SandboxError::StartFailed(format!(
+                "the default runtime image {:?} is not installed in {}: build it with \
+                 `scripts/build-runtime.sh` (or `hearth runtime build {}`) as root",
+                cfg.default_runtime,
+                cfg.runtime_store.display(),
+                cfg.default_runtime
+            ))
+        })?;
+        tracing::info!(runtime = %cfg.default_runtime, digest = %default_runtime.digest,
+            "default runtime image");
         let b = RuncBackend {
+            runtimes,
+            default_runtime,
             layers: LayerStore::new(data_dir.join("layers")),
             state_root: data_dir.join("runc"),
             sandboxes_dir: data_dir.join("sandboxes"),
@@ -556,11 +585,45 @@ impl RuncBackend {
         &self,
         id: SandboxId,
         memory_mb: u64,
+        runtime: Option<&str>,
         layer: Option<&str>,
     ) -> Result<RuncSandbox, SandboxError> {
         // The limit is in the spec: a pre-import runs the layer's package code before the
         // agent answers, and must never run without it.
-        self.make(id, Purpose::Generic { layer, memory_mb }).await
+        self.make(
+            id,
+            Purpose::Generic {
+                runtime,
+                layer,
+                memory_mb,
+            },
+        )
+        .await
+    }
+
+    /// The runtime image of a sandbox: by digest, else the worker's default. A function whose
+    /// image was removed from the store cannot start (its owner re-registers it).
+    fn runtime_of(&self, digest: Option<&str>) -> Result<Runtime, SandboxError> {
+        match digest {
+            None => Ok(self.default_runtime.clone()),
+            Some(d) if d == self.default_runtime.digest => Ok(self.default_runtime.clone()),
+            Some(d) => self.runtimes.by_digest(d).ok_or_else(|| {
+                SandboxError::StartFailed(format!(
+                    "the function's runtime image {d} is no longer installed on this worker: \
+                     register the function again"
+                ))
+            }),
+        }
+    }
+
+    /// The digest of the default runtime image (`runc.default_runtime`).
+    pub fn default_runtime_digest(&self) -> &str {
+        &self.default_runtime.digest
+    }
+
+    /// The runtime store sandboxes and builds take images from.
+    pub fn runtimes(&self) -> &RuntimeStore {
+        &self.runtimes
     }
 
     async fn make(&self, id: SandboxId, purpose: Purpose<'_>) -> Result<RuncSandbox, SandboxError> {
@@ -571,9 +634,10 @@ impl RuncBackend {
         let started = Instant::now();
         self.freeze_anchor();
         let layer = self.find_layer(purpose.layer()).await?;
+        let runtime = self.runtime_of(purpose.runtime())?;
         let uid = self.take_uid()?;
         let prepared = match self
-            .write_bundle(&dir, purpose, layer.as_ref(), &cgroups_path, uid)
+            .write_bundle(&dir, purpose, &runtime, layer.as_ref(), &cgroups_path, uid)
             .await
         {
             Ok(()) => start_log_copier(&dir, self.cfg.log_file_bytes),
@@ -804,6 +868,7 @@ impl RuncBackend {
         &self,
         dir: &Path,
         purpose: Purpose<'_>,
+        runtime: &Runtime,
         layer: Option<&Layer>,
         cgroups_path: &str,
         uid: u32,
@@ -844,6 +909,7 @@ impl RuncBackend {
         let rootfs = dir.join(ROOTFS);
         let cpuset = self.cfg.cpuset.as_ref().map(ToString::to_string);
         let config = oci::runtime_spec(&OciParams {
+            runtime_root: &runtime.rootfs,
             rootfs: &rootfs,
             code_dir: &point,
             run_dir: &run_dir,
@@ -1835,7 +1901,7 @@ def main(args):
         // A generic sandbox of a layer: its modules imported before it is ready (the bad name
         // and the missing module skipped), the handler's import then a dictionary lookup.
         let g = b
-            .create_generic(SandboxId(2), 256, Some(&digest))
+            .create_generic(SandboxId(2), 256, None, Some(&digest))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         // Its limit came with its spec: the pre-import ran under it.
@@ -1860,7 +1926,10 @@ def main(args):
 
         // Keys never mix: a bare generic sandbox refuses a function of a layer, and a
         // function of an absent layer cannot start.
-        let g = b.create_generic(SandboxId(3), 256, None).await.unwrap();
+        let g = b
+            .create_generic(SandboxId(3), 256, None, None)
+            .await
+            .unwrap();
         assert!(matches!(
             b.specialize(g, &spec, &code).await,
             Err(SandboxError::StartFailed(_))

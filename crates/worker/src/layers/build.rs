@@ -76,7 +76,9 @@ pub struct BuildSettings {
     /// Allow source distributions (their `setup.py` runs in the build sandbox); default off:
     /// `--only-binary :all:`.
     pub allow_sdist: bool,
-    /// Where builds find runtime images (None: [`crate::runtimes::DEFAULT_STORE_DIR`]).
+    /// Where builds find runtime images: the worker's `runc.runtime_store`, set at start
+    /// (None: [`crate::runtimes::DEFAULT_STORE_DIR`]).
+    #[serde(skip)]
     pub runtime_store: Option<PathBuf>,
 }
 
