@@ -135,7 +135,7 @@ impl Fixture {
                 format!("[\"{}\"]", wheels.display()),
             ),
             (
-                "HEARTH_BUILD__RUNTIME_STORE".to_string(),
+                "HEARTH_RUNC__RUNTIME_STORE".to_string(),
                 store.display().to_string(),
             ),
         ];
@@ -773,4 +773,92 @@ fn registrations_that_need_the_same_layer_share_one_build() {
     );
     assert_eq!(layer_dirs(&s).len(), 1, "{:?}", layer_dirs(&s));
     no_build_leftovers(&s);
+}
+
+/// A PEP 503 index served by Python's http.server on the host's loopback; stopped (by its
+/// PID) when dropped.
+struct LocalIndex {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl LocalIndex {
+    fn serve(root: &Path) -> LocalIndex {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new("python3")
+            .args(["-m", "http.server", "--bind", "127.0.0.1"])
+            .arg(port.to_string())
+            .current_dir(root)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_until("the index listens", Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        LocalIndex { child, port }
+    }
+}
+
+impl Drop for LocalIndex {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// With `build.index_url`, a build installs from that index through the worker's
+/// allow-listing proxy (its sandbox still has no network of its own).
+#[test]
+fn a_build_installs_from_its_index_through_the_proxy() {
+    if !runc_available() {
+        return;
+    }
+    let idx = tempfile::tempdir().unwrap();
+    let pkg = idx.path().join("simple/hlindex");
+    std::fs::create_dir_all(&pkg).unwrap();
+    let wheel = make_wheel(
+        &idx.path().join("simple/hlindex"),
+        "hlindex",
+        "2.0",
+        "py3-none-any",
+        "def compute(x):\n    return x * 11\n",
+        0,
+    );
+    let file = wheel.file_name().unwrap().to_string_lossy().to_string();
+    std::fs::write(
+        pkg.join("index.html"),
+        format!("<html><body><a href=\"{file}\">{file}</a></body></html>"),
+    )
+    .unwrap();
+    let index = LocalIndex::serve(idx.path());
+    let url = format!("http://127.0.0.1:{}/simple", index.port);
+    let f = Fixture::new(&[
+        ("HEARTH_BUILD__NO_INDEX", "false"),
+        ("HEARTH_BUILD__FIND_LINKS", "[]"),
+        ("HEARTH_BUILD__INDEX_URL", &url),
+        ("HEARTH_BUILD__TIMEOUT_S", "60"),
+    ]);
+    let s = f.start();
+    let src = "import hlindex\n\ndef main(args):\n    return hlindex.compute(3)\n";
+    let r = s.put_fn("fromindex", with_reqs("hlindex==2.0\n", src));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let v = wait_final(&s, "fromindex");
+    assert_eq!(v["state"], "ready", "{v}");
+    let r = s.invoke("fromindex", "{}");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["result"], 33);
+    let log = show(&s, "fromindex");
+    assert!(log.get("build_log").is_none(), "{log}");
+    no_build_leftovers(&s);
+    drop(s);
+    // What else the proxy refuses (other ports and hosts, other methods, credentials in a
+    // URL, endless heads, the download budget) is tested on the proxy itself
+    // (crates/worker/src/layers/proxy.rs); that the build has no network of its own is
+    // `a_build_sandbox_reaches_no_network`.
+    drop(index);
 }

@@ -12,6 +12,10 @@
 //! the function was being registered there. A failure after the request went out is answered
 //! as a failure and never retried, because the function may have run.
 
+/// How long a worker may take to register a function: its build sandbox installs the
+/// function's requirements first (`build.timeout_s`, 300 s by default).
+const REGISTER_ON_WORKER_TIMEOUT: Duration = Duration::from_secs(600);
+
 use crate::config::ControllerConfig;
 use crate::driver::{Driver, RouteError, RoutingPolicy};
 use crate::errors::{
@@ -730,7 +734,10 @@ impl Controller {
             }
         }
         let body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
-        let path = format!("/v1/functions/{name}");
+        // `wait`: the worker answers once the function's dependencies are built (or failed),
+        // so the invocation that brought it there runs on a ready function, or gets the
+        // worker's clear `function_build_failed`.
+        let path = format!("/v1/functions/{name}?wait=true");
         // In a cluster, the version is the cluster's: other controllers registering the same
         // one on this worker change nothing there.
         let version_header = self
@@ -745,7 +752,7 @@ impl Controller {
                 &m.url,
                 &path,
                 body,
-                Duration::from_secs(60),
+                REGISTER_ON_WORKER_TIMEOUT,
                 version_header.as_slice(),
             )
             .await;

@@ -13,6 +13,7 @@
 
 use crate::backend::oci;
 use crate::backend::runc::{claim_uid_block, UidBlock, UidPool};
+use crate::layers::proxy::{AllowList, BuildProxy};
 use crate::layers::{Layer, LayerStore};
 use crate::runtimes::{digest_hex, Runtime};
 use serde::{Deserialize, Serialize};
@@ -76,6 +77,11 @@ pub struct BuildSettings {
     /// Allow source distributions (their `setup.py` runs in the build sandbox); default off:
     /// `--only-binary :all:`.
     pub allow_sdist: bool,
+    /// Hosts (`host` or `host:port`, HTTPS) an index's pages link to for downloads, which the
+    /// build may reach too (PyPI's: `files.pythonhosted.org`).
+    pub download_hosts: Vec<String>,
+    /// The most bytes one build may download through its proxy, MiB.
+    pub max_download_mb: u64,
     /// Where builds find runtime images: the worker's `runc.runtime_store`, set at start
     /// (None: [`crate::runtimes::DEFAULT_STORE_DIR`]).
     #[serde(skip)]
@@ -96,6 +102,8 @@ impl Default for BuildSettings {
             index_url: None,
             extra_index_url: Vec::new(),
             allow_sdist: false,
+            download_hosts: Vec::new(),
+            max_download_mb: 2048,
             runtime_store: None,
         }
     }
@@ -133,34 +141,63 @@ impl BuildSettings {
             ));
         }
         let wants_index = self.index_url.is_some() || !self.extra_index_url.is_empty();
-        if wants_index && build_network(self).is_none() {
+        if wants_index && self.no_index {
+            return Err("build.index_url is set but build.no_index = true".into());
+        }
+        if !self.no_index && !wants_index {
             return Err(
-                "build.index_url / build.extra_index_url need the build sandbox's network path \
-                 to the index (an allow-listing proxy), which this worker does not have yet: \
-                 serve a wheelhouse with build.find_links and build.no_index = true instead"
+                "build.no_index = false needs build.index_url (pip's default index is not \
+                 allowed implicitly: name it)"
                     .into(),
             );
         }
-        if wants_index && self.no_index {
-            return Err("build.index_url is set but build.no_index = true".into());
+        if self.max_download_mb == 0 || self.max_download_mb > 1 << 20 {
+            return Err("build.max_download_mb must be between 1 and 1048576".into());
+        }
+        if wants_index {
+            allow_list(self)?;
         }
         Ok(())
     }
 }
 
-/// What a build sandbox may reach when it installs from an index: the host-side proxy that
-/// lets it reach only the configured index.
+/// What a build sandbox may reach when it installs from an index: the host-side proxy
+/// ([`super::proxy`]) that lets it reach only the configured index and download hosts.
 #[derive(Debug, Clone)]
 pub struct BuildNetwork {
-    /// `http://host:port` of the allow-listing proxy, as pip's `--proxy`.
+    /// `http://host:port` of the proxy inside the sandbox, as pip's `--proxy`.
     pub proxy_url: String,
+    pub allow: AllowList,
+    pub max_download_bytes: u64,
 }
 
-/// The hook for the build network: the allow-listing proxy (`layers/proxy.rs`, written
-/// separately) answers here with how a build reaches it. None: builds have no network at all
-/// (only loopback), and settings that need an index are refused at start.
-pub fn build_network(_settings: &BuildSettings) -> Option<BuildNetwork> {
-    None
+/// The index URLs' hosts and the `download_hosts`.
+fn allow_list(s: &BuildSettings) -> Result<AllowList, String> {
+    let mut allow = AllowList::default();
+    for url in s.index_url.iter().chain(&s.extra_index_url) {
+        allow
+            .allow_url(url)
+            .map_err(|e| format!("build.index_url / extra_index_url: {e}"))?;
+    }
+    for h in &s.download_hosts {
+        allow
+            .allow_url(&format!("https://{h}/"))
+            .map_err(|e| format!("build.download_hosts {h:?}: {e}"))?;
+    }
+    Ok(allow)
+}
+
+/// How a build reaches its index: None when the settings name none (then a build has no
+/// network at all, only its own loopback).
+pub fn build_network(settings: &BuildSettings) -> Option<BuildNetwork> {
+    if settings.index_url.is_none() && settings.extra_index_url.is_empty() {
+        return None;
+    }
+    Some(BuildNetwork {
+        proxy_url: format!("http://{}", super::proxy::SANDBOX_PROXY_ADDR),
+        allow: allow_list(settings).ok()?,
+        max_download_bytes: settings.max_download_mb.saturating_mul(1024 * 1024),
+    })
 }
 
 /// Why a build failed: a message for the client and the tail of the build's output; neither
@@ -412,17 +449,28 @@ impl Builder {
         for url in &s.extra_index_url {
             args.extend(["--extra-index-url".into(), url.clone()]);
         }
-        if let Some(net) = build_network(s) {
-            args.extend(["--proxy".into(), net.proxy_url]);
+        let network = build_network(s);
+        if let Some(net) = &network {
+            args.extend(["--proxy".into(), net.proxy_url.clone()]);
         }
         args.extend(["-r".into(), format!("{REQ_MOUNT}/requirements.txt")]);
         // pip, then the bytecode of everything it installed; `$@` carries pip's arguments
         // without a shell ever parsing them.
+        // With an index, the forwarder to the proxy's socket listens first (pip retries a
+        // refused connection, but a build should not depend on that).
+        let forward = if network.is_some() {
+            "python3 -c \"$HEARTH_FORWARDER\" & \
+             for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do \
+             python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 3128), 1)' \
+             2>/dev/null && break; sleep 0.1; done; "
+        } else {
+            ""
+        };
         let mut cmd = vec![
             "/bin/sh".to_string(),
             "-c".to_string(),
             format!(
-                "python3 \"$@\" && exec python3 -m compileall -q -j0 --invalidation-mode \
+                "{forward}python3 \"$@\" && exec python3 -m compileall -q -j0 --invalidation-mode \
                  unchecked-hash -s /out/site -p {} /out/site",
                 super::DEPS_MOUNT
             )
@@ -434,6 +482,7 @@ impl Builder {
             cmd,
             requirements: Some(normalized.to_string()),
             code: None,
+            network,
         };
         let (ran, run) = self.run(runtime, job).await?;
         let result = if ran.ok {
@@ -496,6 +545,7 @@ impl Builder {
             cmd,
             requirements: None,
             code: Some(code_dir.to_path_buf()),
+            network: None,
         };
         let (ran, run) = self.run(runtime, job).await?;
         // A module that does not compile (a syntax error, Python 2 code in a vendored package)
@@ -536,6 +586,7 @@ impl Builder {
                     cmd,
                     requirements: None,
                     code: None,
+                    network: None,
                 },
             )
             .await?;
@@ -633,6 +684,28 @@ impl Builder {
                 e.kind()
             )));
         }
+        // The proxy lives as long as this call: the build's only way out.
+        let _proxy = match &job.network {
+            Some(net) => {
+                let sock = run.dir.join("net").join("proxy.sock");
+                let started = BuildProxy::start(&sock, net.allow.clone(), net.max_download_bytes)
+                    .and_then(|p| {
+                        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))
+                            .map(|()| p)
+                    });
+                match started {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        self.finish(run).await;
+                        return Err(BuildFailure::new(format!(
+                            "starting the build's proxy failed ({})",
+                            e.kind()
+                        )));
+                    }
+                }
+            }
+            None => None,
+        };
         let child = self
             .runc()
             .arg("run")
@@ -731,6 +804,9 @@ struct Job {
     requirements: Option<String>,
     /// Code to copy into `/out/code` (and compile there).
     code: Option<PathBuf>,
+    /// The way to the index, when one is configured: a proxy on a socket at
+    /// `/hearth/run/proxy.sock`.
+    network: Option<BuildNetwork>,
 }
 
 #[derive(Clone)]
@@ -768,7 +844,17 @@ async fn keep_tail(
 fn prepare_build_root(root: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::symlink;
     for d in [
-        "usr", "etc", "tmp", "proc", "dev", "sys", "out", "req", "code", "links",
+        "usr",
+        "etc",
+        "tmp",
+        "proc",
+        "dev",
+        "sys",
+        "out",
+        "req",
+        "code",
+        "links",
+        "hearth/run",
     ] {
         std::fs::create_dir_all(root.join(d))?;
     }
@@ -839,6 +925,12 @@ fn prepare_run(
     if job.requirements.is_some() {
         mounts.push(bind(REQ_MOUNT, &run.dir.join("req"), false));
     }
+    if job.network.is_some() {
+        let net = run.dir.join("net");
+        std::fs::create_dir(&net)?;
+        std::fs::set_permissions(&net, std::fs::Permissions::from_mode(0o755))?;
+        mounts.push(bind("/hearth/run", &net, true));
+    }
     for (i, dir) in s.find_links.iter().enumerate() {
         if dir.is_dir() {
             mounts.push(bind(&format!("{LINKS_MOUNT}/{i}"), dir, false));
@@ -865,6 +957,7 @@ fn prepare_run(
                 "PIP_NO_CACHE_DIR=1",
                 "PYTHONDONTWRITEBYTECODE=1",
                 "LANG=C.UTF-8",
+                format!("HEARTH_FORWARDER={}", super::proxy::FORWARDER),
             ],
             "cwd": "/tmp",
             "capabilities": {
@@ -1178,14 +1271,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_index_is_refused_until_the_build_network_exists() {
+    fn an_index_gets_a_proxy_to_it_and_bad_index_settings_are_refused() {
         assert_eq!(BuildSettings::default().check(), Ok(()));
+        assert!(build_network(&BuildSettings::default()).is_none());
         let s = BuildSettings {
             index_url: Some("https://pypi.org/simple".into()),
+            download_hosts: vec!["files.pythonhosted.org".into()],
             no_index: false,
             ..Default::default()
         };
-        assert!(s.check().unwrap_err().contains("proxy"));
+        assert_eq!(s.check(), Ok(()));
+        let net = build_network(&s).unwrap();
+        assert!(net.allow.allows("pypi.org", 443));
+        assert!(net.allow.allows("files.pythonhosted.org", 443));
+        assert!(!net.allow.allows("example.com", 443));
+        for bad in [
+            BuildSettings {
+                index_url: Some("ftp://x/simple".into()),
+                no_index: false,
+                ..Default::default()
+            },
+            BuildSettings {
+                index_url: Some("https://u:p@x/simple".into()),
+                no_index: false,
+                ..Default::default()
+            },
+            BuildSettings {
+                no_index: false,
+                ..Default::default()
+            },
+            BuildSettings {
+                index_url: Some("https://x/simple".into()),
+                no_index: false,
+                download_hosts: vec!["bad host".into()],
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
         for bad in [
             BuildSettings {
                 memory_mb: 0,
