@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Cold starts of a numpy + Pillow function on a runc worker (issue 32): per path taken
 # (pre-imported, generic, fresh), against the host's own import of the same packages, with
-# bytecode cached. Builds the function at bench time with the host's pip (benches may use the
-# network, tests may not): its requirements.txt for the worker's dependency layer, and the same
-# packages into a host directory for the host import.
+# bytecode cached. The function's requirements.txt goes to the worker's dependency layer; the
+# same packages, from the same wheelhouse (scripts/wheelhouse.sh), into a host directory for
+# the host import.
 #
 # Usage: bench/cold-deps.sh [COLD STARTS] [URL]   (default 20; without URL a runc worker is
 #        started here: needs root and runc)
@@ -40,8 +40,10 @@ def main(args):
     return {"size": list(img.size), "sum": int(np.asarray(img).sum())}
 PY
 # The host's copy: wheels for the runtime's Python, bytecode compiled as a layer's is.
+# From the same wheelhouse the worker's build installs from, so both import the same versions.
+WHEELHOUSE=${WHEELHOUSE:-/var/cache/hearth/wheelhouse}
 $PIP install -q --target "$site" --only-binary=:all: --python-version "$PYVER" \
-    --implementation cp numpy Pillow
+    --implementation cp --no-index --find-links "$WHEELHOUSE" numpy Pillow
 "$PYTHON" -m compileall -q "$site" >/dev/null
 
 if [ -z "$URL" ]; then
