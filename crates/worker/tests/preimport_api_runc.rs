@@ -3,57 +3,65 @@
 //! makes a layer's sandboxes with the layer mounted and its modules imported, and the answer
 //! says which path each cold start took (`cold_path`).
 //!
-//! The function's `layer` is given in the registration here (the worker takes it as it comes
-//! on this branch; with requirements builds it is the worker's own). Needs root and runc;
-//! without them it says why and passes, unless `HEARTH_REQUIRE_RUNC=1`.
+//! The function's layer is built by the worker from its `requirements.txt`, out of a wheel this
+//! test makes (no network). Needs root, runc and the default runtime image; without root and
+//! runc it says why and passes, unless `HEARTH_REQUIRE_RUNC=1`.
 
 mod common;
 
+use axum::http::Method;
 use common::TestWorker;
-use hearth_worker::layers::Layer;
 use hearth_worker::BackendKind;
 use serde_json::{json, Value};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 const HANDLER: &str = "import slowpkg\n\ndef main(args):\n    return {'v': slowpkg.m9.V}\n";
 
-/// A layer in `<data>/layers` whose package takes tens of ms to import (300 modules).
-fn write_layer(data: &Path, hex: &str) -> String {
-    let base = data.join("layers").join(hex);
-    let pkg = base.join("site").join("slowpkg");
-    std::fs::create_dir_all(&pkg).unwrap();
-    let mut init = String::new();
-    for i in 0..300 {
-        init.push_str(&format!("from . import m{i}\n"));
-        let body: String = (0..20)
-            .map(|j| format!("def f{j}(x):\n    return x + {j}\n"))
-            .collect();
-        std::fs::write(pkg.join(format!("m{i}.py")), format!("V = {i}\n{body}")).unwrap();
-    }
-    std::fs::write(pkg.join("__init__.py"), init).unwrap();
-    let digest = format!("sha256:{hex}");
-    let layer = Layer {
-        digest: digest.clone(),
-        runtime_digest: format!("sha256:{}", "ab".repeat(32)),
-        requirements: "slowpkg==1\n".into(),
-        bytes: 1,
-        modules: vec!["slowpkg".into()],
-        site_dir: PathBuf::new(),
-    };
-    std::fs::write(base.join("layer.json"), serde_json::to_vec(&layer).unwrap()).unwrap();
-    world_readable(&data.join("layers"));
-    digest
+/// A wheel in `dir` of a package that takes tens of ms to import (300 modules), written with
+/// Python's zipfile as any wheel is.
+fn write_wheel(dir: &Path) {
+    let script = r#"
+import sys, zipfile
+path = sys.argv[1]
+di = "slowpkg-1.0.dist-info"
+with zipfile.ZipFile(path, "w") as z:
+    init = "".join("from . import m%d\n" % i for i in range(300))
+    z.writestr("slowpkg/__init__.py", init)
+    body = "".join("def f%d(x):\n    return x + %d\n" % (j, j) for j in range(20))
+    for i in range(300):
+        z.writestr("slowpkg/m%d.py" % i, "V = %d\n%s" % (i, body))
+    z.writestr(di + "/METADATA", "Metadata-Version: 2.1\nName: slowpkg\nVersion: 1.0\n")
+    z.writestr(di + "/WHEEL", "Wheel-Version: 1.0\nGenerator: hearth-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    z.writestr(di + "/top_level.txt", "slowpkg\n")
+    z.writestr(di + "/RECORD", "")
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(dir.join("slowpkg-1.0-py3-none-any.whl"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
-fn world_readable(p: &Path) {
-    let mode = if p.is_dir() { 0o755 } else { 0o644 };
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-    if p.is_dir() {
-        for e in std::fs::read_dir(p).unwrap() {
-            world_readable(&e.unwrap().path());
+/// Waits until `name` is no longer building; panics unless it is ready.
+async fn wait_built(w: &TestWorker, name: &str) {
+    let start = Instant::now();
+    loop {
+        let (_, v) = w
+            .call(Method::GET, &format!("/v1/functions/{name}"), json!({}))
+            .await;
+        match v["state"].as_str() {
+            Some("ready") => return,
+            Some("building") => {}
+            _ => panic!("{v}"),
         }
+        assert!(start.elapsed() < Duration::from_secs(120), "{v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -75,22 +83,26 @@ async fn a_function_of_a_layer_cold_starts_on_a_preimported_sandbox_of_its_layer
     if !common::runc_available(&[]) {
         return;
     }
+    let wheels = tempfile::tempdir().unwrap();
+    write_wheel(wheels.path());
+    let links = wheels.path().to_path_buf();
     let w = TestWorker::start_backend(BackendKind::Runc, |c| {
         c.generic_pool = 4;
         c.generic_pool_min = 1;
+        c.build.find_links = vec![links];
     })
     .await;
-    let digest = write_layer(&w.data_dir, &"5d".repeat(32));
     let hello = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../functions/hello/main.py"),
     )
     .unwrap();
     let layered = |name: &str| {
-        json!({"code": {"files": {"main.py": HANDLER}}, "memory_mb": 192, "layer": digest,
-               "name": name})
+        json!({"code": {"files": {"main.py": HANDLER, "requirements.txt": "slowpkg==1.0\n"}},
+               "memory_mb": 192, "name": name})
     };
     for f in ["np1", "np2", "np3"] {
         w.register(f, layered(f)).await;
+        wait_built(&w, f).await;
     }
     w.register(
         "plain",
