@@ -91,6 +91,11 @@ pub struct RuncBackend {
     gpu_files: tokio::sync::OnceCell<Arc<DriverFiles>>,
     /// Each sandbox's own uid, from `runc.uid_base`.
     uids: std::sync::Mutex<UidPool>,
+    /// Per layer digest: the layer's modules its functions' handlers import by name
+    /// (`from PIL import Image` → `PIL.Image`), learned at their cold starts, which the
+    /// layer's next pre-imported sandboxes import too. A layer's top-level modules alone leave
+    /// such submodules on the cold path.
+    learned_imports: std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
     /// The host-wide claim on this worker's block of uids, held while the worker lives.
     _uid_block: UidBlock,
 }
@@ -330,6 +335,70 @@ const EMPTY_LAYER: &str = "empty";
 /// (23 KB).
 const ROOTFS_TMPFS: &str = "size=256k,nr_inodes=64,mode=0755";
 
+/// Layers whose learned imports are kept at once (more: the map starts over).
+const MAX_LEARNED_LAYERS: usize = 1024;
+/// The most of a handler module that is read for its imports.
+const MAX_HANDLER_SCAN_BYTES: u64 = 256 * 1024;
+
+/// The dotted names a handler module imports (`import a.b`, `from a.b import c` → `a.b`,
+/// `a.b.c`) whose first part is one of `roots` (the layer's top-level modules). A plain text
+/// scan of its top-level statements: a name that is not a module (an attribute imported with
+/// `from … import`) is only a pre-import that fails and is skipped.
+fn handler_imports(code_dir: &Path, handler: &str, roots: &[String]) -> Vec<String> {
+    let module = handler.rsplit_once('.').map_or("main", |(m, _)| m);
+    let rel = module.replace('.', "/");
+    let file = [format!("{rel}.py"), format!("{rel}/__init__.py")]
+        .into_iter()
+        .map(|f| code_dir.join(f))
+        .find(|p| p.is_file());
+    let Some(file) = file else {
+        return Vec::new();
+    };
+    let mut text = String::new();
+    let read = std::fs::File::open(&file).and_then(|f| {
+        use std::io::Read;
+        f.take(MAX_HANDLER_SCAN_BYTES).read_to_string(&mut text)
+    });
+    if read.is_err() {
+        return Vec::new();
+    }
+    let mut out: Vec<String> = Vec::new();
+    let mut add = |name: &str| {
+        let name = name.trim();
+        let root = name.split('.').next().unwrap_or("");
+        if oci::valid_module_name(name)
+            && roots.iter().any(|r| r == root)
+            && !out.iter().any(|n| n == name)
+        {
+            out.push(name.to_string());
+        }
+    };
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim_end();
+        if let Some(rest) = line.strip_prefix("import ") {
+            for part in rest.split(',') {
+                add(part.split(" as ").next().unwrap_or(""));
+            }
+        } else if let Some(rest) = line.strip_prefix("from ") {
+            let Some((base, names)) = rest.split_once(" import ") else {
+                continue;
+            };
+            let base = base.trim();
+            if base.starts_with('.') {
+                continue;
+            }
+            add(base);
+            for n in names.trim_matches(|c| c == '(' || c == ')').split(',') {
+                let n = n.split(" as ").next().unwrap_or("").trim();
+                if !n.is_empty() && n != "*" {
+                    add(&format!("{base}.{n}"));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Keeps what a container name and cgroup path may hold.
 fn sanitize(id: &str) -> String {
     id.chars()
@@ -402,6 +471,7 @@ impl RuncBackend {
             cpu_sched,
             gpu_files: tokio::sync::OnceCell::new(),
             uids: std::sync::Mutex::new(uids),
+            learned_imports: std::sync::Mutex::new(std::collections::HashMap::new()),
             _uid_block: block,
         };
         // <data>/sandboxes/<id>/run/agent.sock must fit in sockaddr_un (108 bytes).
@@ -447,6 +517,7 @@ impl RuncBackend {
         spec: &FunctionSpec,
         code_dir: &Path,
     ) -> Result<RuncSandbox, SandboxError> {
+        self.learn_imports(spec, code_dir).await;
         self.make(
             id,
             Purpose::Function {
@@ -456,6 +527,60 @@ impl RuncBackend {
             },
         )
         .await
+    }
+
+    /// Records which of its layer's modules `spec`'s handler module imports (read from the
+    /// code on the host, bounded), for the layer's next pre-imported sandboxes.
+    async fn learn_imports(&self, spec: &FunctionSpec, code_dir: &Path) {
+        let Some(digest) = spec.layer.clone() else {
+            return;
+        };
+        let (store, dir, handler) = (
+            self.layers.clone(),
+            code_dir.to_path_buf(),
+            spec.handler.clone(),
+        );
+        let found = tokio::task::spawn_blocking(move || {
+            let layer = store.get(&digest)?;
+            let names = handler_imports(&dir, &handler, &layer.modules);
+            Some((digest, names))
+        })
+        .await
+        .ok()
+        .flatten();
+        let Some((digest, names)) = found else {
+            return;
+        };
+        let mut learned = self
+            .learned_imports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if learned.len() >= MAX_LEARNED_LAYERS && !learned.contains_key(&digest) {
+            learned.clear();
+        }
+        let list = learned.entry(digest).or_default();
+        for n in names {
+            if list.len() >= oci::MAX_PREIMPORT {
+                break;
+            }
+            if !list.contains(&n) {
+                list.push(n);
+            }
+        }
+    }
+
+    /// What a pre-imported sandbox of `layer` imports: its top-level modules, then what its
+    /// functions were seen to import from it.
+    fn preimports_of(&self, layer: &Layer) -> Vec<String> {
+        let mut all = layer.modules.clone();
+        let learned = self
+            .learned_imports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(more) = learned.get(&layer.digest) {
+            all.extend(more.iter().filter(|m| !layer.modules.contains(m)).cloned());
+        }
+        all
     }
 
     /// Starts a GPU sandbox for `spec` on `gpu` and waits until its handler is imported
@@ -766,6 +891,7 @@ impl RuncBackend {
         spec: &FunctionSpec,
         code_dir: &Path,
     ) -> Result<RuncSandbox, SandboxError> {
+        self.learn_imports(spec, code_dir).await;
         match self.specialize_in_place(&mut sb, spec, code_dir).await {
             Ok(()) => Ok(sb),
             Err(e) => {
@@ -878,7 +1004,7 @@ impl RuncBackend {
         let deps_point = dir.join(DEPS_POINT);
         let site_dir = layer.map(|l| l.site_dir.clone());
         let preimport = match (purpose, layer) {
-            (Purpose::Generic { .. }, Some(l)) => oci::preimport_list(&l.modules),
+            (Purpose::Generic { .. }, Some(l)) => oci::preimport_list(&self.preimports_of(l)),
             _ => String::new(),
         };
         let (code_dir, handler, env, memory_mb, cpus, gpu) = match purpose {
@@ -1696,7 +1822,7 @@ def main(args):
 
 #[cfg(test)]
 mod uid_tests {
-    use super::{claim_uid_block, UidPool};
+    use super::{claim_uid_block, handler_imports, UidPool};
 
     /// Workers on one host with the same range take consecutive blocks, and a block is free
     /// again once its worker is gone (its lock file closed).
@@ -1719,6 +1845,35 @@ mod uid_tests {
 
     /// Where the kernel lists Landlock among its security modules, the worker finds it (and
     /// does not warn at start).
+    #[test]
+    fn a_handlers_imports_from_its_layer_are_learned_and_nothing_else() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(
+            t.path().join("main.py"),
+            "import numpy as np, os\nfrom PIL import Image, ImageFilter as F  # x\n\
+             from . import helper\nimport mylocal\nfrom sklearn.linear_model import (Ridge)\n\
+             from PIL import *\nimport os; rm -rf\n",
+        )
+        .unwrap();
+        let roots: Vec<String> = ["numpy", "PIL", "sklearn"].map(String::from).to_vec();
+        assert_eq!(
+            handler_imports(t.path(), "main.main", &roots),
+            [
+                "numpy",
+                "PIL",
+                "PIL.Image",
+                "PIL.ImageFilter",
+                "sklearn.linear_model",
+                "sklearn.linear_model.Ridge"
+            ]
+        );
+        // A package handler, and no module file at all.
+        std::fs::create_dir(t.path().join("pkg")).unwrap();
+        std::fs::write(t.path().join("pkg/__init__.py"), "import sklearn\n").unwrap();
+        assert_eq!(handler_imports(t.path(), "pkg.run", &roots), ["sklearn"]);
+        assert!(handler_imports(t.path(), "nothere.main", &roots).is_empty());
+    }
+
     #[test]
     fn landlock_is_found_where_the_kernel_has_it() {
         let lsm = std::fs::read_to_string("/sys/kernel/security/lsm").unwrap_or_default();
