@@ -278,6 +278,21 @@ def invoke(api: Api, name: str, args: dict) -> dict:
     }
 
 
+def pools_at_rest(api: "Api", limit_s: float = 30.0) -> None:
+    """Waits (at most `limit_s`) until no generic sandbox is being made and the pools hold
+    what they aim to: a cold start then finds what a steady worker has ready (a pre-imported
+    sandbox of its layer once the layer has had a cold start), as `hearth bench cold` does."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        try:
+            g = api.call("GET", "/v1/status")[1].get("generic_pool") or {}
+        except BenchError:
+            return
+        if g.get("creating", 0) == 0 and g.get("ready", 0) >= g.get("target", 0):
+            return
+        time.sleep(0.05)
+
+
 def run(opts) -> dict:
     key = api_key()
     api = Api(opts.url, key)
@@ -327,6 +342,8 @@ def run(opts) -> dict:
                 cname = f"fb-{tag}-{name}"[:58] + f"-c{k}"
                 made.append(cname)
                 err = register(opts.hearth, api, key, cname, code, mem, wait)
+                if not err:
+                    pools_at_rest(api)
                 s = {"error": err} if err else invoke(api, cname, args)
                 if "error" not in s and not s["cold"]:
                     s = {"error": "a fresh function's first invocation was warm"}
