@@ -612,23 +612,46 @@ fn cpu_spec(p: &OciParams) -> Value {
         "linux": {
             "cgroupsPath": p.cgroups_path,
             "resources": resources(p),
-            // A new network namespace has only loopback (runc brings it up); "cgroup" hides the
-            // host cgroup paths (worker and sandbox ids) from /proc/self/cgroup.
-            "namespaces": [
-                {"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"},
-                {"type": "mount"}, {"type": "cgroup"},
-            ],
-            "maskedPaths": [
-                "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
-                "/sys/firmware", "/sys/devices/virtual/powercap",
-            ],
-            "readonlyPaths": [
-                "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
-            ],
+            "namespaces": namespaces(),
+            "maskedPaths": MASKED_PATHS,
+            "readonlyPaths": READONLY_PATHS,
             "seccomp": seccomp_profile(),
         },
     })
+}
+
+/// What runc masks in every sandbox and build sandbox (its defaults, plus `/proc/scsi`,
+/// `/sys/firmware` and the power-capping counters, which leak host energy use).
+pub const MASKED_PATHS: [&str; 11] = [
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+/// What is read-only in every sandbox and build sandbox (runc's defaults).
+pub const READONLY_PATHS: [&str; 5] = [
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// The namespaces of every sandbox and build sandbox: a new network namespace has only
+/// loopback (runc brings it up); "cgroup" hides the host cgroup paths (worker and sandbox ids)
+/// from /proc/self/cgroup. No user namespace (docs/sandboxes.md).
+pub fn namespaces() -> Value {
+    json!([
+        {"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"},
+        {"type": "mount"}, {"type": "cgroup"},
+    ])
 }
 
 /// Creates (idempotently) the shared base rootfs: empty mount-point dirs and the usr-merge symlinks.

@@ -973,18 +973,9 @@ fn prepare_run(
         "linux": {
             "cgroupsPath": run.cgroups_path,
             "resources": resources,
-            "namespaces": [
-                {"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"},
-                {"type": "mount"}, {"type": "cgroup"},
-            ],
-            "maskedPaths": [
-                "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
-                "/sys/firmware",
-            ],
-            "readonlyPaths": [
-                "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
-            ],
+            "namespaces": oci::namespaces(),
+            "maskedPaths": oci::MASKED_PATHS,
+            "readonlyPaths": oci::READONLY_PATHS,
             "seccomp": oci::seccomp_profile(),
         },
     });
