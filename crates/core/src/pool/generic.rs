@@ -188,11 +188,20 @@ impl GenericPool {
         }
     }
 
+    /// A key's share: as many as its cold starts in the window (at least its floor), but
+    /// leaving a place for every other key that had a cold start in the window too: one busy
+    /// key (the default one, say, under many plain functions) must not hold every place while
+    /// a layer's functions start fresh for want of a single pre-imported sandbox.
     fn key_target(&self, key: &GenericKey, kp: &KeyPool, now: Micros) -> u32 {
         let since = now.saturating_sub(self.config.window_us);
-        kp.recent_since(since)
-            .max(self.floor(key))
-            .min(self.config.max)
+        let recent = kp.recent_since(since);
+        let others_active = self
+            .pools
+            .iter()
+            .filter(|(k, p)| *k != key && p.recent_since(since) > 0)
+            .count() as u32;
+        let share = self.config.max.saturating_sub(others_active).max(1);
+        recent.min(share).max(self.floor(key)).min(self.config.max)
     }
 
     /// How many all keys together should hold at `now` (at most `max`).
@@ -524,5 +533,40 @@ impl GenericPool {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod share_tests {
+    use super::*;
+
+    /// Many cold starts of plain functions must not keep a layer's functions from their one
+    /// pre-imported sandbox: each key active in the window keeps a place.
+    #[test]
+    fn a_busy_key_leaves_a_place_for_every_other_active_key() {
+        let mut p = GenericPool::new(GenericConfig {
+            max: 4,
+            min: 1,
+            memory_mb: 64,
+            window_us: 60_000_000,
+        });
+        let plain = GenericKey::default();
+        let layer = GenericKey::new(None, Some("sha256:ab"));
+        for t in 0..10 {
+            p.take(t, &plain, 128);
+        }
+        assert_eq!(p.target(20), 4);
+        p.take(30, &layer, 256);
+        let since = |k: &GenericKey| p.key_target(k, &p.pools[k], 40);
+        assert_eq!((since(&plain), since(&layer)), (3, 1));
+        assert_eq!(p.target(40), 4);
+        // The layer's sandbox is the next one made, at the layer's memory.
+        for i in 0..3 {
+            let (k, mb) = p.next_deficit(40).unwrap();
+            assert!(k.is_default());
+            p.creating(&k, SandboxId(i), mb);
+        }
+        let (k, mb) = p.next_deficit(40).unwrap();
+        assert_eq!((k, mb), (layer, 256));
     }
 }
