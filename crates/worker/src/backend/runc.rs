@@ -517,7 +517,6 @@ impl RuncBackend {
         spec: &FunctionSpec,
         code_dir: &Path,
     ) -> Result<RuncSandbox, SandboxError> {
-        self.learn_imports(spec, code_dir).await;
         self.make(
             id,
             Purpose::Function {
@@ -529,28 +528,21 @@ impl RuncBackend {
         .await
     }
 
-    /// Records which of its layer's modules `spec`'s handler module imports (read from the
-    /// code on the host, bounded), for the layer's next pre-imported sandboxes.
-    async fn learn_imports(&self, spec: &FunctionSpec, code_dir: &Path) {
-        let Some(digest) = spec.layer.clone() else {
-            return;
-        };
-        let (store, dir, handler) = (
-            self.layers.clone(),
+    /// Records which of `layer`'s modules `spec`'s handler module imports (read from the
+    /// code on the host, bounded), for the layer's next pre-imported sandboxes. The caller has
+    /// read the layer already (to mount it, or to find it for a specialization).
+    async fn learn_imports(&self, layer: &Layer, spec: &FunctionSpec, code_dir: &Path) {
+        let (dir, handler, roots) = (
             code_dir.to_path_buf(),
             spec.handler.clone(),
+            layer.modules.clone(),
         );
-        let found = tokio::task::spawn_blocking(move || {
-            let layer = store.get(&digest)?;
-            let names = handler_imports(&dir, &handler, &layer.modules);
-            Some((digest, names))
-        })
-        .await
-        .ok()
-        .flatten();
-        let Some((digest, names)) = found else {
+        let Ok(names) =
+            tokio::task::spawn_blocking(move || handler_imports(&dir, &handler, &roots)).await
+        else {
             return;
         };
+        let digest = layer.digest.clone();
         let mut learned = self
             .learned_imports
             .lock()
@@ -759,6 +751,9 @@ impl RuncBackend {
         let started = Instant::now();
         self.freeze_anchor();
         let layer = self.find_layer(purpose.layer()).await?;
+        if let (Purpose::Function { spec, code_dir, .. }, Some(l)) = (purpose, &layer) {
+            self.learn_imports(l, spec, code_dir).await;
+        }
         let runtime = self.runtime_of(purpose.runtime())?;
         let uid = self.take_uid()?;
         let prepared = match self
@@ -891,7 +886,9 @@ impl RuncBackend {
         spec: &FunctionSpec,
         code_dir: &Path,
     ) -> Result<RuncSandbox, SandboxError> {
-        self.learn_imports(spec, code_dir).await;
+        if let Ok(Some(layer)) = self.find_layer(spec.layer.as_deref()).await {
+            self.learn_imports(&layer, spec, code_dir).await;
+        }
         match self.specialize_in_place(&mut sb, spec, code_dir).await {
             Ok(()) => Ok(sb),
             Err(e) => {
