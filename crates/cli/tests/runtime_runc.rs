@@ -153,6 +153,19 @@ fn an_unknown_runtime_is_refused_and_a_clients_digest_is_replaced() {
         .map(|r| r["name"].as_str().unwrap())
         .collect();
     assert!(names.contains(&DEFAULT_RUNTIME), "{listed}");
+    // The list is for keys that may manage functions: not for anonymous callers, nor for a
+    // key that may only invoke; a namespace's admin key may read it.
+    assert_eq!(s.anonymous().get("/v1/runtimes").unwrap().status, 401);
+    let invoker = s.new_key("team-a", "invoke");
+    assert_eq!(
+        s.client_with(&invoker).get("/v1/runtimes").unwrap().status,
+        403
+    );
+    let admin = s.new_key("team-a", "admin");
+    assert_eq!(
+        s.client_with(&admin).get("/v1/runtimes").unwrap().status,
+        200
+    );
 }
 
 /// Packs `rootfs` into an OCI image archive with umoci, as an operator's image would come.
