@@ -53,6 +53,13 @@ fn idle_cpu_ms(s: &Server) -> u64 {
 
 /// The bundle directory of the worker's only function sandbox.
 fn only_bundle(s: &Server) -> PathBuf {
+    // A generic sandbox the pool is still making (after a cold start took one) has a bundle
+    // too, and is no function's: wait until none is being made.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.status()["generic_pool"]["creating"].as_u64().unwrap_or(0) > 0 {
+        assert!(Instant::now() < deadline, "{}", s.status());
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let dirs: Vec<PathBuf> = std::fs::read_dir(s.data_dir.join("sandboxes"))
         .unwrap()
         .flatten()
